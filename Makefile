@@ -1,0 +1,40 @@
+# worldcast: `make serve` runs the server with the embedded model; `make test` runs every test.
+# Both set everything up first (Python env in .venv, the web demo build, Chromium for browser tests).
+
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test setup demo train evaluate bench
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --upgrade pip
+	$(VENV)/bin/pip install -e '.[test]'
+	touch $@
+
+demo: web_demo/dist/index.html
+
+web_demo/dist/index.html: web_demo/package.json web_demo/package-lock.json web_demo/index.html $(wildcard web_demo/src/*.ts) web_demo/vite.config.ts
+	npm --prefix web_demo ci --no-audit --no-fund
+	npm --prefix web_demo run build
+
+/usr/bin/chromium:
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+
+serve: $(VENV)/.installed web_demo/dist/index.html
+	$(VENV)/bin/worldcast serve --host $(HOST) --port $(PORT)
+
+test: $(VENV)/.installed web_demo/dist/index.html /usr/bin/chromium
+	$(PY) -m pytest
+
+# Reproduce the shipped weights (about 60-70 min on 2 CPU cores) and their evaluation report.
+train: $(VENV)/.installed
+	$(PY) -m worldcast.models.tinyworld.train --seed 0 --ae-steps 1000 --tf-steps 1300 --rollout-steps 500
+
+evaluate: $(VENV)/.installed
+	$(PY) -m worldcast.models.tinyworld.evaluate

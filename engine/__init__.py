@@ -1,0 +1,1 @@
+"""The worldcast engine: step scheduler, chunk rollout, KV pool."""

@@ -1,0 +1,246 @@
+"""DeviceWorker: the one thread that owns a device and drives the StepScheduler.
+
+The asyncio side (sessions, transport) never waits on the device: it adds
+and removes sessions and wakes the worker; the worker calls back with
+frames and errors from its own thread (callers marshal them to their loop).
+
+Per iteration: poll each session's conditioner (pause, cancel, flush take
+effect here, at a step boundary), ask the scheduler for a plan, run it with
+`StepRunner`, report. Failure policy: if a batched step raises or yields
+NaN/Inf, every session of the batch is re-run alone; a session that fails
+alone is ended with an error (`on_error`), the others keep their results.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from worldcast.engine.cost_model import CostModel
+from worldcast.engine.errors import KVPoolExhausted
+from worldcast.engine.kv_pool import KVPool
+from worldcast.engine.rollout import ChunkRollout, Conditioner, denoise_batch, finalize_batch
+from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
+from worldcast.engine.step_scheduler import Phase, SchedulerConfig, StepScheduler
+from worldcast.models.base import WorldModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings of one device's engine."""
+
+    kv_budget_bytes: int = 256 * 1024 * 1024  #: KV pool budget, bytes
+    max_batch: int = 8  #: most sessions per batched step (1 = no batching)
+    torch_threads: int | None = None  #: intra-op CPU threads for torch (None: torch's default)
+    idle_poll_s: float = 0.05  #: longest sleep when nothing is ready, s (sessions also wake the worker)
+
+    def __post_init__(self) -> None:
+        if self.kv_budget_bytes <= 0:
+            raise ValueError("kv_budget_bytes must be positive")
+
+
+class StepRunner:
+    """Executes a `StepSchedulerOutput` on the device, isolating failures per session."""
+
+    def __init__(self, rollouts: dict[str, ChunkRollout]) -> None:
+        self.rollouts = rollouts
+
+    def _run(self, plan: StepSchedulerOutput, ids: list[str], now_s: float) -> list[FrameOut]:
+        rs = [self.rollouts[sid] for sid in ids]
+        if plan.kind == "init":
+            return [f for r in rs for f in r.init(now_s)]
+        if plan.kind == "denoise":
+            for r in rs:
+                if r.staged is None:
+                    r.begin_chunk(now_s, plan.deadlines_s[r.session_id])
+            denoise_batch(rs)
+            return []
+        return finalize_batch(rs, now_s)
+
+    def execute(self, plan: StepSchedulerOutput, now_s: float) -> StepRunnerOutput:
+        """Run one planned step. A failing batch is retried session by session."""
+        t0 = time.perf_counter()
+        ids = [sid for sid in plan.session_ids if sid in self.rollouts]
+        failed: dict[str, str] = {}
+        try:
+            frames = self._run(plan, ids, now_s)
+        except Exception as e:  # noqa: BLE001 - any step error is isolated below
+            if len(ids) == 1:
+                logger.warning("Session(%s): %s step failed: %r", ids[0], plan.kind, e)
+                failed[ids[0]] = f"{plan.kind} step failed: {e}"
+                frames = []
+            else:
+                frames = []
+                for sid in ids:
+                    try:
+                        frames += self._run(plan, [sid], now_s)
+                    except Exception as e1:  # noqa: BLE001
+                        logger.warning("Session(%s): %s step failed: %r", sid, plan.kind, e1)
+                        failed[sid] = f"{plan.kind} step failed: {e1}"
+        return StepRunnerOutput(step_time_s=time.perf_counter() - t0, frames=frames, failed=failed)
+
+
+class DeviceWorker:
+    """Owns the model's device: a KV pool, a scheduler and the thread that runs steps.
+
+    Args:
+        model: the world model (on its device).
+        config: engine settings.
+        on_frames: called from the worker thread with each step's frames.
+        on_error: called from the worker thread with (session_id, reason) when a session fails.
+        clock: monotonic clock in seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        model: WorldModel,
+        config: EngineConfig,
+        *,
+        on_frames: Callable[[list[FrameOut]], None],
+        on_error: Callable[[str, str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.config = config
+        spec = model.spec
+        self.pool = KVPool(spec.kv, budget_bytes=config.kv_budget_bytes, device=model.device)
+        self.scheduler = StepScheduler(
+            SchedulerConfig(
+                frame_period_s=float(spec.frame_period),
+                frames_per_chunk=spec.frames_per_chunk,
+                denoising_steps=spec.denoising_steps,
+                max_batch=config.max_batch,
+            ),
+            CostModel(),
+        )
+        self.rollouts: dict[str, ChunkRollout] = {}
+        self.runner = StepRunner(self.rollouts)
+        self.on_frames, self.on_error, self.clock = on_frames, on_error, clock
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending_add: list[ChunkRollout] = []
+        self._pending_remove: list[str] = []
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.steps_run = 0
+        self.last_error: str | None = None
+
+    # -- control (any thread) -------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="worldcast-device-worker", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread and wait for it (idempotent)."""
+        with self._wake:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int) -> None:
+        """Reserve a KV slot and start generating for `session_id`.
+
+        Raises:
+            KVPoolExhausted: no free slot.
+        """
+        with self._wake:
+            if self.pool.free_slots < 1:
+                raise KVPoolExhausted(f"all {self.pool.num_slots} KV slots in use")
+            r = ChunkRollout(session_id, self.model, self.pool, conditioner, seed=seed)
+            r.slot = self.pool.allocate(session_id)
+            self._pending_add.append(r)
+            self._wake.notify_all()
+
+    def remove_session(self, session_id: str) -> None:
+        """Stop generating for `session_id` and free its slot (idempotent)."""
+        with self._wake:
+            self._pending_remove.append(session_id)
+            self._wake.notify_all()
+
+    def wake(self) -> None:
+        """Ask the worker to re-poll sessions now (a new action, flush, cancel or resume)."""
+        with self._wake:
+            self._wake.notify_all()
+
+    # -- the loop (worker thread) ----------------------------------------------------------------
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            adds, self._pending_add = self._pending_add, []
+            removes, self._pending_remove = self._pending_remove, []
+            for r in adds:
+                self.rollouts[r.session_id] = r
+                self.scheduler.add(r.session_id)
+            for sid in removes:
+                r = self.rollouts.pop(sid, None)
+                self.scheduler.remove(sid)
+                if r is not None:
+                    r.close()
+                else:
+                    self.pool.free(sid)
+
+    def _poll_sessions(self, now_s: float) -> None:
+        for sid, r in self.rollouts.items():
+            c = r.conditioner
+            if not c.wants_frames():
+                if self.scheduler.set_active(sid, False, now_s):
+                    r.abort_chunk()
+                continue
+            self.scheduler.set_active(sid, True, now_s)
+            if r.staged is not None and r.staged.inputs.epoch != c.current_epoch():
+                self.scheduler.restart_chunk(sid, now_s)
+                r.abort_chunk()
+            elif r.staged is None and self.scheduler.phase(sid) == Phase.RUNNING:
+                self.scheduler.restart_chunk(sid, now_s)
+
+    def _loop(self) -> None:
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+        logger.info("DeviceWorker: started on %s", self.model.device)
+        try:
+            while True:
+                with self._lock:
+                    if self._stop:
+                        break
+                self._apply_pending()
+                now = self.clock()
+                self._poll_sessions(now)
+                plan = self.scheduler.schedule(now)
+                if plan.is_empty:
+                    timeout = self.config.idle_poll_s
+                    if plan.next_wake_s is not None:
+                        timeout = min(timeout, max(0.0, plan.next_wake_s - now))
+                    with self._wake:
+                        if not self._stop and not self._pending_add and not self._pending_remove:
+                            self._wake.wait(timeout)
+                    continue
+                result = self.runner.execute(plan, now)
+                self.steps_run += 1
+                self.scheduler.update_from_output(plan, result, self.clock())
+                for sid, reason in result.failed.items():
+                    r = self.rollouts.pop(sid, None)
+                    if r is not None:
+                        r.close()
+                    self.on_error(sid, reason)
+                if result.frames:
+                    self.on_frames(result.frames)
+        except BaseException as e:  # noqa: BLE001 - a dead worker is reported through /readyz
+            self.last_error = repr(e)
+            logger.exception("DeviceWorker: died")
+            raise
+        finally:
+            logger.info("DeviceWorker: stopped")

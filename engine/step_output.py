@@ -1,0 +1,73 @@
+"""The contract between the StepScheduler and the StepRunner: plain dataclasses.
+
+The scheduler decides (`StepSchedulerOutput`), the runner executes on the
+device and reports (`StepRunnerOutput`). Session IDs and numbers only; no
+tensors cross this line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+#: Kinds of step: "init" commits a session's first frame; "denoise" runs one
+#: denoising step of the current chunk; "commit" appends a finished chunk to
+#: the KV cache and decodes its frames.
+StepKind = Literal["init", "denoise", "commit"]
+
+
+@dataclass
+class StepSchedulerOutput:
+    """One scheduling decision: which step runs next, for which sessions."""
+
+    kind: StepKind | None  #: the step kind of this batch; None when nothing is ready
+    session_ids: list[str]  #: sessions in the batch, earliest deadline first
+    begin_chunk_ids: list[str]  #: sessions in the batch starting a new chunk with this step
+    deadlines_s: dict[str, float]  #: session id -> presentation time of its chunk's first frame, s (monotonic)
+    next_wake_s: float | None  #: when an idle runner should ask again, s (monotonic); None = on event
+
+    @classmethod
+    def make_empty(cls, next_wake_s: float | None = None) -> StepSchedulerOutput:
+        return cls(kind=None, session_ids=[], begin_chunk_ids=[], deadlines_s={}, next_wake_s=next_wake_s)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.session_ids
+
+
+@dataclass
+class FrameOut:
+    """One generated frame, ready for a session's sinks.
+
+    Attributes:
+        session_id: owner.
+        frame_index: absolute index in the session (0 = initial frame).
+        image: uint8 (H, W, 3) RGB.
+        present_at_s: intended presentation time, s on the engine's monotonic clock.
+        action_seq: seq of the last action applied in this frame (-1: none yet).
+        epoch: flush epoch of the conditioning it was generated under.
+        timings_ms: per-stage times of its chunk: queue, denoise, commit (ms).
+    """
+
+    session_id: str
+    frame_index: int
+    image: np.ndarray
+    present_at_s: float
+    action_seq: int
+    epoch: int
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StepRunnerOutput:
+    """What executing one `StepSchedulerOutput` produced."""
+
+    step_time_s: float  #: wall time of the step on the device, s
+    frames: list[FrameOut]  #: frames of chunks committed by this step
+    failed: dict[str, str]  #: session id -> reason, for sessions whose step failed (others unaffected)
+
+    @classmethod
+    def make_empty(cls) -> StepRunnerOutput:
+        return cls(step_time_s=0.0, frames=[], failed={})

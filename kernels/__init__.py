@@ -1,0 +1,1 @@
+"""Device kernels behind plain functions, each with a PyTorch fallback."""

@@ -1,0 +1,1 @@
+"""latency_bench: motion-to-photon and load benchmarks (see its issue)."""

@@ -1,0 +1,1 @@
+"""World-model families: network code, weights, the embedded default model."""

@@ -1,0 +1,274 @@
+"""Evaluate TinyWorld against the simulator; write a JSON report and a PNG strip.
+
+    python -m worldcast.models.tinyworld.evaluate --out models/tinyworld/weights/eval
+
+Measures, on held-out map seeds (never trained on) and fresh action sequences:
+- rollout PSNR (dB, frames in [0, 255]) at horizons 1, 8, 32 for the model with
+  the true actions, the model with shuffled actions (each sequence gets
+  another's actions), and the copy-last-frame baseline; over all sequences and
+  over moving ones (camera displaced by the horizon);
+- prompt control: share of frames whose theme, classified by nearest theme
+  centroid of the simulator's own colour statistics, matches a newly switched
+  prompt one chunk after the switch, for training captions and for unseen
+  paraphrases;
+- long-horizon stability: an N-frame rollout under random actions: NaN/Inf
+  and frame statistics against the simulator's range;
+- speed: generated frames/s (denoise + commit + decode) for 1 and 4 sessions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from worldcast.models.tinyworld import world
+from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, TIMESTEPS, TinyWorldModel
+from worldcast.models.tinyworld.prompts import HELDOUT_PARAPHRASES, TRAIN_CAPTIONS
+from worldcast.models.tinyworld.rollout import rollout_latents
+from worldcast.models.tinyworld.train import EVAL_SEED_BASE
+
+logger = logging.getLogger(__name__)
+
+HORIZONS = (1, 8, 32)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """PSNR in dB of uint8 image batches (..., H, W, 3), per leading index."""
+    mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).reshape(*a.shape[:-3], -1).mean(-1)
+    return 10 * np.log10(255.0**2 / np.maximum(mse, 1e-10))
+
+
+def simulate(rng: np.random.Generator, n_seq: int, n_frames: int, seed_base: int) -> dict[str, np.ndarray]:
+    """Held-out sequences: frames (S, n+1, 64, 64, 3), actions (S, n+1, A), themes (S,), displacement (S, n+1, 2)."""
+    frames = np.zeros((n_seq, n_frames + 1, 64, 64, 3), np.uint8)
+    actions = np.zeros((n_seq, n_frames + 1, world.ACTION_DIM), np.float32)
+    disp = np.zeros((n_seq, n_frames + 1, 2), np.int64)
+    themes = np.zeros(n_seq, np.int64)
+    for s in range(n_seq):
+        wm = world.WorldMap.generate(seed_base + s)
+        themes[s] = rng.integers(0, len(world.THEMES))
+        st = world.WorldState(wm, world.THEMES[themes[s]], *(int(v) for v in rng.integers(0, wm.size, 2)))
+        x0, y0 = st.x, st.y
+        acts = world.random_actions(rng, n_frames + 1)
+        acts[0] = 0
+        frames[s, 0] = world.render_view(wm, st.theme, st.x, st.y)
+        for i in range(1, n_frames + 1):
+            frames[s, i] = world.step(st, acts[i])
+            disp[s, i] = (st.x - x0, st.y - y0)
+        actions[s] = acts
+    return {"frames": frames, "actions": actions, "themes": themes, "disp": disp}
+
+
+def generate(model: TinyWorldModel, frames0: np.ndarray, actions: np.ndarray, prompts: np.ndarray,
+             seed: int, batch: int = 32) -> np.ndarray:
+    """Model rollout from given first frames: uint8 (S, n, 64, 64, 3) for frames 1..n."""
+    outs = []
+    g = torch.Generator().manual_seed(seed)
+    for i in range(0, len(frames0), batch):
+        f0 = torch.from_numpy(frames0[i : i + batch])[:, None]
+        z0 = model.encode_frames(f0)[:, 0]
+        z = rollout_latents(model.net, z0, torch.from_numpy(actions[i : i + batch]),
+                            torch.from_numpy(prompts[i : i + batch]), timesteps=TIMESTEPS, generator=g)
+        outs.append(model.decode(z).numpy())
+    return np.concatenate(outs)
+
+
+def eval_rollouts(model: TinyWorldModel, n_seq: int, rng: np.random.Generator) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    n = max(HORIZONS)
+    sim = simulate(rng, n_seq, n, EVAL_SEED_BASE)
+    caption = np.stack([model.encode_prompt(TRAIN_CAPTIONS[world.THEMES[t]][0]) for t in sim["themes"]])
+    prompts = np.repeat(caption[:, None], n + 1, axis=1)
+    true = generate(model, sim["frames"][:, 0], sim["actions"], prompts, seed=1)
+    perm = np.roll(np.arange(n_seq), 1)
+    shuf = generate(model, sim["frames"][:, 0], sim["actions"][perm], prompts, seed=1)
+    gt = sim["frames"]
+    res: dict[str, dict[str, float]] = {}
+    for h in HORIZONS:
+        moving = np.abs(sim["disp"][:, h]).sum(-1) > 0
+        p_true, p_shuf = psnr(true[:, h - 1], gt[:, h]), psnr(shuf[:, h - 1], gt[:, h])
+        p_copy = psnr(gt[:, 0], gt[:, h])
+        res[str(h)] = {
+            "true_actions": float(p_true.mean()), "shuffled_actions": float(p_shuf.mean()),
+            "copy_last_frame": float(p_copy.mean()),
+            "moving_true_actions": float(p_true[moving].mean()) if moving.any() else math.nan,
+            "moving_shuffled_actions": float(p_shuf[moving].mean()) if moving.any() else math.nan,
+            "moving_copy_last_frame": float(p_copy[moving].mean()) if moving.any() else math.nan,
+            "moving_share": float(moving.mean()),
+        }
+    return res, {"gt": gt, "true": true, "shuf": shuf}
+
+
+def eval_prompt_control(model: TinyWorldModel, n_seq: int, rng: np.random.Generator) -> dict[str, float]:
+    cents = world.theme_centroids()
+    out: dict[str, float] = {}
+    for name, captions in (("train_captions", TRAIN_CAPTIONS), ("unseen_paraphrases", HELDOUT_PARAPHRASES)):
+        sim = simulate(rng, n_seq, 4, EVAL_SEED_BASE + 5000)
+        target = (sim["themes"] + rng.integers(1, len(world.THEMES), n_seq)) % len(world.THEMES)
+        p0 = np.stack([model.encode_prompt(TRAIN_CAPTIONS[world.THEMES[t]][0]) for t in sim["themes"]])
+        p1 = np.stack([model.encode_prompt(captions[world.THEMES[t]][rng.integers(len(captions[world.THEMES[t]]))])
+                       for t in target])
+        prompts = np.repeat(p0[:, None], 5, axis=1)
+        prompts[:, 4] = p1  # the switch: frame 4 is one chunk after it
+        gen = generate(model, sim["frames"][:, 0], sim["actions"], prompts, seed=2)
+        pred = np.array([world.classify_theme(f, cents) for f in gen[:, 3]])
+        out[name] = float((pred == target).mean())
+        before = np.array([world.classify_theme(f, cents) for f in gen[:, 2]])
+        out[name + "_before_switch_matches_old"] = float((before == sim["themes"]).mean())
+    return out
+
+
+def eval_stability(model: TinyWorldModel, n_frames: int, rng: np.random.Generator) -> dict[str, float | bool]:
+    """Roll one session for n_frames under random actions, in segments of 256 frames."""
+    # the simulator's range of per-frame mean and std, over many views of every theme
+    sim = simulate(rng, 48, 8, EVAL_SEED_BASE + 9000)["frames"].reshape(-1, 64, 64, 3).astype(np.float32)
+    m, s = sim.mean((1, 2, 3)), sim.std((1, 2, 3))
+    lo_m, hi_m, lo_s, hi_s = m.min(), m.max(), s.min(), s.max()
+    theme = world.THEMES[int(rng.integers(len(world.THEMES)))]
+    wm = world.WorldMap.generate(EVAL_SEED_BASE + 7777)
+    f0 = world.render_view(wm, theme, 0, 0)
+    prompt = model.encode_prompt(TRAIN_CAPTIONS[theme][0])
+    from worldcast.engine.kv_pool import KVPool  # the serving path: ring-buffer KV, positions grow
+    from worldcast.engine.rollout import ChunkRollout
+
+    class _Cond:
+        def __init__(self) -> None:
+            self.actions = world.random_actions(rng, n_frames + 1)
+            self.i = 0
+
+        def sample_chunk(self, frames: int):  # type: ignore[no-untyped-def]
+            from worldcast.engine.rollout import ChunkInputs
+
+            a = self.actions[self.i : self.i + frames]
+            self.i += frames
+            return ChunkInputs(actions=a, prompt=prompt, action_seq=self.i, epoch=0)
+
+        def current_epoch(self) -> int:
+            return 0
+
+        def wants_frames(self) -> bool:
+            return True
+
+    pool = KVPool(model.spec.kv, budget_bytes=model.spec.kv.bytes_per_session())
+    model_initial = model.initial_frame
+    model.initial_frame = lambda **kw: f0  # type: ignore[method-assign]
+    try:
+        r = ChunkRollout("stability", model, pool, _Cond(), seed=3)
+        r.init(0.0)
+        means, stds, finite = [], [], True
+        for _ in range(n_frames):
+            r.begin_chunk(0.0, 0.0)
+            for _ in TIMESTEPS:
+                r.step()
+            fr = r.finalize(0.0)[0].image.astype(np.float32)
+            finite &= bool(torch.isfinite(r.prev).all())
+            means.append(fr.mean())
+            stds.append(fr.std())
+    finally:
+        model.initial_frame = model_initial  # type: ignore[method-assign]
+    means_a, stds_a = np.array(means), np.array(stds)
+    in_range = (means_a >= lo_m - 10) & (means_a <= hi_m + 10) & (stds_a >= 0.5 * lo_s) & (stds_a <= 1.5 * hi_s)
+    return {
+        "frames": n_frames, "finite": finite, "share_in_range": float(in_range.mean()),
+        "mean_range": [float(means_a.min()), float(means_a.max())], "std_range": [float(stds_a.min()), float(stds_a.max())],
+        "sim_mean_range": [float(lo_m), float(hi_m)], "sim_std_range": [float(lo_s), float(hi_s)],
+        "stable": bool(finite and in_range.mean() >= 0.99),
+    }
+
+
+def eval_speed(model: TinyWorldModel, frames: int = 60) -> dict[str, float]:
+    out = {}
+    for b in (1, 4):
+        z0 = torch.randn(b, *model.spec.latent_shape)
+        a, p = torch.zeros(b, frames + 1, world.ACTION_DIM), torch.zeros(b, frames + 1, model.spec.prompt_dim)
+        rollout_latents(model.net, z0, a[:, :4], p[:, :4], timesteps=TIMESTEPS)  # warm-up
+        t = time.perf_counter()
+        z = rollout_latents(model.net, z0, a, p, timesteps=TIMESTEPS)
+        model.decode(z)
+        out[f"frames_per_s_{b}_session{'s' if b > 1 else ''}"] = b * frames / (time.perf_counter() - t)
+    return out
+
+
+def save_strip(path: Path, vids: dict[str, np.ndarray], rows: int = 4) -> None:
+    """PNG: for `rows` sequences, ground truth above the model (true actions) at several horizons."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = [0, 1, 2, 4, 8, 16, 32]
+    fig, axes = plt.subplots(2 * rows, len(cols), figsize=(len(cols) * 1.2, 2 * rows * 1.25))
+    for r in range(rows):
+        for c, h in enumerate(cols):
+            axes[2 * r, c].imshow(vids["gt"][r, h])
+            axes[2 * r + 1, c].imshow(vids["gt"][r, 0] if h == 0 else vids["true"][r, h - 1])
+            if r == 0:
+                axes[0, c].set_title(f"t+{h}", fontsize=8)
+        axes[2 * r, 0].set_ylabel("sim", fontsize=7)
+        axes[2 * r + 1, 0].set_ylabel("model", fontsize=7)
+    for ax in axes.flat:
+        ax.set_xticks([]), ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
+    ap.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS.parent / "eval")
+    ap.add_argument("--seqs", type=int, default=64, help="held-out sequences (>= 64 for the report)")
+    ap.add_argument("--stability-frames", type=int, default=10_000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    model = TinyWorldModel.from_pretrained(args.weights)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    rollouts, vids = eval_rollouts(model, args.seqs, rng)
+    logger.info("rollout PSNR: %s", json.dumps(rollouts))
+    save_strip(args.out / "rollouts.png", vids)
+    prompt = eval_prompt_control(model, args.seqs, rng)
+    logger.info("prompt control: %s", prompt)
+    speed = eval_speed(model)
+    logger.info("speed: %s", speed)
+    stability = eval_stability(model, args.stability_frames, rng)
+    logger.info("stability: %s", stability)
+    h8 = rollouts["8"]
+    report = {
+        "weights": str(args.weights),
+        "command": "python -m worldcast.models.tinyworld.evaluate " + " ".join(argv or []),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "torch_threads": args.threads},
+        "held_out_sequences": args.seqs,
+        "rollout_psnr_db": rollouts,
+        "prompt_control": prompt,
+        "stability": stability,
+        "speed": speed,
+        "bars": {
+            "h8_true_minus_shuffled_db": h8["true_actions"] - h8["shuffled_actions"],
+            "h8_moving_true_minus_copy_db": h8["moving_true_actions"] - h8["moving_copy_last_frame"],
+            "prompt_train_captions": prompt["train_captions"],
+            "prompt_unseen_paraphrases": prompt["unseen_paraphrases"],
+            "stable": stability["stable"],
+            "frames_per_s_1_session": speed["frames_per_s_1_session"],
+        },
+        "wall_s": time.time() - t0,
+    }
+    (args.out / "report.json").write_text(json.dumps(report, indent=2))
+    logger.info("wrote %s", args.out / "report.json")
+    print(json.dumps(report["bars"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Offline batched rollouts of TinyWorld, for training and evaluation.
+
+The serving path uses the engine's ring-buffer KV pool (`engine/kv_pool.py`);
+this is the same algorithm over a plain list of per-frame keys and values,
+kept to the window plus sinks exactly as the pool does, so training,
+evaluation and serving see the same attention pattern.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worldcast.models.base import rectified_flow_update
+from worldcast.models.tinyworld.network import TinyWorldConfig, TinyWorldDenoiser, frame_age_bias
+
+
+class ListKV:
+    """Per-frame (K, V) of a batch, trimmed to sink + rolling window frames."""
+
+    def __init__(self, cfg: TinyWorldConfig) -> None:
+        self.cfg = cfg
+        self.frames: list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]] = []
+
+    def append(self, frame_index: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.frames.append((frame_index, kv))
+        sinks = [f for f in self.frames if f[0] < self.cfg.sink_frames]
+        window = [f for f in self.frames if f[0] >= self.cfg.sink_frames][-self.cfg.window_frames :]
+        self.frames = sinks + window
+
+    def view(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """Per layer concatenated (K, V) (B, H, L, hd) and the int64 (L,) frame index per token."""
+        T = self.cfg.tokens_per_frame
+        kv = [
+            (torch.cat([f[1][i][0] for f in self.frames], 2), torch.cat([f[1][i][1] for f in self.frames], 2))
+            for i in range(self.cfg.layers)
+        ]
+        idx = torch.tensor([f[0] for f in self.frames for _ in range(T)], dtype=torch.long)
+        return kv, idx
+
+
+def _step(
+    net: TinyWorldDenoiser,
+    x: torch.Tensor,
+    prev: torch.Tensor,
+    t: float,
+    action: torch.Tensor,
+    prompt: torch.Tensor,
+    frame_index: int,
+    cache: ListKV,
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    cfg = net.cfg
+    B, T = x.shape[0], cfg.tokens_per_frame
+    q = torch.full((B, T), frame_index, dtype=torch.long)
+    if cache.frames:
+        kv, kidx = cache.view()
+        kf = torch.cat([kidx[None].expand(B, -1), q], 1)
+    else:
+        kv, kf = None, q
+    bias = frame_age_bias(q, kf, torch.ones_like(kf, dtype=torch.bool), cfg=cfg)
+    tt = torch.full((B, 1), t)
+    return net(x[:, None], prev[:, None], tt, action[:, None], prompt[:, None], kv, bias)
+
+
+@torch.no_grad()
+def rollout_latents(
+    net: TinyWorldDenoiser,
+    z0: torch.Tensor,
+    actions: torch.Tensor,
+    prompts: torch.Tensor,
+    *,
+    timesteps: tuple[float, ...],
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Generate N frames after a given first frame, feeding the model its own outputs.
+
+    Args:
+        net: the denoiser (eval or train mode; run without grad).
+        z0: (B, C, h, w) latent of frame 0 (committed as the sink).
+        actions: (B, N + 1, A) actions; actions[:, i] produced frame i.
+        prompts: (B, N + 1, P) prompt embeddings per frame.
+        timesteps: descending flow times of the sampler.
+        generator: for the initial noise of each frame.
+
+    Returns:
+        (B, N, C, h, w) generated latents of frames 1..N.
+    """
+    cache = ListKV(net.cfg)
+    _, kv = _step(net, z0, z0, 0.0, actions[:, 0], prompts[:, 0], 0, cache)
+    cache.append(0, kv)
+    prev, out = z0, []
+    B = z0.shape[0]
+    for i in range(1, actions.shape[1]):
+        x = torch.randn(z0.shape, generator=generator)
+        for k, t in enumerate(timesteps):
+            x0, _ = _step(net, x, prev, t, actions[:, i], prompts[:, i], i, cache)
+            x0 = x0[:, 0]
+            t_next = timesteps[k + 1] if k + 1 < len(timesteps) else 0.0
+            x = rectified_flow_update(x, x0, torch.full((B,), t), torch.full((B,), t_next))
+        _, kv = _step(net, x, prev, 0.0, actions[:, i], prompts[:, i], i, cache)
+        cache.append(i, kv)
+        out.append(x)
+        prev = x
+    return torch.stack(out, 1)

@@ -1,0 +1,1 @@
+"""Sessions: lifecycle, per-user state, flush/cancel semantics."""

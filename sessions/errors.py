@@ -1,0 +1,31 @@
+"""Errors of the sessions layer; `transport/errors.py` maps them to HTTP and RPC codes."""
+
+from __future__ import annotations
+
+
+class SessionError(Exception):
+    """Base class of session errors."""
+
+
+class SessionNotFound(SessionError):
+    """No session with that id."""
+
+
+class SessionClosedError(SessionError):
+    """The session is closed; nothing more can be done with it."""
+
+
+class InvalidAction(SessionError):
+    """An action message that breaks the action schema (the reason is in the message)."""
+
+
+class CapacityExhausted(SessionError):
+    """No room for another session; retry later.
+
+    Attributes:
+        retry_after_s: suggested wait before retrying, seconds.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

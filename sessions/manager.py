@@ -1,0 +1,174 @@
+"""SessionManager: create, look up, idle and close sessions; bridge engine frames to them.
+
+The manager owns the device worker's session membership. Frames and errors
+arrive on the worker thread and are marshalled to the event loop with
+`call_soon_threadsafe`, where they reach each session's sinks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from worldcast.engine.device_worker import DeviceWorker, EngineConfig
+from worldcast.engine.errors import KVPoolExhausted
+from worldcast.engine.step_output import FrameOut
+from worldcast.models.base import WorldModel
+from worldcast.sessions.errors import CapacityExhausted, SessionNotFound
+from worldcast.sessions.session import CloseReason, Session, SessionState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Session lifecycle settings."""
+
+    idle_after_s: float = 30.0  #: an ACTIVE session without actions goes IDLE after this, s
+    timeout_s: float = 120.0  #: a session with no sink and no activity is closed after this, s
+    max_sessions: int = 16  #: most open sessions (also bounded by KV slots)
+    tick_s: float = 1.0  #: housekeeping period, s
+
+
+class SessionManager:
+    """All sessions of one server, and the device worker that runs them.
+
+    Args:
+        model: the world model.
+        engine_config: device worker settings.
+        config: session settings.
+        clock: monotonic clock, s.
+    """
+
+    def __init__(
+        self,
+        model: WorldModel,
+        *,
+        engine_config: EngineConfig,
+        config: SessionConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.clock = clock
+        self.sessions: dict[str, Session] = {}
+        self.worker = DeviceWorker(model, engine_config, on_frames=self._on_frames, on_error=self._on_error, clock=clock)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the device worker and the housekeeping task."""
+        self._loop = asyncio.get_running_loop()
+        self.worker.start()
+        self._tick_task = asyncio.create_task(self._tick_loop(), name="session-manager-tick")
+
+    async def aclose(self) -> None:
+        """Close every session and stop the worker (idempotent)."""
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            try:
+                await self._tick_task
+            except asyncio.CancelledError:
+                pass
+            self._tick_task = None
+        for sid in list(self.sessions):
+            self.close(sid, CloseReason.SHUTDOWN)
+        await asyncio.get_running_loop().run_in_executor(None, self.worker.stop)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def create(self, *, prompt: str | None = None, seed: int | None = None) -> Session:
+        """Open a session; its initial frame is generated at once.
+
+        Raises:
+            CapacityExhausted: too many sessions or no KV slot (retry later).
+        """
+        open_count = sum(1 for s in self.sessions.values() if s.state != SessionState.CLOSED)
+        if open_count >= self.config.max_sessions:
+            raise CapacityExhausted(f"server is at its limit of {self.config.max_sessions} sessions")
+        text = prompt if prompt else self.model.spec.default_prompt
+        emb = await asyncio.get_running_loop().run_in_executor(None, self.model.encode_prompt, text)
+        sid = secrets.token_hex(8)
+        session = Session(
+            sid,
+            secrets.token_urlsafe(24),
+            model=self.model,
+            prompt=text,
+            prompt_embedding=emb,
+            seed=seed if seed is not None else secrets.randbelow(2**31),
+            idle_after_s=self.config.idle_after_s,
+            clock=self.clock,
+        )
+        try:
+            self.worker.add_session(sid, session, seed=session.seed)
+        except KVPoolExhausted as e:
+            raise CapacityExhausted(str(e)) from e
+        self.sessions[sid] = session
+        session.on("state", lambda s, st: self.worker.wake())
+        logger.info("Session(%s): created (prompt of %d chars, seed %d)", sid, len(text), session.seed)
+        return session
+
+    def get(self, session_id: str) -> Session:
+        """The open session with this id.
+
+        Raises:
+            SessionNotFound: unknown or closed.
+        """
+        s = self.sessions.get(session_id)
+        if s is None or s.state == SessionState.CLOSED:
+            raise SessionNotFound(f"no session {session_id!r}")
+        return s
+
+    def close(self, session_id: str, reason: CloseReason = CloseReason.CLIENT) -> None:
+        """Close a session and free its engine state (idempotent)."""
+        s = self.sessions.pop(session_id, None)
+        if s is None:
+            return
+        s.close(reason)
+        self.worker.remove_session(session_id)
+        logger.info("Session(%s): closed (%s)", session_id, reason.value)
+
+    # -- engine callbacks (worker thread) -----------------------------------------------------------
+
+    def _on_frames(self, frames: list[FrameOut]) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._dispatch_frames, frames)
+
+    def _on_error(self, session_id: str, reason: str) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._dispatch_error, session_id, reason)
+
+    def _dispatch_frames(self, frames: list[FrameOut]) -> None:
+        for f in frames:
+            s = self.sessions.get(f.session_id)
+            if s is not None:
+                s.deliver(f)
+
+    def _dispatch_error(self, session_id: str, reason: str) -> None:
+        s = self.sessions.get(session_id)
+        if s is not None:
+            s.fail(reason)
+            self.close(session_id, CloseReason.ERROR)
+
+    # -- housekeeping --------------------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_s)
+            self.tick(self.clock())
+
+    def tick(self, now_s: float) -> None:
+        """Idle quiet sessions; close abandoned ones."""
+        for sid, s in list(self.sessions.items()):
+            s.tick(now_s)
+            if s.sink_count == 0 and now_s - max(s.last_activity_s, s.actions.last_push_s or 0) > self.config.timeout_s:
+                self.close(sid, CloseReason.TIMEOUT)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the device worker is alive."""
+        return self.worker.alive

@@ -1,0 +1,384 @@
+"""Session: one user's world — state machine, actions, prompt, media clock, sinks.
+
+States (`SessionState`): CREATED -> ACTIVE <-> IDLE -> CLOSED. A session is
+ACTIVE while it should generate: a client is attached or acting. It goes
+IDLE when its user stops acting for `idle_after_s`, and generation stops
+costing compute; the next action makes it ACTIVE again.
+
+Control operations, all cheap and effective at the engine's next step boundary:
+- `flush()`: bump the epoch, drop every queued frame; the engine drops the
+  chunk in flight and restarts it with the newest actions and prompt. Frames
+  generated under an older epoch are never delivered after `flush` returns.
+- `cancel()`: bump the epoch, drop queued frames, stop generating until `resume()`.
+- `pause()` / `resume()`: stop / restart generating; nothing is dropped.
+
+The session is the engine's `Conditioner`: the device thread calls
+`sample_chunk`, `current_epoch` and `wants_frames` under the session's lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Literal, Protocol
+
+import numpy as np
+
+from worldcast.engine.rollout import ChunkInputs
+from worldcast.engine.step_output import FrameOut
+from worldcast.models.base import WorldModel
+from worldcast.sessions.actions import ActionBuffer
+from worldcast.sessions.clock import VIDEO_TIME_BASE, MediaClock
+from worldcast.sessions.errors import SessionClosedError
+
+logger = logging.getLogger(__name__)
+
+
+class SessionState(enum.IntEnum):
+    """Lifecycle of a session; ordered, so `state >= CLOSED` means finished."""
+
+    CREATED = 0
+    ACTIVE = 1
+    IDLE = 2
+    CLOSED = 3
+
+
+_ALLOWED: dict[SessionState, set[SessionState]] = {
+    SessionState.CREATED: {SessionState.ACTIVE, SessionState.IDLE, SessionState.CLOSED},
+    SessionState.ACTIVE: {SessionState.IDLE, SessionState.CLOSED},
+    SessionState.IDLE: {SessionState.ACTIVE, SessionState.CLOSED},
+    SessionState.CLOSED: set(),
+}
+
+
+class CloseReason(enum.Enum):
+    """Why a session closed."""
+
+    CLIENT = "client"  #: DELETE or client disconnect
+    TIMEOUT = "timeout"  #: no client and no activity for the session timeout
+    ERROR = "error"  #: its step failed on the device
+    SHUTDOWN = "shutdown"  #: the server is stopping
+
+
+@dataclass
+class VideoFrame:
+    """A frame on its way to a sink.
+
+    Attributes:
+        image: uint8 (H, W, 3) RGB.
+        pts: presentation timestamp in `time_base` units (90 kHz), strictly increasing per session.
+        time_base: Fraction(1, 90000) s.
+        frame_index: absolute frame index in the session.
+        action_seq: seq of the last action applied (-1: none).
+        epoch: flush epoch it was generated under.
+        present_at_s: intended presentation time, s (monotonic).
+        timings_ms: server stage times (queue, denoise, commit), ms.
+    """
+
+    image: np.ndarray
+    pts: int
+    time_base: Fraction
+    frame_index: int
+    action_seq: int
+    epoch: int
+    present_at_s: float
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+class FrameSink(Protocol):
+    """Where a session's frames go (a WebRTC track, a LiveKit source, an fMP4 muxer).
+
+    `put` must not block and must hold at most a frame or two, dropping the
+    oldest; `clear` drops everything queued.
+    """
+
+    def put(self, frame: VideoFrame) -> None: ...
+
+    def clear(self) -> None: ...
+
+
+#: Session events; callbacks are synchronous and get (session, payload).
+SessionEvent = Literal["state", "frame", "error"]
+
+
+class Session:
+    """One user's session. Create through `SessionManager.create`.
+
+    Args:
+        session_id: unique id.
+        token: bearer token that authorizes this session's routes.
+        model: the world model (for action encoding and prompt embedding).
+        prompt: initial prompt text.
+        prompt_embedding: float32 (P,) its embedding.
+        seed: seed of the initial world and the sampler noise.
+        idle_after_s: seconds without actions after which an ACTIVE session goes IDLE.
+        clock: monotonic clock, s.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        token: str,
+        *,
+        model: WorldModel,
+        prompt: str,
+        prompt_embedding: np.ndarray,
+        seed: int,
+        idle_after_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.id = session_id
+        self.token = token
+        self.model = model
+        self.seed = seed
+        self.idle_after_s = idle_after_s
+        self.clock = clock
+        self.created_s = clock()
+        self.last_activity_s = self.created_s
+        self.state = SessionState.CREATED
+        self.close_reason: CloseReason | None = None
+        self.actions = ActionBuffer(key_names=model.spec.actions.keys)
+        self.media_clock = MediaClock()
+        self.frames_generated = 0
+        self.frames_delivered = 0
+        self.frames_dropped_stale = 0
+        self.last_frame: VideoFrame | None = None
+        self._lock = threading.Lock()
+        self._prompt = prompt
+        self._prompt_embedding = prompt_embedding
+        self._epoch = 0
+        self._paused = False
+        self._cancelled = False
+        self._sinks: list[FrameSink] = []
+        self._listeners: dict[str, list[Callable[[Session, object], None]]] = {}
+
+    def __repr__(self) -> str:
+        return f"Session({self.id}, {self.state.name})"
+
+    # -- events ---------------------------------------------------------------------
+
+    def on(self, event: SessionEvent, callback: Callable[[Session, object], None]) -> Callable[[], None]:
+        """Subscribe to an event; returns an unsubscribe function.
+
+        Events: "state" (payload: SessionState), "frame" (payload: VideoFrame,
+        after delivery to sinks), "error" (payload: str reason).
+
+        Raises:
+            TypeError: `callback` is a coroutine function (callbacks must be synchronous).
+        """
+        import inspect
+
+        if inspect.iscoroutinefunction(callback):
+            raise TypeError("session event callbacks must be synchronous")
+        self._listeners.setdefault(event, []).append(callback)
+        return lambda: self._listeners.get(event, []).remove(callback) if callback in self._listeners.get(
+            event, []) else None
+
+    def _emit(self, event: SessionEvent, payload: object) -> None:
+        for cb in list(self._listeners.get(event, [])):
+            try:
+                cb(self, payload)
+            except Exception:  # noqa: BLE001 - a listener's bug must not break the session
+                logger.exception("%r: %s listener failed", self, event)
+
+    def _set_state(self, new: SessionState) -> None:
+        old = self.state
+        if new == old:
+            return
+        if new not in _ALLOWED[old]:
+            raise SessionClosedError(f"session {self.id} is {old.name.lower()}; cannot become {new.name.lower()}")
+        self.state = new
+        logger.debug("%r: %s -> %s", self, old.name, new.name)
+        self._emit("state", new)
+
+    # -- conditioner (device thread) ----------------------------------------------------------
+
+    def sample_chunk(self, frames: int) -> ChunkInputs:
+        s = self.actions.sample(frames)
+        vecs = np.stack([self.model.encode_action(k, m) for k, m in zip(s.keys, s.mouse, strict=True)])
+        with self._lock:
+            return ChunkInputs(actions=vecs, prompt=self._prompt_embedding, action_seq=s.seq, epoch=self._epoch)
+
+    def current_epoch(self) -> int:
+        with self._lock:
+            return self._epoch
+
+    def wants_frames(self) -> bool:
+        with self._lock:
+            return self.state == SessionState.ACTIVE and not self._paused and not self._cancelled
+
+    # -- user operations (event loop) -----------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.state == SessionState.CLOSED:
+            raise SessionClosedError(f"session {self.id} is closed")
+
+    def activate(self) -> None:
+        """Mark the session ACTIVE (a client attached or acted)."""
+        self._check_open()
+        self.last_activity_s = self.clock()
+        self._set_state(SessionState.ACTIVE)
+
+    def push_action(self, seq: int, keys: list[str], mouse: tuple[float, float]) -> None:
+        """Apply one validated action message (see `ActionBuffer.push`).
+
+        Raises:
+            InvalidAction: the message breaks the schema; nothing changes.
+            SessionClosedError: the session is closed.
+        """
+        self._check_open()
+        self.actions.push(seq, keys, mouse, now_s=self.clock())
+        self.activate()
+
+    @property
+    def prompt(self) -> str:
+        return self._prompt
+
+    def set_prompt(self, text: str, embedding: np.ndarray) -> None:
+        """Condition the next chunks on a new prompt (`flush` to apply it to the chunk in flight)."""
+        self._check_open()
+        with self._lock:
+            self._prompt, self._prompt_embedding = text, embedding
+
+    def flush(self) -> int:
+        """Drop queued and in-flight frames under stale conditioning; restart the chunk.
+
+        Returns:
+            the new epoch: every frame delivered from now on carries it or a later one.
+        """
+        self._check_open()
+        with self._lock:
+            self._epoch += 1
+            epoch = self._epoch
+        for s in self._sinks:
+            s.clear()
+        self.activate()
+        return epoch
+
+    def cancel(self) -> int:
+        """Stop generating at the next step boundary and drop queued frames, until `resume`.
+
+        Returns:
+            the new epoch.
+        """
+        self._check_open()
+        with self._lock:
+            self._epoch += 1
+            self._cancelled = True
+            epoch = self._epoch
+        for s in self._sinks:
+            s.clear()
+        return epoch
+
+    def pause(self) -> None:
+        """Stop generating at the next step boundary; queued frames still play."""
+        self._check_open()
+        with self._lock:
+            self._paused = True
+
+    def resume(self) -> None:
+        """Undo `pause` and `cancel`; generation restarts with the freshest actions."""
+        self._check_open()
+        with self._lock:
+            self._paused = False
+            self._cancelled = False
+        self.activate()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    # -- sinks ---------------------------------------------------------------------------------------
+
+    def attach_sink(self, sink: FrameSink) -> None:
+        """Start delivering frames to `sink`; it gets the latest frame at once."""
+        self._check_open()
+        self._sinks.append(sink)
+        if self.last_frame is not None:
+            sink.put(self.last_frame)
+        self.activate()
+
+    def detach_sink(self, sink: FrameSink) -> None:
+        if sink in self._sinks:
+            self._sinks.remove(sink)
+        if not self._sinks:
+            self.actions.release_all()
+
+    @property
+    def sink_count(self) -> int:
+        return len(self._sinks)
+
+    def deliver(self, out: FrameOut) -> VideoFrame | None:
+        """Hand an engine frame to the sinks, unless it is stale (older epoch) or the session closed.
+
+        Returns:
+            the delivered frame, or None if dropped.
+        """
+        self.frames_generated += 1
+        if self.state == SessionState.CLOSED or out.epoch < self.current_epoch():
+            self.frames_dropped_stale += 1
+            return None
+        frame = VideoFrame(
+            image=out.image,
+            pts=self.media_clock.pts(out.present_at_s),
+            time_base=VIDEO_TIME_BASE,
+            frame_index=out.frame_index,
+            action_seq=out.action_seq,
+            epoch=out.epoch,
+            present_at_s=out.present_at_s,
+            timings_ms=out.timings_ms,
+        )
+        self.last_frame = frame
+        for s in self._sinks:
+            s.put(frame)
+        self.frames_delivered += 1
+        self._emit("frame", frame)
+        return frame
+
+    def fail(self, reason: str) -> None:
+        """Report a device-side failure of this session (it is then closed by its manager)."""
+        self._emit("error", reason)
+
+    # -- housekeeping --------------------------------------------------------------------------------
+
+    def tick(self, now_s: float) -> None:
+        """Go IDLE after `idle_after_s` without actions."""
+        if self.state == SessionState.ACTIVE:
+            last = self.actions.last_push_s or self.last_activity_s
+            if now_s - max(last, self.last_activity_s) > self.idle_after_s:
+                self._set_state(SessionState.IDLE)
+
+    def close(self, reason: CloseReason) -> None:
+        """Close (idempotent). Sinks are cleared and detached."""
+        if self.state == SessionState.CLOSED:
+            return
+        self.close_reason = reason
+        self._set_state(SessionState.CLOSED)
+        for s in self._sinks:
+            s.clear()
+        self._sinks.clear()
+
+    def info(self) -> dict[str, object]:
+        """A JSON-able summary (prompt length, not contents, goes to logs; the owner sees the prompt)."""
+        return {
+            "session_id": self.id,
+            "state": self.state.name.lower(),
+            "prompt": self._prompt,
+            "paused": self._paused,
+            "cancelled": self._cancelled,
+            "epoch": self._epoch,
+            "frames_generated": self.frames_generated,
+            "frames_delivered": self.frames_delivered,
+            "frames_dropped_stale": self.frames_dropped_stale,
+            "last_action_seq": self.actions.last_seq,
+            "sinks": len(self._sinks),
+        }

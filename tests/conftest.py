@@ -1,0 +1,85 @@
+"""Shared fixtures: the shipped model, and a real server on a loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+
+from worldcast.engine.device_worker import EngineConfig
+from worldcast.sessions.manager import SessionConfig
+from worldcast.transport.config import ServerConfig
+
+torch.set_num_threads(1)  # 2 cores: leave one for the event loop, aiortc and the browser
+
+
+@pytest.fixture(scope="session")
+def model():  # type: ignore[no-untyped-def]
+    """The shipped TinyWorld model (loaded once per test run)."""
+    from worldcast.models.tinyworld import TinyWorldModel
+
+    return TinyWorldModel.from_pretrained()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    """A running worldcast server: base URL and the in-process app (to inspect state)."""
+
+    url: str
+    app: object
+    config: ServerConfig
+
+    @property
+    def manager(self):  # type: ignore[no-untyped-def]
+        return self.app.state.manager  # type: ignore[attr-defined]
+
+
+def _serve(config: ServerConfig, model) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    from worldcast.transport.app import create_app
+
+    app = create_app(config, model=model)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start within 30 s"
+        assert thread.is_alive(), "server thread died"
+        time.sleep(0.05)
+    try:
+        yield LiveServer(f"http://{config.host}:{config.port}", app, config)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def server_config(**overrides) -> ServerConfig:  # type: ignore[no-untyped-def]
+    base = ServerConfig(
+        host="127.0.0.1",
+        port=free_port(),
+        ice_host_addresses=["127.0.0.1"],
+        video_scale=2,
+        engine=EngineConfig(kv_budget_bytes=64 * 2**20, max_batch=4, torch_threads=1),
+        sessions=SessionConfig(max_sessions=8, idle_after_s=60.0, timeout_s=120.0),
+    )
+    return replace(base, **overrides)
+
+
+@pytest.fixture(scope="module")
+def live_server(model) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
+    """A real server on 127.0.0.1 with the shipped model, ICE pinned to loopback."""
+    yield from _serve(server_config(), model)

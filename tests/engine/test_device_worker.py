@@ -1,0 +1,132 @@
+"""DeviceWorker on a real thread with the shipped model: serving, cancel, failure isolation."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.fakes import ScriptedConditioner
+from worldcast.engine.device_worker import DeviceWorker, EngineConfig
+from worldcast.engine.errors import KVPoolExhausted
+from worldcast.engine.step_output import FrameOut
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.frames: list[FrameOut] = []
+        self.errors: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def on_frames(self, frames: list[FrameOut]) -> None:
+        with self.lock:
+            self.frames += frames
+
+    def on_error(self, sid: str, reason: str) -> None:
+        with self.lock:
+            self.errors.append((sid, reason))
+
+    def count(self, sid: str) -> int:
+        with self.lock:
+            return sum(1 for f in self.frames if f.session_id == sid)
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def worker(model):  # type: ignore[no-untyped-def]
+    rec = Recorder()
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * 3, max_batch=4,
+                                         torch_threads=1), on_frames=rec.on_frames, on_error=rec.on_error)
+    w.rec = rec  # type: ignore[attr-defined]
+    w.start()
+    yield w
+    w.stop()
+
+
+def test_serves_several_sessions_with_increasing_frames(worker) -> None:  # type: ignore[no-untyped-def]
+    rec = worker.rec
+    worker.add_session("a", ScriptedConditioner(), seed=1)
+    worker.add_session("b", ScriptedConditioner(keys={"d": True}), seed=2)
+    wait_for(lambda: rec.count("a") >= 6 and rec.count("b") >= 6)
+    with rec.lock:
+        for sid in "ab":
+            idx = [f.frame_index for f in rec.frames if f.session_id == sid]
+            assert idx == sorted(idx) and idx[0] == 0 and len(set(idx)) == len(idx)
+            t = [f.present_at_s for f in rec.frames if f.session_id == sid]
+            assert all(b > a for a, b in zip(t, t[1:]))
+    assert worker.alive
+
+
+def test_pool_exhaustion_is_refused_up_front(worker) -> None:  # type: ignore[no-untyped-def]
+    for sid in "abc":
+        worker.add_session(sid, ScriptedConditioner(), seed=0)
+    with pytest.raises(KVPoolExhausted):
+        worker.add_session("d", ScriptedConditioner(), seed=0)
+    worker.remove_session("a")
+    wait_for(lambda: worker.pool.free_slots == 1)
+    worker.add_session("d", ScriptedConditioner(), seed=0)
+
+
+def test_cancel_takes_effect_within_one_step(worker) -> None:  # type: ignore[no-untyped-def]
+    rec = worker.rec
+    log: list[tuple[float, float, list[str], str | None]] = []
+    real = worker.runner.execute
+
+    def logged(plan, now_s):  # type: ignore[no-untyped-def]
+        t0 = time.monotonic()
+        out = real(plan, now_s)
+        log.append((t0, time.monotonic(), list(plan.session_ids), plan.kind))
+        return out
+
+    worker.runner.execute = logged
+    cond = ScriptedConditioner()
+    worker.add_session("a", cond, seed=0)
+    worker.add_session("other", ScriptedConditioner(), seed=1)
+    wait_for(lambda: rec.count("a") >= 4)
+    # cancel while a chunk is in flight
+    wait_for(lambda: worker.rollouts["a"].staged is not None, 10)
+    with cond.lock:
+        cond.active = False
+        t_cancel = time.monotonic()
+    worker.wake()
+    n_other = rec.count("other")
+    wait_for(lambda: rec.count("other") >= n_other + 4)
+    started_after = [e for e in log if e[0] > t_cancel and "a" in e[2]]
+    straddling = [e for e in log if e[0] <= t_cancel < e[1] and "a" in e[2]]
+    assert started_after == [] and len(straddling) <= 1
+    assert worker.rollouts["a"].staged is None
+
+
+def test_a_failing_session_ends_alone(worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    rec = worker.rec
+    bad = ScriptedConditioner()
+    worker.add_session("good", ScriptedConditioner(), seed=0)
+    worker.add_session("bad", bad, seed=1)
+    wait_for(lambda: rec.count("bad") >= 2 and rec.count("good") >= 2)
+
+    def boom(frames: int):  # type: ignore[no-untyped-def]
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(bad, "sample_chunk", boom)
+    wait_for(lambda: any(sid == "bad" for sid, _ in rec.errors))
+    assert "injected failure" in dict(rec.errors)["bad"]
+    n = rec.count("good")
+    wait_for(lambda: rec.count("good") >= n + 5)
+    assert "bad" not in worker.rollouts and worker.pool.free_slots == 2 and worker.alive
+
+
+def test_stopped_worker_reports_not_alive(model) -> None:  # type: ignore[no-untyped-def]
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session()),
+                     on_frames=lambda f: None, on_error=lambda s, r: None)
+    w.start()
+    assert w.alive
+    w.stop()
+    assert not w.alive

@@ -1,0 +1,150 @@
+"""StepScheduler policy with a fake clock: no device, no threads."""
+
+import pytest
+
+from worldcast.engine.cost_model import CostModel
+from worldcast.engine.step_output import StepRunnerOutput
+from worldcast.engine.step_scheduler import Phase, SchedulerConfig, StepScheduler
+
+PERIOD = 0.05
+
+
+def make(max_batch: int = 4, steps: int = 2) -> StepScheduler:
+    cost = CostModel()
+    for b in range(1, 9):  # a known device: 5 ms per denoise step, 4 ms per commit, flat in batch
+        cost.observe("denoise", b, 0.005)
+        cost.observe("commit", b, 0.004)
+        cost.observe("init", b, 0.004)
+    return StepScheduler(SchedulerConfig(frame_period_s=PERIOD, frames_per_chunk=1, denoising_steps=steps,
+                                         max_batch=max_batch), cost)
+
+
+def ok(step_s: float = 0.005) -> StepRunnerOutput:
+    return StepRunnerOutput(step_time_s=step_s, frames=[], failed={})
+
+
+def run_until_empty(s: StepScheduler, now: float) -> list:
+    plans = []
+    while not (p := s.schedule(now)).is_empty:
+        plans.append(p)
+        s.update_from_output(p, ok(), now)
+    return plans
+
+
+def test_new_sessions_init_one_at_a_time_then_wait() -> None:
+    s = make()
+    s.add("a"), s.add("b")
+    plans = run_until_empty(s, 0.0)
+    assert [(p.kind, p.session_ids) for p in plans] == [("init", ["a"]), ("init", ["b"])]
+    assert s.phase("a") == Phase.WAITING
+    empty = s.schedule(0.0)
+    assert empty.is_empty and empty.next_wake_s is not None and empty.next_wake_s >= 0.0
+
+
+def test_chunks_start_as_late_as_safely_possible() -> None:
+    s = make(steps=2)
+    s.add("a")
+    run_until_empty(s, 0.0)
+    wake = s.schedule(0.0).next_wake_s
+    plan = s.schedule(wake)
+    assert plan.kind == "denoise" and plan.begin_chunk_ids == ["a"]
+    chunk_s = 2 * 0.005 + 0.004
+    # it starts no earlier than its deadline minus the (padded) chunk time
+    assert plan.deadlines_s["a"] - wake == pytest.approx(chunk_s * s.config.safety + s.config.margin_s, abs=1e-9)
+    s.update_from_output(plan, ok(), wake)
+    p2 = s.schedule(wake)
+    s.update_from_output(p2, ok(), wake)
+    p3 = s.schedule(wake)
+    assert p3.kind == "commit"
+    s.update_from_output(p3, ok(), wake)
+    # the next chunk waits for its own slot one frame period later
+    nxt = s.schedule(wake).next_wake_s
+    lead = s.chunk_time_s(1) * s.config.safety + s.config.margin_s
+    assert nxt == pytest.approx(plan.deadlines_s["a"] + PERIOD - lead, abs=1e-9)
+    assert nxt > wake + PERIOD / 2
+
+
+def test_ready_steps_batch_across_sessions_up_to_max_batch() -> None:
+    s = make(max_batch=2)
+    for sid in "abc":
+        s.add(sid)
+    run_until_empty(s, 0.0)
+    plan = s.schedule(1.0)
+    assert plan.kind == "denoise" and len(plan.session_ids) == 2
+    unbatched = make(max_batch=1)
+    for sid in "abc":
+        unbatched.add(sid)
+    run_until_empty(unbatched, 0.0)
+    assert len(unbatched.schedule(1.0).session_ids) == 1
+
+
+def test_earliest_deadline_goes_first() -> None:
+    s = make(max_batch=1)
+    s.add("late"), s.add("early")
+    run_until_empty(s, 0.0)
+    s._entries["late"].deadline_s, s._entries["early"].deadline_s = 5.0, 3.0  # noqa: SLF001
+    s._entries["late"].start_at_s = s._entries["early"].start_at_s = 0.0  # noqa: SLF001
+    assert s.schedule(1.0).session_ids == ["early"]
+
+
+def test_late_session_is_rebased_instead_of_building_a_backlog() -> None:
+    s = make(max_batch=1, steps=1)
+    s.add("a")
+    run_until_empty(s, 0.0)
+    t = s.schedule(0.0).next_wake_s
+    for _ in range(2):  # denoise + commit, finishing 1 s late
+        p = s.schedule(t)
+        s.update_from_output(p, ok(), t + 1.0)
+    e = s._entries["a"]  # noqa: SLF001
+    assert e.late_frames == 1
+    assert e.deadline_s > t + 1.0  # rebased to the future, not 20 frames behind
+    assert s.schedule(t + 1.0).session_ids == ["a"]  # and starts at once
+
+
+def test_idle_sessions_are_not_scheduled_and_resume_fresh() -> None:
+    s = make()
+    s.add("a")
+    run_until_empty(s, 0.0)
+    p = s.schedule(10.0)
+    s.update_from_output(p, ok(), 10.0)
+    assert s.phase("a") == Phase.RUNNING
+    assert s.set_active("a", False, 10.0) is True  # a staged chunk must be dropped
+    assert s.schedule(20.0).is_empty and s.schedule(20.0).next_wake_s is None
+    s.set_active("a", True, 30.0)
+    p = s.schedule(30.0)
+    assert p.kind == "denoise" and p.begin_chunk_ids == ["a"]
+
+
+def test_restart_chunk_drops_the_running_chunk_and_restarts_now() -> None:
+    s = make()
+    s.add("a")
+    run_until_empty(s, 0.0)
+    p = s.schedule(10.0)
+    s.update_from_output(p, ok(), 10.0)
+    assert s.restart_chunk("a", 10.01) is True
+    p = s.schedule(10.01)
+    assert p.begin_chunk_ids == ["a"] and s.steps_done("a") == 0
+
+
+def test_failed_session_is_removed_and_others_advance() -> None:
+    s = make()
+    s.add("a"), s.add("b")
+    run_until_empty(s, 0.0)
+    p = s.schedule(5.0)
+    assert set(p.session_ids) == {"a", "b"}
+    s.update_from_output(p, StepRunnerOutput(step_time_s=0.01, frames=[], failed={"a": "boom"}), 5.0)
+    assert "a" not in s and s.steps_done("b") == 1
+
+
+def test_cost_model_interpolates_and_extrapolates() -> None:
+    c = CostModel()
+    c.observe("denoise", 1, 0.010)
+    c.observe("denoise", 4, 0.016)
+    assert c.predict("denoise", 2) == pytest.approx(0.012)
+    assert c.predict("denoise", 8) == pytest.approx(0.032)
+    assert c.predict("commit", 1) == c.prior_s
+
+
+def test_config_rejects_zero_batch() -> None:
+    with pytest.raises(ValueError):
+        SchedulerConfig(frame_period_s=0.05, frames_per_chunk=1, denoising_steps=2, max_batch=0)

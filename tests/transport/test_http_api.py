@@ -1,0 +1,148 @@
+"""The HTTP API against a real server on loopback: statuses, auth, precise errors."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import _serve, server_config
+from worldcast.sessions.manager import SessionConfig
+
+
+@pytest.fixture
+def client(live_server):  # type: ignore[no-untyped-def]
+    with httpx.Client(base_url=live_server.url, timeout=30) as c:
+        yield c
+
+
+def create(client: httpx.Client, **body) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    r = client.post("/v1/sessions", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_health_and_readiness(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    r = client.get("/readyz")
+    assert r.status_code == 200 and r.json()["status"] == "ready"
+
+
+def test_create_get_delete(client: httpx.Client) -> None:
+    s = create(client, prompt="a snowy landscape", seed=5)
+    assert s["model"]["keys"] == ["w", "a", "s", "d", "space", "shift"] and s["model"]["fps"] > 0
+    r = client.get(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"]))
+    assert r.status_code == 200 and r.json()["prompt"] == "a snowy landscape"
+    assert client.delete(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"])).status_code == 204
+    assert client.get(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"])).status_code == 404
+
+
+def test_create_without_body_uses_default_prompt(client: httpx.Client) -> None:
+    r = client.post("/v1/sessions")
+    assert r.status_code == 201
+    s = r.json()
+    info = client.get(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"])).json()
+    assert info["prompt"] == s["model"]["default_prompt"]
+    client.delete(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"]))
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({"prompt": "x" * 501}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"seed": -1}, "seed"),
+        ({"seed": "7"}, "seed"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_bad_create_bodies_are_422_with_the_field_named(client: httpx.Client, body, needle) -> None:  # type: ignore[no-untyped-def]
+    r = client.post("/v1/sessions", json=body)
+    assert r.status_code == 422 and needle in r.json()["detail"]
+
+
+def test_malformed_json_body_is_422(client: httpx.Client) -> None:
+    r = client.post("/v1/sessions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+
+
+def test_auth_missing_wrong_and_unknown(client: httpx.Client) -> None:
+    a, b = create(client), create(client)
+    url = f"/v1/sessions/{a['session_id']}"
+    assert client.get(url).status_code == 401
+    assert client.get(url, headers={"Authorization": "Token x"}).status_code == 401
+    assert client.get(url, headers=auth(b["token"])).status_code == 403  # another session's token
+    assert client.delete(url, headers=auth(b["token"])).status_code == 403
+    assert client.get("/v1/sessions/deadbeef", headers=auth(a["token"])).status_code == 404
+    assert client.get(url, headers=auth(a["token"])).status_code == 200  # untouched
+    for s in (a, b):
+        client.delete(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"]))
+
+
+@pytest.mark.parametrize(
+    "body,status,needle",
+    [
+        ({"sdp": "v=0\r\nthis is not sdp", "type": "offer"}, 400, "invalid SDP"),
+        ({"sdp": "v=0", "type": "answer"}, 422, "type"),
+        ({"type": "offer"}, 422, "sdp"),
+        ({"sdp": "x" * 70_000, "type": "offer"}, 422, "sdp"),
+    ],
+)
+def test_bad_sdp_is_rejected_and_session_survives(client: httpx.Client, body, status, needle) -> None:  # type: ignore[no-untyped-def]
+    s = create(client)
+    r = client.post(f"/v1/sessions/{s['session_id']}/webrtc", json=body, headers=auth(s["token"]))
+    assert r.status_code == status and needle in r.json()["detail"]
+    info = client.get(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"]))
+    assert info.status_code == 200 and info.json()["state"] in ("created", "active")
+    client.delete(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"]))
+
+
+@pytest.mark.parametrize(
+    "req,status,code,needle",
+    [
+        ({"id": 1, "method": "teleport"}, 404, -32601, "unknown method"),
+        ({"id": 2, "method": "set_prompt", "params": {}}, 400, -32602, "prompt"),
+        ({"id": 3, "method": "set_prompt", "params": {"prompt": "x" * 501}}, 400, -32602, "prompt"),
+        ({"id": 4, "method": "flush", "params": {"now": True}}, 400, -32602, "now"),
+        ({"id": 5}, 400, -32600, "method"),
+    ],
+)
+def test_bad_rpcs_get_precise_errors(client: httpx.Client, req, status, code, needle) -> None:  # type: ignore[no-untyped-def]
+    s = create(client)
+    r = client.post(f"/v1/sessions/{s['session_id']}/rpc", json=req, headers=auth(s["token"]))
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["code"] == code and needle in err["message"]
+    state = client.post(f"/v1/sessions/{s['session_id']}/rpc", json={"id": 9, "method": "get_state"},
+                        headers=auth(s["token"])).json()["result"]
+    assert state["epoch"] == 0 and state["prompt"] == s["model"]["default_prompt"]  # nothing changed
+    client.delete(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"]))
+
+
+def test_rpcs_over_http(client: httpx.Client) -> None:
+    s = create(client)
+    url, h = f"/v1/sessions/{s['session_id']}/rpc", auth(s["token"])
+    assert client.post(url, json={"id": 1, "method": "set_prompt", "params": {"prompt": "lava"}}, headers=h).json() \
+        == {"id": 1, "result": {"prompt": "lava"}}
+    assert client.post(url, json={"id": 2, "method": "flush"}, headers=h).json()["result"] == {"epoch": 1}
+    assert client.post(url, json={"id": 3, "method": "pause"}, headers=h).json()["result"] == {}
+    st = client.post(url, json={"id": 4, "method": "get_state"}, headers=h).json()["result"]
+    assert st["paused"] and st["prompt"] == "lava"
+    client.delete(f"/v1/sessions/{s['session_id']}", headers=h)
+
+
+def test_capacity_is_refused_with_503_and_retry_after(model) -> None:  # type: ignore[no-untyped-def]
+    for srv in _serve(server_config(sessions=SessionConfig(max_sessions=2)), model):
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            create(c), create(c)
+            r = c.post("/v1/sessions", json={})
+            assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+            assert "limit" in r.json()["detail"]
+
+
+def test_demo_page_or_build_hint_is_served(client: httpx.Client) -> None:
+    r = client.get("/")
+    assert r.status_code == 200 and "worldcast" in r.text.lower()

@@ -1,0 +1,1 @@
+"""The network edge: HTTP/WebSocket API, WebRTC, CLI."""

@@ -1,0 +1,195 @@
+"""The HTTP API (FastAPI): sessions, WebRTC signaling, RPCs, health, the demo page.
+
+`create_app(config)` builds every object (model, session manager, device
+worker) and hangs them on `app.state`; nothing lives at module level.
+
+Routes:
+    POST   /v1/sessions                 create a session   -> 201 {session_id, token, model}
+    GET    /v1/sessions/{id}            session summary    (Bearer token of that session)
+    DELETE /v1/sessions/{id}            close it           -> 204
+    POST   /v1/sessions/{id}/webrtc     SDP offer -> answer
+    POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}
+    GET    /v1/model                    the model's declared geometry
+    GET    /healthz, /readyz            liveness; readiness (device worker alive)
+    GET    /                            the browser demo (web_demo/dist)
+"""
+
+
+
+import logging
+import secrets
+from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from worldcast.models.base import WorldModel
+from worldcast.sessions.errors import CapacityExhausted, SessionError
+from worldcast.sessions.manager import SessionManager
+from worldcast.sessions.session import CloseReason, Session
+from worldcast.transport import errors
+from worldcast.transport.config import ServerConfig
+from worldcast.transport.rpc import RpcHandler
+from worldcast.transport.schemas import (
+    CreateSessionRequest,
+    CreateSessionResponse,
+    ModelInfo,
+    SdpAnswer,
+    SdpOffer,
+)
+from worldcast.transport.webrtc import WebRTCPeer, configure_ice
+
+logger = logging.getLogger(__name__)
+
+_NO_DEMO = """<!doctype html><title>worldcast</title><h1>worldcast</h1>
+<p>The browser demo is not built. Build it with <code>npm --prefix web_demo ci && npm --prefix web_demo run build</code>
+(README's run command does this).</p>"""
+
+
+def model_info(model: WorldModel) -> ModelInfo:
+    s = model.spec
+    return ModelInfo(
+        name=s.name, frame_width=s.frame_width, frame_height=s.frame_height, fps=s.fps,
+        frames_per_chunk=s.frames_per_chunk, denoising_steps=s.denoising_steps,
+        keys=list(s.actions.keys), default_prompt=s.default_prompt,
+    )
+
+
+def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> FastAPI:
+    """Build the app. The model is loaded at startup unless one is passed in."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        configure_ice(config.ice_host_addresses)
+        m = model if model is not None else config.load_model()
+        manager = SessionManager(m, engine_config=config.engine, config=config.sessions)
+        await manager.start()
+        app.state.model, app.state.manager, app.state.peers = m, manager, {}
+        logger.info("worldcast: serving %s", m.spec.name)
+        try:
+            yield
+        finally:
+            for peer in list(app.state.peers.values()):
+                await peer.aclose()
+            await manager.aclose()
+
+    app = FastAPI(title="worldcast", version="0.1.0", lifespan=lifespan)
+
+    @app.exception_handler(SessionError)
+    async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
+        headers = {}
+        if isinstance(exc, CapacityExhausted):
+            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+        return JSONResponse({"detail": str(exc)}, status_code=errors.http_status(exc), headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        return JSONResponse({"detail": f"{loc}: {err.get('msg')}", "errors": exc.errors()}, status_code=422)
+
+    def manager_dep(request: Request) -> SessionManager:
+        return request.app.state.manager
+
+    def session_dep(
+        session_id: str,
+        request: Request,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> Session:
+        session = request.app.state.manager.get(session_id)  # SessionNotFound -> 404
+        if authorization is None or not authorization.startswith("Bearer "):
+            raise HTTPException(401, "missing 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"})
+        if not secrets.compare_digest(authorization[7:].encode(), session.token.encode()):
+            raise HTTPException(403, "token does not grant access to this session")
+        return session
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        manager: SessionManager = request.app.state.manager
+        if manager.ready:
+            return JSONResponse({"status": "ready", "model": manager.model.spec.name})
+        return JSONResponse({"status": "not ready", "reason": manager.worker.last_error or "device worker stopped"},
+                            status_code=503)
+
+    @app.get("/v1/model", response_model=ModelInfo)
+    async def get_model(request: Request) -> ModelInfo:
+        return model_info(request.app.state.model)
+
+    @app.post("/v1/sessions", status_code=201, response_model=CreateSessionResponse)
+    async def create_session(
+        manager: Annotated[SessionManager, Depends(manager_dep)],
+        body: CreateSessionRequest | None = None,
+    ) -> CreateSessionResponse:
+        body = body or CreateSessionRequest()
+        s = await manager.create(prompt=body.prompt, seed=body.seed)
+        return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model))
+
+    @app.get("/v1/sessions/{session_id}")
+    async def get_session(session: Annotated[Session, Depends(session_dep)]) -> dict[str, Any]:
+        return session.info()
+
+    @app.delete("/v1/sessions/{session_id}", status_code=204)
+    async def delete_session(
+        session: Annotated[Session, Depends(session_dep)],
+        request: Request,
+    ) -> Response:
+        peer = request.app.state.peers.pop(session.id, None)
+        if peer is not None:
+            await peer.aclose()
+        request.app.state.manager.close(session.id, CloseReason.CLIENT)
+        return Response(status_code=204)
+
+    @app.post("/v1/sessions/{session_id}/webrtc", response_model=SdpAnswer)
+    async def webrtc_offer(
+        offer: SdpOffer,
+        session: Annotated[Session, Depends(session_dep)],
+        request: Request,
+    ) -> SdpAnswer:
+        peers: dict[str, WebRTCPeer] = request.app.state.peers
+        old = peers.pop(session.id, None)
+        if old is not None:
+            await old.aclose()
+        peer = WebRTCPeer(
+            session,
+            encode_prompt=request.app.state.model.encode_prompt,
+            video_scale=config.video_scale,
+            on_closed=lambda p: peers.pop(session.id, None) if peers.get(session.id) is p else None,
+        )
+        try:
+            answer = await peer.answer(offer.sdp)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+        peers[session.id] = peer
+        return SdpAnswer(sdp=answer.sdp, type="answer")
+
+    @app.post("/v1/sessions/{session_id}/rpc")
+    async def rpc(
+        body: dict[str, Any],
+        session: Annotated[Session, Depends(session_dep)],
+        request: Request,
+    ) -> JSONResponse:
+        reply = await RpcHandler(session, request.app.state.model.encode_prompt).handle(body)
+        status = 200
+        if "error" in reply:
+            status = 404 if reply["error"]["code"] == errors.METHOD_NOT_FOUND else 400
+            if reply["error"]["code"] == errors.SESSION_CLOSED:
+                status = 409
+        return JSONResponse(reply, status_code=status)
+
+    if config.static_dir is not None and (config.static_dir / "index.html").exists():
+        app.mount("/", StaticFiles(directory=config.static_dir, html=True), name="demo")
+    else:
+
+        @app.get("/", response_class=HTMLResponse)
+        async def no_demo() -> str:
+            return _NO_DEMO
+
+    return app

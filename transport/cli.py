@@ -1,0 +1,63 @@
+"""The `worldcast` command.
+
+    worldcast serve --host 127.0.0.1 --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from worldcast.engine.device_worker import EngineConfig
+from worldcast.sessions.manager import SessionConfig
+from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="worldcast", description="Realtime session server for interactive world models")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the server with the embedded default model")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--weights", type=Path, default=None, help="model weights (default: shipped TinyWorld)")
+    s.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
+    s.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
+                   help="address to gather ICE host candidates on (repeatable; default: the bind address "
+                        "if it is loopback, else every non-loopback interface)")
+    s.add_argument("--video-scale", type=int, default=4, help="integer upscale of the published video")
+    s.add_argument("--max-batch", type=int, default=8, help="sessions per batched step (1 = no batching)")
+    s.add_argument("--kv-budget-mib", type=int, default=256, help="KV pool budget, MiB")
+    s.add_argument("--threads", type=int, default=None, help="torch intra-op threads on the device worker")
+    s.add_argument("--max-sessions", type=int, default=16)
+    s.add_argument("--idle-after", type=float, default=30.0, help="seconds without actions before a session idles")
+    s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
+    s.add_argument("--log-level", default="info")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        import uvicorn
+
+        from worldcast.transport.app import create_app
+
+        config = ServerConfig(
+            host=args.host,
+            port=args.port,
+            weights=args.weights,
+            device=args.device,
+            video_scale=args.video_scale,
+            ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
+            static_dir=args.static_dir,
+            engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
+                                torch_threads=args.threads),
+            sessions=SessionConfig(max_sessions=args.max_sessions, idle_after_s=args.idle_after),
+        )
+        uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""A Python client for worldcast sessions over WebRTC (aiortc), for tests and benchmarks.
+
+    async with await WebRTCClient.connect("http://127.0.0.1:8000", prompt="a snowy landscape") as c:
+        frame = await c.next_frame()          # av.VideoFrame
+        c.send_action(keys=["d"])             # hold D
+        await c.rpc("flush")
+
+The client offers a recvonly video transceiver and two data channels
+(`actions`: unordered, no retransmits; `control`: reliable), waits for ICE
+gathering (no trickle), and posts the offer. Control replies resolve the
+futures returned by `rpc`; server events are kept in `events`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from typing import Any
+
+import av
+import httpx
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+#: How long to wait for a control reply, s.
+RPC_TIMEOUT_S = 10.0
+#: How long to wait for the data channels to open after the answer, s.
+CONNECT_TIMEOUT_S = 20.0
+
+
+class RpcFailed(Exception):
+    """The server answered an RPC with an error.
+
+    Attributes:
+        code: JSON-RPC error code.
+    """
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class WebRTCClient:
+    """One session over one peer connection. Create with `connect`."""
+
+    def __init__(self, base_url: str, session_id: str, token: str, model: dict[str, Any]) -> None:
+        self.base_url = base_url
+        self.session_id = session_id
+        self.token = token
+        self.model = model
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.http = httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        self.actions = self.pc.createDataChannel("actions", ordered=False, maxRetransmits=0)
+        self.control = self.pc.createDataChannel("control")
+        self.pc.addTransceiver("video", direction="recvonly")
+        self.events: deque[dict[str, Any]] = deque(maxlen=10_000)
+        self.frame_events: deque[dict[str, Any]] = deque(maxlen=10_000)
+        self.seq = -1
+        self.sent_at: dict[int, float] = {}
+        self._track: Any = None
+        self._track_ready = asyncio.Event()
+        self._rpc_id = 0
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._event_waiters: list[tuple[Any, asyncio.Future[dict[str, Any]]]] = []
+        self.control.on("message", self._on_control)
+
+        @self.pc.on("track")
+        def _on_track(track: Any) -> None:
+            self._track = track
+            self._track_ready.set()
+
+    @classmethod
+    async def connect(
+        cls, base_url: str, *, prompt: str | None = None, seed: int | None = None
+    ) -> WebRTCClient:
+        """Create a session and connect to it.
+
+        Raises:
+            httpx.HTTPStatusError: session creation or signaling was refused.
+            TimeoutError: the data channels did not open in time.
+        """
+        body: dict[str, Any] = {}
+        if prompt is not None:
+            body["prompt"] = prompt
+        if seed is not None:
+            body["seed"] = seed
+        async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+            r = await http.post("/v1/sessions", json=body)
+            r.raise_for_status()
+            info = r.json()
+        self = cls(base_url, info["session_id"], info["token"], info["model"])
+        try:
+            await self._negotiate()
+        except BaseException:
+            await self.aclose(delete=True)
+            raise
+        return self
+
+    async def _negotiate(self) -> None:
+        await self.pc.setLocalDescription(await self.pc.createOffer())  # aiortc gathers before returning
+        r = await self.http.post(
+            f"/v1/sessions/{self.session_id}/webrtc",
+            json={"sdp": self.pc.localDescription.sdp, "type": "offer"},
+        )
+        r.raise_for_status()
+        self.answered_at = time.monotonic()
+        await self.pc.setRemoteDescription(RTCSessionDescription(**r.json()))
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while self.control.readyState != "open" or self.actions.readyState != "open":
+            if time.monotonic() > deadline:
+                raise TimeoutError("data channels did not open")
+            await asyncio.sleep(0.01)
+
+    # -- control -------------------------------------------------------------------------
+
+    def _on_control(self, message: str | bytes) -> None:
+        msg = json.loads(message)
+        if "event" in msg:
+            msg["received_at"] = time.monotonic()
+            (self.frame_events if msg["event"] == "frame" else self.events).append(msg)
+            for pred, fut in list(self._event_waiters):
+                if not fut.done() and pred(msg):
+                    fut.set_result(msg)
+            return
+        fut = self._pending.pop(msg.get("id"), None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    async def rpc(self, method: str, params: dict[str, Any] | None = None, *, raw: Any = None) -> dict[str, Any]:
+        """Call a control RPC and return its result.
+
+        Args:
+            raw: send this exact payload instead of a well-formed request (for error tests);
+                its reply is returned whole.
+
+        Raises:
+            RpcFailed: the server answered with an error.
+        """
+        self._rpc_id += 1
+        rid = self._rpc_id
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        if raw is not None:
+            self._pending[raw.get("id") if isinstance(raw, dict) else None] = fut  # type: ignore[index]
+            self.control.send(raw if isinstance(raw, str) else json.dumps(raw))
+            return await asyncio.wait_for(fut, RPC_TIMEOUT_S)
+        self._pending[rid] = fut
+        self.control.send(json.dumps({"id": rid, "method": method, "params": params or {}}))
+        reply = await asyncio.wait_for(fut, RPC_TIMEOUT_S)
+        if "error" in reply:
+            raise RpcFailed(reply["error"]["code"], reply["error"]["message"])
+        return reply["result"]
+
+    async def wait_event(self, predicate: Any, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Wait for the next server event (or frame event) matching `predicate`."""
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        item = (predicate, fut)
+        self._event_waiters.append(item)
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._event_waiters.remove(item)
+
+    # -- actions and frames -------------------------------------------------------------
+
+    def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0)) -> int:
+        """Send one action message; returns its seq."""
+        self.seq += 1
+        now = time.monotonic()
+        self.sent_at[self.seq] = now
+        self.actions.send(json.dumps({"seq": self.seq, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)}))
+        return self.seq
+
+    def send_raw_action(self, payload: str | bytes) -> None:
+        self.actions.send(payload)
+
+    async def next_frame(self, timeout_s: float = 10.0) -> av.VideoFrame:
+        """The next decoded video frame from the track."""
+        await asyncio.wait_for(self._track_ready.wait(), timeout_s)
+        return await asyncio.wait_for(self._track.recv(), timeout_s)
+
+    # -- teardown -------------------------------------------------------------------------------
+
+    async def aclose(self, *, delete: bool = True) -> None:
+        """Close the peer connection and (by default) delete the session (idempotent)."""
+        if delete:
+            try:
+                await self.http.delete(f"/v1/sessions/{self.session_id}")
+            except httpx.HTTPError:
+                pass
+        await self.pc.close()
+        await self.http.aclose()
+
+    async def __aenter__(self) -> WebRTCClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,89 @@
+"""Wire schemas (pydantic): HTTP bodies, data-channel messages, RPCs.
+
+Field names here are the protocol; `web_demo/` uses them unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+#: Largest prompt, characters.
+MAX_PROMPT_CHARS = 500
+#: Largest SDP offer, characters.
+MAX_SDP_CHARS = 64_000
+#: Largest action or control message on a data channel, bytes.
+MAX_MESSAGE_BYTES = 2048
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSessionRequest(_Strict):
+    """Body of POST /v1/sessions (all optional)."""
+
+    prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS, description="initial prompt")
+    seed: StrictInt | None = Field(None, ge=0, le=2**31 - 1, description="seed of the initial world and noise")
+
+
+class ModelInfo(BaseModel):
+    """The served model's declared geometry."""
+
+    name: str
+    frame_width: int
+    frame_height: int
+    fps: int
+    frames_per_chunk: int
+    denoising_steps: int
+    keys: list[str]
+    default_prompt: str
+
+
+class CreateSessionResponse(BaseModel):
+    session_id: str
+    token: str = Field(description="send as 'Authorization: Bearer <token>' on this session's routes")
+    model: ModelInfo
+
+
+class SdpOffer(_Strict):
+    """Body of POST /v1/sessions/{id}/webrtc."""
+
+    sdp: str = Field(min_length=1, max_length=MAX_SDP_CHARS)
+    type: Literal["offer"]
+
+
+class SdpAnswer(BaseModel):
+    sdp: str
+    type: Literal["answer"] = "answer"
+
+
+class ActionMessage(_Strict):
+    """One message on the `actions` data channel.
+
+    Example: {"seq": 42, "t": 1234.5, "keys": ["w", "shift"], "mouse": [3, -1]}
+    """
+
+    seq: StrictInt = Field(ge=0, le=2**53, description="increasing per message")
+    t: StrictFloat | StrictInt = Field(ge=0, description="client send time, ms (any monotonic origin)")
+    keys: list[str] = Field(default_factory=list, max_length=16, description="keys held now")
+    mouse: tuple[StrictFloat | StrictInt, StrictFloat | StrictInt] = Field(
+        (0, 0), description="mouse movement since the previous message, counts (dx, dy)"
+    )
+
+
+class RpcRequest(_Strict):
+    """A control RPC: on the `control` data channel or POST /v1/sessions/{id}/rpc."""
+
+    id: StrictInt | str | None = None
+    method: str = Field(min_length=1, max_length=64)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class SetPromptParams(_Strict):
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+
+
+class NoParams(_Strict):
+    pass
