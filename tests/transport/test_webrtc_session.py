@@ -127,3 +127,21 @@ async def test_bad_input_is_rejected_precisely_while_another_session_streams(liv
         await bad.wait_event(lambda m: m.get("event") == "frame")  # the bad session itself still streams
         await other.wait_event(lambda m: m.get("event") == "frame")
         assert len(other.frame_events) > before
+
+
+async def test_prompt_change_then_flush_changes_the_world(live_server) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.models.tinyworld import world
+
+    cents = world.theme_centroids()
+    async with await WebRTCClient.connect(live_server.url, prompt="a green meadow", seed=7) as c:
+        f = (await c.next_frame()).to_ndarray(format="rgb24")
+        assert world.THEMES[world.classify_theme(f, cents)] == "meadow"
+        await c.rpc("set_prompt", {"prompt": "rivers of glowing molten lava"})
+        epoch = (await c.rpc("flush"))["epoch"]
+        ev = await c.wait_event(lambda m: m.get("event") == "frame" and m["epoch"] >= epoch)
+        themes = []
+        for _ in range(6):
+            fr = await c.next_frame()
+            if fr.pts >= ev["pts"]:
+                themes.append(world.THEMES[world.classify_theme(fr.to_ndarray(format="rgb24"), cents)])
+        assert themes and themes.count("lava") >= len(themes) - 1, themes

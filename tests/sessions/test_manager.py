@@ -1,0 +1,75 @@
+"""SessionManager with the real device worker: create, deliver, idle, time out, close."""
+
+import asyncio
+
+import pytest
+
+from tests.fakes import FakeClock
+from worldcast.engine.device_worker import EngineConfig
+from worldcast.sessions.errors import CapacityExhausted, SessionNotFound
+from worldcast.sessions.manager import SessionConfig, SessionManager
+from worldcast.sessions.session import CloseReason, SessionState
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.frames: list = []  # type: ignore[type-arg]
+
+    def put(self, frame) -> None:  # type: ignore[no-untyped-def]
+        self.frames.append(frame)
+
+    def clear(self) -> None:
+        self.frames.clear()
+
+
+async def wait_for(cond, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < end, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_frames_reach_the_sessions_sinks(model) -> None:  # type: ignore[no-untyped-def]
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, kv_budget_bytes=2**24),
+                       config=SessionConfig(max_sessions=4, tick_s=3600))
+    await m.start()
+    try:
+        s = await m.create(prompt="a snowy landscape", seed=1)
+        sink = ListSink()
+        s.attach_sink(sink)
+        await wait_for(lambda: len(sink.frames) >= 5)
+        idx = [f.frame_index for f in sink.frames]
+        assert idx == sorted(idx) and all(b > a for a, b in zip([f.pts for f in sink.frames], [f.pts for f in sink.frames][1:]))
+        assert m.get(s.id) is s
+        m.close(s.id)
+        with pytest.raises(SessionNotFound):
+            m.get(s.id)
+        await wait_for(lambda: m.worker.pool.free_slots == m.worker.pool.num_slots)
+    finally:
+        await m.aclose()
+
+
+async def test_limits_idle_and_timeout(model) -> None:  # type: ignore[no-untyped-def]
+    clock = FakeClock()
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, kv_budget_bytes=2**24),
+                       config=SessionConfig(max_sessions=2, idle_after_s=5, timeout_s=60, tick_s=3600), clock=clock)
+    await m.start()
+    try:
+        a = await m.create(seed=1)
+        b = await m.create(seed=2)
+        with pytest.raises(CapacityExhausted):
+            await m.create()
+        a.attach_sink(ListSink())
+        assert a.state == SessionState.ACTIVE
+        clock.advance(10)
+        m.tick(clock())
+        assert a.state == SessionState.IDLE  # no actions for 10 s
+        clock.advance(100)
+        m.tick(clock())
+        assert a.id in m.sessions  # a client is attached: kept
+        assert b.id not in m.sessions and b.close_reason == CloseReason.TIMEOUT  # abandoned: closed
+        await m.create(seed=3)  # room again
+    finally:
+        await m.aclose()
+    assert a.state == SessionState.CLOSED and a.close_reason == CloseReason.SHUTDOWN
