@@ -54,7 +54,9 @@ async def run_session(url: str, seconds: float, action_hz: float, seed: int) -> 
                 t_sent = time.monotonic()
                 i += 1
                 try:
-                    ev = await c.wait_event(lambda m: m.get("event") == "frame" and m["action_seq"] >= seq, 5.0)
+                    ev = await c.wait_event(
+                        lambda m, seq=seq: m.get("event") == "frame" and m["action_seq"] >= seq, 5.0
+                    )
                     res.lags_ms.append((ev["received_at"] - t_sent) * 1e3)
                 except TimeoutError:
                     pass

@@ -56,7 +56,9 @@ class SessionManager:
         self.config = config
         self.clock = clock
         self.sessions: dict[str, Session] = {}
-        self.worker = DeviceWorker(model, engine_config, on_frames=self._on_frames, on_error=self._on_error, clock=clock)
+        self.worker = DeviceWorker(
+            model, engine_config, on_frames=self._on_frames, on_error=self._on_error, clock=clock
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_task: asyncio.Task[None] | None = None
 

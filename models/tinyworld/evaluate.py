@@ -177,7 +177,8 @@ def eval_stability(model: TinyWorldModel, n_frames: int, rng: np.random.Generato
     in_range = (means_a >= lo_m - 10) & (means_a <= hi_m + 10) & (stds_a >= 0.5 * lo_s) & (stds_a <= 1.5 * hi_s)
     return {
         "frames": n_frames, "finite": finite, "share_in_range": float(in_range.mean()),
-        "mean_range": [float(means_a.min()), float(means_a.max())], "std_range": [float(stds_a.min()), float(stds_a.max())],
+        "mean_range": [float(means_a.min()), float(means_a.max())],
+        "std_range": [float(stds_a.min()), float(stds_a.max())],
         "sim_mean_range": [float(lo_m), float(hi_m)], "sim_std_range": [float(lo_s), float(hi_s)],
         "stable": bool(finite and in_range.mean() >= 0.99),
     }

@@ -40,7 +40,8 @@ async def test_frames_reach_the_sessions_sinks(model) -> None:  # type: ignore[n
         s.attach_sink(sink)
         await wait_for(lambda: len(sink.frames) >= 5)
         idx = [f.frame_index for f in sink.frames]
-        assert idx == sorted(idx) and all(b > a for a, b in zip([f.pts for f in sink.frames], [f.pts for f in sink.frames][1:]))
+        pts = [f.pts for f in sink.frames]
+        assert idx == sorted(idx) and all(b > a for a, b in zip(pts, pts[1:]))
         assert m.get(s.id) is s
         m.close(s.id)
         with pytest.raises(SessionNotFound):
