@@ -19,15 +19,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.errors import KVPoolExhausted
 from worldcast.engine.kv_pool import KVPool
-from worldcast.engine.rollout import ChunkRollout, Conditioner, denoise_batch, finalize_batch
+from worldcast.engine.rollout import ChunkInputs, ChunkRollout, Conditioner, denoise_batch, finalize_batch
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.step_scheduler import Phase, SchedulerConfig, StepScheduler
 from worldcast.models.base import WorldModel
+from worldcast.models.spec import WorldModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,23 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.kv_budget_bytes <= 0:
             raise ValueError("kv_budget_bytes must be positive")
+
+
+class _IdleConditioner:
+    """Conditioner for warm-up rollouts: no keys, the default prompt's zero embedding."""
+
+    def __init__(self, spec: WorldModelSpec) -> None:
+        self.spec = spec
+
+    def sample_chunk(self, frames: int) -> ChunkInputs:
+        return ChunkInputs(actions=np.zeros((frames, self.spec.actions.dim), np.float32),
+                           prompt=np.zeros(self.spec.prompt_dim, np.float32), action_seq=-1, epoch=0)
+
+    def current_epoch(self) -> int:
+        return 0
+
+    def wants_frames(self) -> bool:
+        return True
 
 
 class StepRunner:
@@ -131,6 +150,45 @@ class DeviceWorker:
         self._thread: threading.Thread | None = None
         self.steps_run = 0
         self.last_error: str | None = None
+        #: called on the worker thread after every executed step (metrics)
+        self.on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None
+
+    # -- calibration ---------------------------------------------------------------------------
+
+    def warmup(self, *, chunks: int = 3) -> None:
+        """Measure step costs before serving: a few chunks at batch 1 and at the largest batch the pool allows.
+
+        Runs on the calling thread; call before `start`. Fills the cost model
+        that admission and chunk start times rely on.
+        """
+        assert self._thread is None, "warmup before start"
+        spec = self.model.spec
+        for batch in sorted({1, max(1, min(self.config.max_batch, self.pool.free_slots, 4))}):
+            rs = [ChunkRollout(f"__warmup{i}", self.model, self.pool, _IdleConditioner(spec), seed=i)
+                  for i in range(batch)]
+            try:
+                for r in rs:
+                    r.init(0.0)
+                for _ in range(chunks):
+                    for r in rs:
+                        r.begin_chunk(0.0, 0.0)
+                    for _ in range(spec.denoising_steps):
+                        t0 = time.perf_counter()
+                        denoise_batch(rs)
+                        self.scheduler.cost.observe("denoise", batch, time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    finalize_batch(rs, 0.0)
+                    self.scheduler.cost.observe("commit", batch, time.perf_counter() - t0)
+            finally:
+                for r in rs:
+                    r.close()
+        logger.info("DeviceWorker: warmed up; chunk time %.1f ms at batch 1",
+                    self.scheduler.chunk_time_s(1) * 1e3)
+
+    def frame_cost_s(self, batch: int) -> float:
+        """Measured device time per frame per session when `batch` sessions share each step, s."""
+        b = max(1, min(batch, self.config.max_batch))
+        return self.scheduler.chunk_time_s(b) / b / self.model.spec.frames_per_chunk
 
     # -- control (any thread) -------------------------------------------------------------
 
@@ -231,6 +289,8 @@ class DeviceWorker:
                 result = self.runner.execute(plan, now)
                 self.steps_run += 1
                 self.scheduler.update_from_output(plan, result, self.clock())
+                if self.on_step is not None:
+                    self.on_step(plan, result)
                 for sid, reason in result.failed.items():
                     r = self.rollouts.pop(sid, None)
                     if r is not None:

@@ -12,8 +12,9 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, SessionLoad, decide
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.errors import KVPoolExhausted
 from worldcast.engine.step_output import FrameOut
@@ -30,8 +31,9 @@ class SessionConfig:
 
     idle_after_s: float = 30.0  #: an ACTIVE session without actions goes IDLE after this, s
     timeout_s: float = 120.0  #: a session with no sink and no activity is closed after this, s
-    max_sessions: int = 16  #: most open sessions (also bounded by KV slots)
     tick_s: float = 1.0  #: housekeeping period, s
+    warmup: bool = True  #: measure step costs at start (admission and pacing rely on them)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)  #: who gets in
 
 
 class SessionManager:
@@ -61,10 +63,16 @@ class SessionManager:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_task: asyncio.Task[None] | None = None
+        self.admissions: dict[bool, int] = {}  #: admission decisions so far, by outcome
+        #: hooks for metrics: on_frame(delivered, lateness_s), on_admission(admitted)
+        self.on_frame: Callable[[bool, float], None] | None = None
+        self.on_admission: Callable[[bool], None] | None = None
 
     async def start(self) -> None:
         """Start the device worker and the housekeeping task."""
         self._loop = asyncio.get_running_loop()
+        if self.config.warmup:
+            await self._loop.run_in_executor(None, self.worker.warmup)
         self.worker.start()
         self._tick_task = asyncio.create_task(self._tick_loop(), name="session-manager-tick")
 
@@ -89,9 +97,13 @@ class SessionManager:
         Raises:
             CapacityExhausted: too many sessions or no KV slot (retry later).
         """
-        open_count = sum(1 for s in self.sessions.values() if s.state != SessionState.CLOSED)
-        if open_count >= self.config.max_sessions:
-            raise CapacityExhausted(f"server is at its limit of {self.config.max_sessions} sessions")
+        decision = self.admission_decision()
+        self.admissions[decision.admitted] = self.admissions.get(decision.admitted, 0) + 1
+        if self.on_admission is not None:
+            self.on_admission(decision.admitted)
+        if not decision.admitted:
+            logger.info("SessionManager: refused a session: %s", decision.reason)
+            raise CapacityExhausted(f"refused: {decision.reason}", retry_after_s=decision.retry_after_s)
         text = prompt if prompt else self.model.spec.default_prompt
         emb = await asyncio.get_running_loop().run_in_executor(None, self.model.encode_prompt, text)
         sid = secrets.token_hex(8)
@@ -113,6 +125,22 @@ class SessionManager:
         session.on("state", lambda s, st: self.worker.wake())
         logger.info("Session(%s): created (prompt of %d chars, seed %d)", sid, len(text), session.seed)
         return session
+
+    def admission_decision(self) -> AdmissionDecision:
+        """Would a new session be admitted now? (See `engine/admission.py`.)"""
+        now = self.clock()
+        admitted = [
+            SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now))
+            for s in self.sessions.values() if s.state != SessionState.CLOSED
+        ]
+        expected_batch = max(1, round(sum(ld.duty_cycle for ld in admitted)) + 1)
+        return decide(
+            self.config.admission,
+            admitted=admitted,
+            frame_cost_s=self.worker.frame_cost_s(expected_batch),
+            frame_period_s=float(self.model.spec.frame_period),
+            kv_free_slots=self.worker.pool.free_slots,
+        )
 
     def get(self, session_id: str) -> Session:
         """The open session with this id.
@@ -145,10 +173,13 @@ class SessionManager:
             self._loop.call_soon_threadsafe(self._dispatch_error, session_id, reason)
 
     def _dispatch_frames(self, frames: list[FrameOut]) -> None:
+        now = self.clock()
         for f in frames:
             s = self.sessions.get(f.session_id)
             if s is not None:
-                s.deliver(f)
+                delivered = s.deliver(f) is not None
+                if self.on_frame is not None:
+                    self.on_frame(delivered, now - f.present_at_s)
 
     def _dispatch_error(self, session_id: str, reason: str) -> None:
         s = self.sessions.get(session_id)

@@ -34,6 +34,7 @@ from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
 from worldcast.sessions.actions import ActionBuffer
 from worldcast.sessions.clock import VIDEO_TIME_BASE, MediaClock
+from worldcast.sessions.duty_cycle import DutyCycleMeter
 from worldcast.sessions.errors import SessionClosedError
 
 logger = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ class Session:
         self._cancelled = False
         self._sinks: list[FrameSink] = []
         self._listeners: dict[str, list[Callable[[Session, object], None]]] = {}
+        self.duty = DutyCycleMeter(self.created_s)
 
     def __repr__(self) -> str:
         return f"Session({self.id}, {self.state.name})"
@@ -193,6 +195,7 @@ class Session:
         if new not in _ALLOWED[old]:
             raise SessionClosedError(f"session {self.id} is {old.name.lower()}; cannot become {new.name.lower()}")
         self.state = new
+        self._touch_duty()
         logger.debug("%r: %s -> %s", self, old.name, new.name)
         self._emit("state", new)
 
@@ -211,6 +214,14 @@ class Session:
     def wants_frames(self) -> bool:
         with self._lock:
             return self.state == SessionState.ACTIVE and not self._paused and not self._cancelled
+
+    def _touch_duty(self) -> None:
+        self.duty.update(self.clock(), self.wants_frames())
+
+    def duty_cycle(self) -> float:
+        """Measured share of recent time spent generating, in [0, 1] (see `DutyCycleMeter`)."""
+        self._touch_duty()
+        return self.duty.value(self.clock())
 
     # -- user operations (event loop) -----------------------------------------------------------
 
@@ -271,6 +282,7 @@ class Session:
             self._epoch += 1
             self._cancelled = True
             epoch = self._epoch
+        self._touch_duty()
         for s in self._sinks:
             s.clear()
         return epoch
@@ -280,6 +292,7 @@ class Session:
         self._check_open()
         with self._lock:
             self._paused = True
+        self._touch_duty()
 
     def resume(self) -> None:
         """Undo `pause` and `cancel`; generation restarts with the freshest actions."""
@@ -287,6 +300,7 @@ class Session:
         with self._lock:
             self._paused = False
             self._cancelled = False
+        self._touch_duty()
         self.activate()
 
     @property
@@ -381,4 +395,5 @@ class Session:
             "frames_dropped_stale": self.frames_dropped_stale,
             "last_action_seq": self.actions.last_seq,
             "sinks": len(self._sinks),
+            "duty_cycle": round(self.duty_cycle(), 4),
         }

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
+from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import ServerConfig
@@ -74,7 +75,10 @@ def server_config(**overrides) -> ServerConfig:  # type: ignore[no-untyped-def]
         ice_host_addresses=["127.0.0.1"],
         video_scale=2,
         engine=EngineConfig(kv_budget_bytes=64 * 2**20, max_batch=4, torch_threads=1),
-        sessions=SessionConfig(max_sessions=8, idle_after_s=60.0, timeout_s=120.0),
+        sessions=SessionConfig(
+            idle_after_s=60.0, timeout_s=120.0,
+            admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=8),
+        ),
     )
     return replace(base, **overrides)
 

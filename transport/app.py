@@ -11,6 +11,7 @@ Routes:
     POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}
     GET    /v1/model                    the model's declared geometry
     GET    /healthz, /readyz            liveness; readiness (device worker alive)
+    GET    /metrics                     Prometheus text format
     GET    /                            the browser demo (web_demo/dist)
 """
 
@@ -26,6 +27,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worldcast.models.base import WorldModel
 from worldcast.sessions.errors import CapacityExhausted, SessionError
@@ -33,6 +35,7 @@ from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
+from worldcast.transport.metrics import Metrics
 from worldcast.transport.rpc import RpcHandler
 from worldcast.transport.schemas import (
     CreateSessionRequest,
@@ -67,8 +70,11 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         configure_ice(config.ice_host_addresses)
         m = model if model is not None else config.load_model()
         manager = SessionManager(m, engine_config=config.engine, config=config.sessions)
+        metrics = Metrics(manager)
+        manager.worker.on_step, manager.on_frame, manager.on_admission = (
+            metrics.on_step, metrics.on_frame, metrics.on_admission)
         await manager.start()
-        app.state.model, app.state.manager, app.state.peers = m, manager, {}
+        app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, {}, metrics
         logger.info("worldcast: serving %s", m.spec.name)
         try:
             yield
@@ -118,6 +124,10 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             return JSONResponse({"status": "ready", "model": manager.model.spec.name})
         return JSONResponse({"status": "not ready", "reason": manager.worker.last_error or "device worker stopped"},
                             status_code=503)
+
+    @app.get("/metrics")
+    async def metrics_route(request: Request) -> Response:
+        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/model", response_model=ModelInfo)
     async def get_model(request: Request) -> ModelInfo:

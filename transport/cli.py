@@ -9,6 +9,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
@@ -29,7 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch", type=int, default=8, help="sessions per batched step (1 = no batching)")
     s.add_argument("--kv-budget-mib", type=int, default=256, help="KV pool budget, MiB")
     s.add_argument("--threads", type=int, default=None, help="torch intra-op threads on the device worker")
-    s.add_argument("--max-sessions", type=int, default=16)
+    s.add_argument("--max-sessions", type=int, default=16, help="hard cap on open sessions")
+    s.add_argument("--admission", choices=[p.value for p in AdmissionPolicy], default="duty-cycle",
+                   help="admission policy (default duty-cycle)")
+    s.add_argument("--target-utilization", type=float, default=0.85,
+                   help="largest predicted share of device time admission allows")
     s.add_argument("--idle-after", type=float, default=30.0, help="seconds without actions before a session idles")
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--log-level", default="info")
@@ -54,7 +59,11 @@ def main(argv: list[str] | None = None) -> None:
             static_dir=args.static_dir,
             engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
                                 torch_threads=args.threads),
-            sessions=SessionConfig(max_sessions=args.max_sessions, idle_after_s=args.idle_after),
+            sessions=SessionConfig(
+                idle_after_s=args.idle_after,
+                admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
+                                          target_utilization=args.target_utilization),
+            ),
         )
         uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower())
 

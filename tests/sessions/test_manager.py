@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from tests.fakes import FakeClock
+from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.sessions.errors import CapacityExhausted, SessionNotFound
 from worldcast.sessions.manager import SessionConfig, SessionManager
@@ -32,7 +33,7 @@ async def wait_for(cond, timeout_s: float = 30.0) -> None:  # type: ignore[no-un
 
 async def test_frames_reach_the_sessions_sinks(model) -> None:  # type: ignore[no-untyped-def]
     m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, kv_budget_bytes=2**24),
-                       config=SessionConfig(max_sessions=4, tick_s=3600))
+                       config=SessionConfig(tick_s=3600, warmup=False))
     await m.start()
     try:
         s = await m.create(prompt="a snowy landscape", seed=1)
@@ -54,7 +55,9 @@ async def test_frames_reach_the_sessions_sinks(model) -> None:  # type: ignore[n
 async def test_limits_idle_and_timeout(model) -> None:  # type: ignore[no-untyped-def]
     clock = FakeClock()
     m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, kv_budget_bytes=2**24),
-                       config=SessionConfig(max_sessions=2, idle_after_s=5, timeout_s=60, tick_s=3600), clock=clock)
+                       config=SessionConfig(idle_after_s=5, timeout_s=60, tick_s=3600, warmup=False,
+                                           admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=2)),
+                       clock=clock)
     await m.start()
     try:
         a = await m.create(seed=1)

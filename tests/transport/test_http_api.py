@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
 from tests.conftest import _serve, server_config
+from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.sessions.manager import SessionConfig
 
 
@@ -135,7 +138,8 @@ def test_rpcs_over_http(client: httpx.Client) -> None:
 
 
 def test_capacity_is_refused_with_503_and_retry_after(model) -> None:  # type: ignore[no-untyped-def]
-    for srv in _serve(server_config(sessions=SessionConfig(max_sessions=2)), model):
+    cfg = SessionConfig(admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=2))
+    for srv in _serve(server_config(sessions=cfg), model):
         with httpx.Client(base_url=srv.url, timeout=30) as c:
             create(c), create(c)
             r = c.post("/v1/sessions", json={})
@@ -146,3 +150,26 @@ def test_capacity_is_refused_with_503_and_retry_after(model) -> None:  # type: i
 def test_demo_page_or_build_hint_is_served(client: httpx.Client) -> None:
     r = client.get("/")
     assert r.status_code == 200 and "worldcast" in r.text.lower()
+
+
+def test_metrics_in_prometheus_text_format(client: httpx.Client, live_server) -> None:  # type: ignore[no-untyped-def]
+    from prometheus_client.parser import text_string_to_metric_families
+
+    s = create(client)
+    client.post(f"/v1/sessions/{s['session_id']}/rpc", json={"id": 1, "method": "resume"}, headers=auth(s["token"]))
+    deadline = time.monotonic() + 20
+    while live_server.manager.sessions[s["session_id"]].frames_delivered < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+    for name in ("worldcast_step_seconds", "worldcast_step_batch_size", "worldcast_frame_lateness_seconds",
+                 "worldcast_kv_pool_bytes", "worldcast_scheduler_queue_depth", "worldcast_admission_decisions",
+                 "worldcast_session_frames", "worldcast_sessions"):
+        assert name in fams, name
+    kv = {smp.labels["kind"]: smp.value for smp in fams["worldcast_kv_pool_bytes"].samples}
+    assert 0 < kv["used"] <= kv["budget"]
+    steps = [smp for smp in fams["worldcast_step_seconds"].samples if smp.name.endswith("_count")]
+    assert sum(smp.value for smp in steps) > 0
+    client.delete(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"]))

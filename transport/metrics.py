@@ -1,0 +1,101 @@
+"""Prometheus metrics (prometheus-client), served at GET /metrics in the text format.
+
+Histograms and counters are fed by hooks (device worker steps, frame
+deliveries, admission decisions); gauges are read from live objects at
+scrape time by a custom collector, so they are never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from worldcast.engine.step_output import StepRunnerOutput, StepSchedulerOutput
+from worldcast.sessions.manager import SessionManager
+from worldcast.sessions.session import SessionState
+
+STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+LATENESS_BUCKETS_S = (-0.05, -0.02, -0.01, 0.0, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class _LiveCollector(Collector):
+    def __init__(self, manager: SessionManager) -> None:
+        self.m = manager
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        m = self.m
+        states = GaugeMetricFamily("worldcast_sessions", "Open sessions by state", labels=["state"])
+        counts = {s.name.lower(): 0 for s in SessionState if s != SessionState.CLOSED}
+        for s in list(m.sessions.values()):
+            if s.state != SessionState.CLOSED:
+                counts[s.state.name.lower()] += 1
+        for k, v in counts.items():
+            states.add_metric([k], v)
+        yield states
+        pool = m.worker.pool
+        kv = GaugeMetricFamily("worldcast_kv_pool_bytes", "KV pool bytes", labels=["kind"])
+        kv.add_metric(["used"], pool.used_bytes)
+        kv.add_metric(["budget"], pool.budget_bytes)
+        yield kv
+        yield GaugeMetricFamily("worldcast_scheduler_queue_depth", "Sessions with a step ready or a chunk staged",
+                                value=m.worker.scheduler.queue_depth)
+        yield GaugeMetricFamily("worldcast_device_worker_alive", "1 if the device worker runs",
+                                value=1.0 if m.worker.alive else 0.0)
+        cost = GaugeMetricFamily("worldcast_cost_model_step_seconds", "Cost model: predicted step time",
+                                 labels=["kind", "batch"])
+        for (kind, batch), (sec, _n) in sorted(m.worker.scheduler.cost.snapshot().items()):
+            cost.add_metric([kind, str(batch)], sec)
+        yield cost
+        frames = CounterMetricFamily("worldcast_session_frames", "Frames delivered per session",
+                                     labels=["session"])
+        late = CounterMetricFamily("worldcast_session_late_frames", "Frames committed more than one frame period "
+                                   "after their presentation time, per session", labels=["session"])
+        duty = GaugeMetricFamily("worldcast_session_duty_cycle", "Measured share of time generating",
+                                 labels=["session"])
+        stats = m.worker.scheduler.stats()
+        for sid, s in list(m.sessions.items()):
+            frames.add_metric([sid], s.frames_delivered)
+            late.add_metric([sid], stats.get(sid, {}).get("late_frames", 0.0))
+            duty.add_metric([sid], s.duty_cycle())
+        yield frames
+        yield late
+        yield duty
+
+
+class Metrics:
+    """All of one server's metrics, in their own registry."""
+
+    def __init__(self, manager: SessionManager) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.step_seconds = Histogram("worldcast_step_seconds", "Device time of one scheduled step", ["kind"],
+                                      buckets=STEP_BUCKETS_S, registry=r)
+        self.batch_size = Histogram("worldcast_step_batch_size", "Sessions per scheduled step", ["kind"],
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)
+        self.step_failures = Counter("worldcast_step_failures", "Sessions whose step failed", registry=r)
+        self.lateness = Histogram("worldcast_frame_lateness_seconds",
+                                  "Delivery time minus presentation time of each delivered frame",
+                                  buckets=LATENESS_BUCKETS_S, registry=r)
+        self.frames = Counter("worldcast_frames", "Frames by outcome", ["outcome"], registry=r)
+        self.admissions = Counter("worldcast_admission_decisions", "Admission decisions", ["outcome"], registry=r)
+        r.register(_LiveCollector(manager))
+
+    def on_step(self, plan: StepSchedulerOutput, result: StepRunnerOutput) -> None:
+        """Device-worker hook (worker thread; prometheus-client is thread-safe)."""
+        if plan.kind is None:
+            return
+        self.step_seconds.labels(plan.kind).observe(result.step_time_s)
+        self.batch_size.labels(plan.kind).observe(len(plan.session_ids))
+        if result.failed:
+            self.step_failures.inc(len(result.failed))
+
+    def on_frame(self, delivered: bool, lateness_s: float) -> None:
+        self.frames.labels("delivered" if delivered else "dropped_stale").inc()
+        if delivered:
+            self.lateness.observe(lateness_s)
+
+    def on_admission(self, admitted: bool) -> None:
+        self.admissions.labels("admitted" if admitted else "refused").inc()
