@@ -33,10 +33,11 @@ def _spawn_server(max_batch: int, threads: int | None):  # type: ignore[no-untyp
     cfg = ServerConfig(port=port, ice_host_addresses=["127.0.0.1"],
                        engine=EngineConfig(max_batch=max_batch, torch_threads=threads))
     server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True).start()
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
     while not server.started:
         time.sleep(0.05)
-    return f"http://127.0.0.1:{port}", server
+    return f"http://127.0.0.1:{port}", (server, thread)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         results = asyncio.run(mtp.run(url, sessions=args.sessions, seconds=args.seconds, action_hz=args.action_hz))
     finally:
         if server is not None:
-            server.should_exit = True
+            server[0].should_exit = True
+            server[1].join(15)  # let the app close its sessions and stop the device worker
     rep = mtp.report(results) | {"machine": platform.platform(), "seconds": args.seconds}
     width = max(len(k) for k in rep)
     for k, v in rep.items():

@@ -325,7 +325,10 @@ class Session:
         if sink in self._sinks:
             self._sinks.remove(sink)
         if not self._sinks:
+            # the last viewer left (closed tab, failed connection): stop costing compute
             self.actions.release_all()
+            if self.state == SessionState.ACTIVE:
+                self._set_state(SessionState.IDLE)
 
     @property
     def sink_count(self) -> int:

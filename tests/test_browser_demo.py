@@ -1,61 +1,127 @@
-"""The demo page in headless Chromium (Debian's package, driven by Playwright) against a real server."""
+"""The built web demo in headless Chromium (Debian's package, driven by Playwright) against a real server.
+
+Needs `web_demo/dist` (`npm --prefix web_demo ci && npm --prefix web_demo run build`; `make test` does it):
+a missing build fails the test. A missing Chromium skips it, except in CI (env CI set), where it fails.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from worldcast.transport.config import DEFAULT_STATIC_DIR
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = [
+CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--allow-loopback-in-peer-connection",
     "--disable-features=WebRtcHideLocalIpsWithMdns",
 ]
+SCREENSHOT = "/tmp/worldcast_demo.png"
+BUILD_COMMAND = "npm --prefix web_demo ci && npm --prefix web_demo run build"
+#: Longest wait for any one condition in the page, s. Generous: 2 CPU cores shared with the model.
+WAIT_S = 20.0
+#: How long the test holds a key, ms.
+HOLD_MS = 1000
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
 
-def wait_js(page, expr: str, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
-    page.wait_for_function(expr, timeout=timeout_s * 1000)
+def _require_chromium() -> None:
+    if os.path.exists(CHROMIUM):
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{CHROMIUM} is missing in CI (apt-get install chromium)")
+    pytest.skip(f"{CHROMIUM} is not installed (make test installs it)")
+
+
+def wait_js(page: Any, expr: str, what: str, timeout_s: float = WAIT_S) -> Any:
+    """Wait until the JS expression is truthy and return its value; fail with `what` and the stats."""
+    try:
+        page.wait_for_function(expr, timeout=timeout_s * 1000)
+    except Exception as e:  # playwright's TimeoutError
+        stats = page.evaluate("JSON.stringify(window.__worldcast)")
+        status = page.text_content("#status")
+        pytest.fail(f"{what}: not within {timeout_s:g} s ({type(e).__name__}); stats {stats}; status {status!r}")
     return page.evaluate(expr)
 
 
+def stat(page: Any, name: str) -> Any:
+    return page.evaluate(f"window.__worldcast.{name}")
+
+
 def test_demo_connects_plays_and_applies_a_key_press(live_server) -> None:  # type: ignore[no-untyped-def]
-    assert (Path(DEFAULT_STATIC_DIR) / "index.html").exists(), "build the demo first: make demo"
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium missing in CI")
-        pytest.skip("Debian's chromium is not installed (make test installs it)")
+    dist = Path(live_server.config.static_dir or DEFAULT_STATIC_DIR)
+    assert (dist / "index.html").exists(), (
+        f"{dist}/index.html is missing: build the demo first: {BUILD_COMMAND}")
+    _require_chromium()
     from playwright.sync_api import sync_playwright
 
-    errors: list[str] = []
+    page_errors: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 800, "height": 800})
         try:
-            page = browser.new_page()
-            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
             page.goto(live_server.url + "/")
+            assert page.title() == "worldcast demo"
             page.click("#connect")
-            wait_js(page, "window.__worldcast.connected && window.__worldcast.framesReceived >= 10")
-            # the <video> really plays: its clock advances and frames get painted
-            t0 = page.evaluate("document.getElementById('video').currentTime")
-            time.sleep(1.0)
-            t1 = page.evaluate("document.getElementById('video').currentTime")
-            assert t1 > t0, (t0, t1)
+            session_id = wait_js(page, "window.__worldcast.connected && window.__worldcast.sessionId",
+                                 "connect (session + WebRTC)")
+            assert session_id in live_server.manager.sessions
+            wait_js(page, "window.__worldcast.framesReceived >= 5", "frame events on the control channel")
+
+            # The <video> really plays: its clock advances and it presents new frames.
+            t0, v0 = page.evaluate("[document.getElementById('video').currentTime, window.__worldcast.videoFrames]")
+            wait_js(page, f"document.getElementById('video').currentTime > {t0} + 0.2", "video currentTime advancing")
+            wait_js(page, f"window.__worldcast.videoFrames >= {v0} + 3", "video frames presented")
             assert page.evaluate("document.getElementById('video').videoWidth") > 0
-            applied_before = page.evaluate("window.__worldcast.lastAppliedSeq")
+
+            # Hold D: the key state goes out at once and then at ~60 Hz; the server applies it.
+            assert stat(page, "lastSentSeq") == -1, "no action should be sent before any input"
             page.keyboard.down("d")
-            sent = wait_js(page, "window.__worldcast.lastSentSeq >= 0 && window.__worldcast.lastSentSeq")
-            applied = wait_js(page, f"window.__worldcast.lastAppliedSeq >= {sent} && window.__worldcast.lastAppliedSeq")
+            page.wait_for_timeout(HOLD_MS)
+            sent, keys = page.evaluate("[window.__worldcast.lastSentSeq, window.__worldcast.lastSentKeys]")
+            assert keys == ["d"]
+            assert sent >= 10, f"only {sent + 1} action messages in {HOLD_MS} ms of holding a key"
+            applied = wait_js(page, f"window.__worldcast.lastAppliedSeq >= {sent} && window.__worldcast.lastAppliedSeq",
+                              f"a frame applying action seq {sent} (key d held)")
+            assert applied >= sent
+            lag = stat(page, "lagMs")
+            assert lag is not None and 0 < lag < WAIT_S * 1000
+
+            # Release: a message without the key goes out at once, and gets applied too.
             page.keyboard.up("d")
-            assert applied >= sent > applied_before
-            assert page.evaluate("window.__worldcast.lagMs") is not None
-            page.screenshot(path="/tmp/worldcast_demo.png")
+            released, keys = page.evaluate("[window.__worldcast.lastSentSeq, window.__worldcast.lastSentKeys]")
+            assert released > sent and keys == []
+            wait_js(page, f"window.__worldcast.lastAppliedSeq >= {released}", "a frame applying the key release")
+
+            # A new prompt: set_prompt then flush; frames of the new epoch arrive.
+            page.fill("#prompt", "a snowy field")
+            page.click("#set-prompt")
+            wait_js(page, "window.__worldcast.epoch >= 1", "frames after set_prompt + flush")
+            page.wait_for_timeout(400)  # let the overlay (refreshed every 250 ms) catch up
+            page.screenshot(path=SCREENSHOT)
+
+            stats = page.evaluate("window.__worldcast")
+            assert stats["rejected"] == 0 and stats["errors"] == [], stats
+
+            # Disconnect deletes the session on the server.
+            page.click("#connect")
+            wait_js(page, "!window.__worldcast.connected", "disconnect")
+            deadline = time.monotonic() + WAIT_S
+            while session_id in live_server.manager.sessions and time.monotonic() < deadline:
+                page.wait_for_timeout(100)
+            assert session_id not in live_server.manager.sessions, "Disconnect did not delete the session"
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=SCREENSHOT)  # what the page looked like when it failed
+            raise
         finally:
             browser.close()
-    assert errors == []
+    assert page_errors == []

@@ -1,8 +1,13 @@
-import { defineConfig } from "vite";
+import { defineConfig, loadEnv } from "vite";
 
-// The server serves dist/ at "/"; `npm run dev` proxies the API to a local server on :8000.
-export default defineConfig({
-  base: "./",
-  build: { outDir: "dist", emptyOutDir: true },
-  server: { proxy: { "/v1": "http://127.0.0.1:8000", "/healthz": "http://127.0.0.1:8000" } },
+// `npm run build` writes dist/, which the server serves at "/" (relative asset paths, so any mount works).
+// `npm run dev` serves src/ with hot reload and proxies the API to a running server:
+// WORLDCAST_SERVER (environment or .env), default http://127.0.0.1:8000.
+export default defineConfig(({ mode }) => {
+  const server = loadEnv(mode, ".", "WORLDCAST_").WORLDCAST_SERVER ?? "http://127.0.0.1:8000";
+  return {
+    base: "./",
+    build: { outDir: "dist", emptyOutDir: true },
+    server: { proxy: { "/v1": server, "/healthz": server } },
+  };
 });

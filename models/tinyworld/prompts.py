@@ -99,7 +99,7 @@ class PromptEncoder:
     def _encode_uncached(self, text: str) -> bytes:
         with self._lock:
             model = self._load()
-            v = model.encode([text], normalize_embeddings=True, convert_to_numpy=True)[0]
+            v = model.encode([text], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)[0]
         return np.asarray(v, dtype=np.float32).tobytes()
 
     def encode(self, text: str) -> np.ndarray:

@@ -109,3 +109,16 @@ def test_invalid_action_changes_nothing(model) -> None:  # type: ignore[no-untyp
     with pytest.raises(InvalidAction):
         s.push_action(1, ["w", "fly"], (0, 0))
     assert s.actions.last_seq == 0
+
+
+def test_last_viewer_leaving_idles_the_session(model) -> None:  # type: ignore[no-untyped-def]
+    s = make(model)
+    a, b = ListSink(), ListSink()
+    s.attach_sink(a)
+    s.attach_sink(b)
+    s.push_action(0, ["w"], (0, 0))
+    s.detach_sink(a)
+    assert s.state == SessionState.ACTIVE and s.wants_frames()
+    s.detach_sink(b)
+    assert s.state == SessionState.IDLE and not s.wants_frames()
+    assert not s.sample_chunk(1).actions[0, :4].any()  # held keys released

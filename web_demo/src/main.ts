@@ -2,11 +2,16 @@
 
 import { WorldcastClient } from "./client";
 import { InputState } from "./input";
-import { StatsTracker, type Stats } from "./stats";
 import type { ServerEvent } from "./protocol";
+import { StatsTracker, type Stats } from "./stats";
 
 /** Action messages per second while a key is held or the mouse moves. */
 const ACTION_HZ = 60;
+/** Keep repeating the held-key state this long after the last input, ms: the actions channel
+ * drops lost messages, and a lost key-up would otherwise leave the key held on the server. */
+const REPEAT_AFTER_INPUT_MS = 250;
+/** Overlay refresh period, ms. */
+const OVERLAY_MS = 250;
 
 declare global {
   interface Window {
@@ -20,26 +25,47 @@ const overlay = $<HTMLPreElement>("stats");
 const connectBtn = $<HTMLButtonElement>("connect");
 const promptInput = $<HTMLInputElement>("prompt");
 const promptBtn = $<HTMLButtonElement>("set-prompt");
-const status = $<HTMLSpanElement>("status");
+const status = $<HTMLElement>("status");
+const rpcButtons = (["flush", "cancel", "pause", "resume"] as const).map((m) => [m, $<HTMLButtonElement>(m)] as const);
 
 const stats = new StatsTracker();
 window.__worldcast = stats.s;
 let client: WorldcastClient | null = null;
+let lastInputMs = -Infinity;
 const input = new InputState(video, () => client !== null);
 
 function say(text: string): void {
   status.textContent = text;
 }
 
-function sendAction(): void {
-  if (!client) return;
-  stats.sent(client.sendAction(input.keys(), input.takeMouse()));
+function setConnected(on: boolean): void {
+  stats.s.connected = on;
+  connectBtn.textContent = on ? "Disconnect" : "Connect";
+  connectBtn.disabled = false;
+  promptBtn.disabled = !on;
+  for (const [, b] of rpcButtons) b.disabled = !on;
 }
 
-input.onChange = sendAction; // key down/up goes out at once
+// -- actions --------------------------------------------------------------------------------------
+
+function sendAction(): void {
+  if (!client) return;
+  const keys = input.keys();
+  stats.sent(client.sendAction(keys, input.takeMouse()), keys);
+}
+
+input.onChange = () => {
+  lastInputMs = performance.now();
+  sendAction(); // every key down/up goes out at once
+};
 setInterval(() => {
-  if (client && input.busy) sendAction();
+  if (!client) return;
+  const now = performance.now();
+  if (input.busy) lastInputMs = now;
+  if (now - lastInputMs <= REPEAT_AFTER_INPUT_MS) sendAction();
 }, 1000 / ACTION_HZ);
+
+// -- server events --------------------------------------------------------------------------------
 
 function onEvent(ev: ServerEvent): void {
   switch (ev.event) {
@@ -48,93 +74,112 @@ function onEvent(ev: ServerEvent): void {
       break;
     case "state":
       stats.s.state = ev.state;
+      if (ev.state === "closed") disconnect("the server closed the session");
+      else if (ev.state === "idle") say("idle (no input for a while): press a key or move the mouse to resume");
       break;
     case "error":
+      stats.error(ev.message);
+      say(`server error (${ev.code}): ${ev.message}`);
+      break;
     case "action_rejected":
-      stats.s.errors.push(ev.message);
-      say(`server: ${ev.message}`);
+      stats.s.rejected += 1;
+      stats.error(ev.message);
+      say(`action ${ev.seq ?? "?"} rejected: ${ev.message}`);
       break;
   }
 }
 
 function countVideoFrames(): void {
-  const v = video as HTMLVideoElement & { requestVideoFrameCallback?: (cb: () => void) => number };
-  if (!v.requestVideoFrameCallback) return;
+  if (!("requestVideoFrameCallback" in video)) return;
   const tick = () => {
     stats.s.videoFrames += 1;
-    v.requestVideoFrameCallback!(tick);
+    video.requestVideoFrameCallback(tick);
   };
-  v.requestVideoFrameCallback(tick);
+  video.requestVideoFrameCallback(tick);
 }
+
+// -- connection -----------------------------------------------------------------------------------
 
 async function connect(): Promise<void> {
   connectBtn.disabled = true;
+  stats.reset();
+  stats.s.state = "connecting";
   say("connecting…");
   const c = new WorldcastClient();
   c.onEvent = onEvent;
   c.onTrack = (stream) => {
     video.srcObject = stream;
-    void video.play().catch(() => {});
+    video.play().catch(() => {}); // autoplay of a muted video is allowed; this only nudges it
+  };
+  c.onClosed = (why) => {
+    if (client === c) disconnect(why);
   };
   try {
     const session = await c.connect(promptInput.value.trim() || undefined);
     client = c;
-    stats.s.connected = true;
-    stats.s.state = "active";
+    input.allowed = new Set(session.model.keys);
+    stats.s.sessionId = session.session_id;
+    if (stats.s.state === "connecting") stats.s.state = "active";
     promptInput.placeholder = session.model.default_prompt;
-    say(`session ${session.session_id} · ${session.model.name} · click the video to steer with the mouse`);
-    connectBtn.textContent = "Disconnect";
-    connectBtn.disabled = false;
-    connectBtn.onclick = disconnect;
-    c.pc.onconnectionstatechange = () => {
-      if (c.pc.connectionState === "failed" || c.pc.connectionState === "closed") disconnect();
-    };
+    setConnected(true);
+    connectBtn.blur(); // so space steers instead of pressing the button
+    const m = session.model;
+    say(`session ${session.session_id} · ${m.name} ${m.frame_width}×${m.frame_height} @ ${m.fps} fps · ` +
+      "click the video to steer with the mouse (Esc releases it)");
   } catch (e) {
     c.close();
+    stats.s.state = "disconnected";
+    setConnected(false);
     say(`could not connect: ${(e as Error).message}`);
-    connectBtn.disabled = false;
   }
 }
 
-function disconnect(): void {
-  client?.close();
+function disconnect(why = "disconnected"): void {
+  const c = client;
   client = null;
-  stats.s.connected = false;
+  input.releaseAll();
+  c?.close();
+  if (document.pointerLockElement === video) document.exitPointerLock();
+  video.srcObject = null;
   stats.s.state = "disconnected";
-  connectBtn.textContent = "Connect";
-  connectBtn.onclick = () => void connect();
-  say("disconnected");
+  setConnected(false);
+  say(why);
 }
+
+// -- RPCs -----------------------------------------------------------------------------------------
 
 async function rpc(method: "flush" | "cancel" | "pause" | "resume"): Promise<void> {
   if (!client) return;
   try {
-    await client.rpc(method);
+    const result = await client.rpc(method);
+    say("epoch" in result ? `${method}: epoch ${String(result.epoch)}` : `${method}: ok`);
   } catch (e) {
     say((e as Error).message);
   }
 }
 
+/** set_prompt, then flush so the chunk in flight restarts under the new prompt. */
 async function setPrompt(): Promise<void> {
   const text = promptInput.value.trim();
   if (!client || !text) return;
   try {
     await client.rpc("set_prompt", { prompt: text });
-    await client.rpc("flush");
-    say(`prompt: ${text}`);
+    const { epoch } = await client.rpc("flush");
+    say(`prompt set (${text.length} characters), epoch ${String(epoch)}`);
   } catch (e) {
     say((e as Error).message);
   }
 }
 
-connectBtn.onclick = () => void connect();
+connectBtn.onclick = () => void (client ? disconnect() : connect());
 promptBtn.onclick = () => void setPrompt();
 promptInput.addEventListener("keydown", (e) => {
   if (e.key === "Enter") void (client ? setPrompt() : connect());
 });
-for (const m of ["flush", "cancel", "pause", "resume"] as const) {
-  $<HTMLButtonElement>(m).onclick = () => void rpc(m);
-}
+for (const [m, b] of rpcButtons) b.onclick = () => void rpc(m);
 window.addEventListener("pagehide", () => client?.close());
+video.muted = true;
+setConnected(false);
 countVideoFrames();
-setInterval(() => stats.render(overlay), 250);
+setInterval(() => stats.render(overlay), OVERLAY_MS);
+stats.render(overlay);

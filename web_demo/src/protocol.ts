@@ -1,38 +1,62 @@
-// Wire messages, field names exactly as the server's transport/schemas.py and transport/rpc.py.
+// Wire messages. Field names are exactly those of the server's transport/schemas.py,
+// transport/rpc.py and transport/webrtc.py; change them there first.
 
+/** The served model's declared geometry (GET /v1/model, and part of a new session). */
 export interface ModelInfo {
   name: string;
-  frame_width: number;
-  frame_height: number;
+  frame_width: number; // px
+  frame_height: number; // px
   fps: number;
   frames_per_chunk: number;
   denoising_steps: number;
-  keys: string[];
+  keys: string[]; // key names an action may hold, e.g. ["w", "a", "s", "d", "space", "shift"]
   default_prompt: string;
 }
 
+/** Body of POST /v1/sessions (all optional). */
+export interface CreateSessionRequest {
+  prompt?: string; // 1..500 characters
+  seed?: number; // 0..2^31-1
+}
+
+/** 201 reply of POST /v1/sessions. */
 export interface CreateSessionResponse {
   session_id: string;
-  token: string;
+  token: string; // send as "Authorization: Bearer <token>" on this session's routes
   model: ModelInfo;
+}
+
+/** Body of POST /v1/sessions/{id}/webrtc, and its reply. */
+export interface SdpOffer {
+  sdp: string;
+  type: "offer";
+}
+
+export interface SdpAnswer {
+  sdp: string;
+  type: "answer";
 }
 
 /** One message on the `actions` data channel. */
 export interface ActionMessage {
-  seq: number; // increasing per message
-  t: number; // client send time, ms
-  keys: string[]; // keys held now
-  mouse: [number, number]; // movement since the previous message, counts
+  seq: number; // increasing per message, from 0
+  t: number; // client send time, ms (performance.now())
+  keys: string[]; // keys held now (names from ModelInfo.keys)
+  mouse: [number, number]; // movement since the previous message (dx, dy), counts
 }
+
+// -- control channel: RPCs ----------------------------------------------------------------------
 
 export type RpcMethod = "flush" | "cancel" | "set_prompt" | "pause" | "resume" | "get_state";
 
 export interface RpcRequest {
   id: number;
   method: RpcMethod;
-  params: Record<string, unknown>;
+  params: Record<string, unknown>; // set_prompt: {prompt}; the others: {}
 }
 
+/** JSON-RPC 2.0 style codes (transport/errors.py): -32700 parse, -32600 request, -32601 method,
+ * -32602 params, -32603 internal, -32000 session closed, -32001 rate limited. */
 export interface RpcError {
   code: number;
   message: string;
@@ -44,18 +68,39 @@ export interface RpcReply {
   error?: RpcError;
 }
 
+/** Result of get_state (Session.info()). */
+export interface SessionInfo {
+  session_id: string;
+  state: SessionStateName;
+  prompt: string;
+  paused: boolean;
+  cancelled: boolean;
+  epoch: number;
+  frames_generated: number;
+  frames_delivered: number;
+  frames_dropped_stale: number;
+  last_action_seq: number;
+  sinks: number;
+  duty_cycle: number;
+}
+
+// -- control channel: server events -------------------------------------------------------------
+
+export type SessionStateName = "created" | "active" | "idle" | "closed";
+
+/** Sent once per delivered frame, alongside the video track. */
 export interface FrameEvent {
   event: "frame";
   frame_index: number;
-  pts: number;
-  action_seq: number;
-  epoch: number;
-  timings_ms: { queue: number; denoise: number; commit: number };
+  pts: number; // 90 kHz RTP clock
+  action_seq: number; // seq of the last action applied in this frame (-1: none yet)
+  epoch: number; // flush epoch the frame was generated under
+  timings_ms: { queue: number; denoise: number; commit: number }; // server stage times of its chunk
 }
 
 export interface StateEvent {
   event: "state";
-  state: "created" | "active" | "idle" | "closed";
+  state: SessionStateName;
 }
 
 export interface ErrorEvent {
