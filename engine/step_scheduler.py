@@ -13,6 +13,9 @@ Policy:
   samples the freshest actions.
 - Ready steps of the same kind from different sessions run as one batch,
   up to `max_batch` (1 turns batching off). Flow times differ per sample.
+  A chunk due to start within `join_frames` frame periods starts early to
+  join a denoise batch, so sessions fall into step with each other instead
+  of each paying a batch-of-one forward.
 - A session that falls behind by more than `max_lateness_frames` frames is
   rebased: its next deadline moves to now plus one chunk time, so lateness
   never accumulates into a backlog, and under overload every session slows
@@ -51,6 +54,7 @@ class SchedulerConfig:
     safety: float = 1.3  #: multiplier on the predicted chunk time when choosing a start time
     margin_s: float = 0.005  #: extra lead time before a deadline, s
     max_lateness_frames: float = 2.0  #: lateness (in frames) beyond which a session is rebased
+    join_frames: float = 0.5  #: a waiting chunk due to start within this many frame periods joins a batch now
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -152,12 +156,16 @@ class StepScheduler:
             a plan; empty (with `next_wake_s`) when no step is ready.
         """
         ready: list[tuple[float, str, _Entry]] = []
+        joinable: list[tuple[float, str, _Entry]] = []
         next_wake: float | None = None
+        join_s = self.config.join_frames * self.config.frame_period_s if self.config.max_batch > 1 else 0.0
         for sid, e in self._entries.items():
             if e.phase == Phase.IDLE:
                 continue
             if e.phase == Phase.WAITING and e.start_at_s > now_s:
                 next_wake = e.start_at_s if next_wake is None else min(next_wake, e.start_at_s)
+                if e.start_at_s <= now_s + join_s:
+                    joinable.append((e.deadline_s, sid, e))
                 continue
             key = now_s - 1e9 if e.phase == Phase.NEW else e.deadline_s
             ready.append((key, sid, e))
@@ -166,6 +174,8 @@ class StepScheduler:
         ready.sort(key=lambda x: (x[0], x[1]))
         kind = self._next_kind(ready[0][2])
         limit = 1 if kind == "init" else self.config.max_batch
+        if kind == "denoise":
+            ready += sorted(joinable, key=lambda x: (x[0], x[1]))
         batch = [(sid, e) for _, sid, e in ready if self._next_kind(e) == kind][:limit]
         return StepSchedulerOutput(
             kind=kind,

@@ -148,3 +148,22 @@ def test_cost_model_interpolates_and_extrapolates() -> None:
 def test_config_rejects_zero_batch() -> None:
     with pytest.raises(ValueError):
         SchedulerConfig(frame_period_s=0.05, frames_per_chunk=1, denoising_steps=2, max_batch=0)
+
+
+def test_a_chunk_due_soon_joins_the_batch_now() -> None:
+    s = make(max_batch=4)
+    s.add("a"), s.add("b")
+    run_until_empty(s, 0.0)
+    ea, eb = s._entries["a"], s._entries["b"]  # noqa: SLF001
+    ea.start_at_s, ea.deadline_s = 1.0, 1.02
+    eb.start_at_s, eb.deadline_s = 1.0 + 0.4 * PERIOD, 1.02 + 0.4 * PERIOD  # due within half a frame
+    plan = s.schedule(1.0)
+    assert plan.session_ids == ["a", "b"] and plan.begin_chunk_ids == ["a", "b"]
+    eb.start_at_s = 1.0 + 0.9 * PERIOD  # not due soon enough
+    assert s.schedule(1.0).session_ids == ["a"]
+    unbatched = make(max_batch=1)
+    unbatched.add("a")
+    run_until_empty(unbatched, 0.0)
+    e = unbatched._entries["a"]  # noqa: SLF001
+    e.start_at_s = 1.0 + 0.1 * PERIOD
+    assert unbatched.schedule(1.0).is_empty  # without batching nothing starts early

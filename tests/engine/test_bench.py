@@ -1,0 +1,13 @@
+"""The scheduler benchmark runs end to end and reports consistent numbers (not the numbers themselves)."""
+
+import math
+
+from worldcast.engine.bench import run_mode
+
+
+def test_bench_mode_reports(model) -> None:  # type: ignore[no-untyped-def]
+    r = run_mode(model, sessions=2, seconds=1.5, max_batch=2, threads=1, warmup_s=0.5)
+    assert r["sessions"] == 2 and r["max_batch"] == 2
+    assert r["total_fps"] > 0 and math.isclose(r["total_fps"], 2 * r["per_session_fps_mean"], rel_tol=1e-9)
+    assert 0.0 <= r["on_time_share"] <= 1.0
+    assert any(k.startswith("denoise@") for k in r["step_costs_ms"])
