@@ -173,3 +173,13 @@ def test_metrics_in_prometheus_text_format(client: httpx.Client, live_server) ->
     steps = [smp for smp in fams["worldcast_step_seconds"].samples if smp.name.endswith("_count")]
     assert sum(smp.value for smp in steps) > 0
     client.delete(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"]))
+
+
+def test_readyz_reports_a_dead_device_worker(model) -> None:  # type: ignore[no-untyped-def]
+    for srv in _serve(server_config(), model):
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            assert c.get("/readyz").status_code == 200
+            srv.manager.worker.stop()
+            r = c.get("/readyz")
+            assert r.status_code == 503 and r.json()["status"] == "not ready"
+            assert c.get("/healthz").status_code == 200
