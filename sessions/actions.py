@@ -99,6 +99,13 @@ class ActionBuffer:
             seq=seq,
         )
 
+    def new_client(self) -> None:
+        """A new client connected: its seq numbering starts afresh, nothing is held."""
+        with self._lock:
+            self._seq = -1
+            self._held = frozenset()
+            self._mouse = [0.0, 0.0]
+
     def release_all(self) -> None:
         """Release every key and drop pending mouse movement (e.g. when the client leaves)."""
         with self._lock:

@@ -322,8 +322,9 @@ class Session:
         self.activate()
 
     def detach_sink(self, sink: FrameSink) -> None:
-        if sink in self._sinks:
-            self._sinks.remove(sink)
+        if sink not in self._sinks:
+            return
+        self._sinks.remove(sink)
         if not self._sinks:
             # the last viewer left (closed tab, failed connection): stop costing compute
             self.actions.release_all()

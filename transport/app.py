@@ -17,6 +17,7 @@ Routes:
 
 
 
+import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterator
@@ -48,9 +49,17 @@ from worldcast.transport.webrtc import WebRTCPeer, configure_ice
 
 logger = logging.getLogger(__name__)
 
+#: Largest HTTP request body, bytes (an SDP offer is the largest legitimate one).
+MAX_BODY_BYTES = 256 * 1024
+
 _NO_DEMO = """<!doctype html><title>worldcast</title><h1>worldcast</h1>
 <p>The browser demo is not built. Build it with <code>npm --prefix web_demo ci && npm --prefix web_demo run build</code>
 (README's run command does this).</p>"""
+
+
+def _printable(x: object, limit: int = 200) -> str:
+    """A short, always-encodable rendering of an error fragment."""
+    return str(x)[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def model_info(model: WorldModel) -> ModelInfo:
@@ -75,6 +84,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             metrics.on_step, metrics.on_frame, metrics.on_admission)
         await manager.start()
         app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, {}, metrics
+        app.state.offer_locks = {}
         logger.info("worldcast: serving %s", m.spec.name)
         try:
             yield
@@ -85,6 +95,13 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
 
     app = FastAPI(title="worldcast", version="0.1.0", lifespan=lifespan)
 
+    @app.middleware("http")
+    async def _limit_body(request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return JSONResponse({"detail": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413)
+        return await call_next(request)
+
     @app.exception_handler(SessionError)
     async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
         headers = {}
@@ -94,9 +111,17 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        return JSONResponse({"detail": f"{loc}: {err.get('msg')}", "errors": exc.errors()}, status_code=422)
+        # the offending input is never echoed back: it may be huge, binary or not JSON-encodable
+        errs = [{"loc": [_printable(x) for x in e.get("loc", ())], "msg": _printable(e.get("msg", "")),
+                 "type": _printable(e.get("type", ""))} for e in exc.errors()[:10]]
+        first = errs[0] if errs else {"loc": [], "msg": "invalid request"}
+        loc = ".".join(first["loc"])
+        status = 422
+        ctype = request.headers.get("content-type", "")
+        if request.method in ("POST", "PUT") and ctype and not ctype.startswith("application/json"):
+            return JSONResponse({"detail": f"content type {ctype.split(';')[0]!r} is not supported; "
+                                 "send application/json"}, status_code=415)
+        return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=status)
 
     def manager_dep(request: Request) -> SessionManager:
         return request.app.state.manager
@@ -107,9 +132,11 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         authorization: Annotated[str | None, Header()] = None,
     ) -> Session:
         session = request.app.state.manager.get(session_id)  # SessionNotFound -> 404
-        if authorization is None or not authorization.startswith("Bearer "):
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:  # auth schemes are case-insensitive (RFC 7235, 2.1)
             raise HTTPException(401, "missing 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"})
-        if not secrets.compare_digest(authorization[7:].encode(), session.token.encode()):
+        if not secrets.compare_digest(token.encode(), session.token.encode()):
             raise HTTPException(403, "token does not grant access to this session")
         return session
 
@@ -154,6 +181,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         peer = request.app.state.peers.pop(session.id, None)
         if peer is not None:
             await peer.aclose()
+        request.app.state.offer_locks.pop(session.id, None)
         request.app.state.manager.close(session.id, CloseReason.CLIENT)
         return Response(status_code=204)
 
@@ -164,20 +192,22 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         request: Request,
     ) -> SdpAnswer:
         peers: dict[str, WebRTCPeer] = request.app.state.peers
-        old = peers.pop(session.id, None)
-        if old is not None:
-            await old.aclose()
-        peer = WebRTCPeer(
-            session,
-            encode_prompt=request.app.state.model.encode_prompt,
-            video_scale=config.video_scale,
-            on_closed=lambda p: peers.pop(session.id, None) if peers.get(session.id) is p else None,
-        )
-        try:
-            answer = await peer.answer(offer.sdp)
-        except ValueError as e:
-            raise HTTPException(400, str(e)) from None
-        peers[session.id] = peer
+        lock = request.app.state.offer_locks.setdefault(session.id, asyncio.Lock())
+        async with lock:  # one negotiation per session at a time
+            peer = WebRTCPeer(
+                session,
+                encode_prompt=request.app.state.model.encode_prompt,
+                video_scale=config.video_scale,
+                on_closed=lambda p: peers.pop(session.id, None) if peers.get(session.id) is p else None,
+            )
+            try:
+                answer = await peer.answer(offer.sdp)  # a bad offer leaves the current peer untouched
+            except ValueError as e:
+                raise HTTPException(400, str(e)) from None
+            old = peers.get(session.id)
+            peers[session.id] = peer
+            if old is not None:
+                await old.aclose()
         return SdpAnswer(sdp=answer.sdp, type="answer")
 
     @app.post("/v1/sessions/{session_id}/rpc")

@@ -27,6 +27,7 @@ from worldcast.sessions.errors import InvalidAction, SessionError
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
 from worldcast.transport.schemas import (
+    MAX_CONTROL_BYTES,
     MAX_MESSAGE_BYTES,
     ActionMessage,
     NoParams,
@@ -52,19 +53,21 @@ def _validation_message(e: ValidationError) -> str:
     return f"{loc}: {err['msg']}"
 
 
-def parse_json(raw: str | bytes, *, what: str) -> Any:
+def parse_json(raw: str | bytes, *, what: str, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
     """Decode a data-channel message, enforcing the size limit.
 
     Raises:
         RpcError: too large (INVALID_REQUEST) or not JSON (PARSE_ERROR).
     """
     size = len(raw.encode() if isinstance(raw, str) else raw)
-    if size > MAX_MESSAGE_BYTES:
-        raise RpcError(errors.INVALID_REQUEST, f"{what} message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
+    if size > max_bytes:
+        raise RpcError(errors.INVALID_REQUEST, f"{what} message of {size} bytes exceeds {max_bytes}")
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise RpcError(errors.PARSE_ERROR, f"{what} message is not valid JSON: {e}") from None
+    except RecursionError:
+        raise RpcError(errors.PARSE_ERROR, f"{what} message is nested too deeply") from None
 
 
 def _params(model: type[BaseModel], params: dict[str, Any]) -> Any:
@@ -117,7 +120,7 @@ class RpcHandler:
 
     async def handle_raw(self, raw: str | bytes) -> dict[str, Any]:
         try:
-            request = parse_json(raw, what="control")
+            request = parse_json(raw, what="control", max_bytes=MAX_CONTROL_BYTES)
         except RpcError as e:
             return {"id": None, "error": {"code": e.code, "message": e.message}}
         return await self.handle(request)

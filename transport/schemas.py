@@ -5,20 +5,39 @@ Field names here are the protocol; `web_demo/` uses them unchanged.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
 #: Largest prompt, characters.
 MAX_PROMPT_CHARS = 500
 #: Largest SDP offer, characters.
 MAX_SDP_CHARS = 64_000
-#: Largest action or control message on a data channel, bytes.
+#: Largest action message on a data channel, bytes.
 MAX_MESSAGE_BYTES = 2048
+#: Largest control message, bytes (room for a MAX_PROMPT_CHARS prompt of 4-byte characters).
+MAX_CONTROL_BYTES = 4096
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def check_prompt(v: str | None) -> str | None:
+    """A prompt must have visible text and no control or bidi-override characters."""
+    if v is None:
+        return v
+    if not v.strip():
+        raise ValueError("prompt is blank")
+    bad = [c for c in v if unicodedata.category(c) in ("Cc", "Cs") or c in BIDI_CONTROLS]
+    if bad:
+        raise ValueError(f"prompt contains control character U+{ord(bad[0]):04X}")
+    return v
+
+
+#: Unicode bidirectional formatting characters (can disguise text; Unicode TR9).
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 class CreateSessionRequest(_Strict):
@@ -26,6 +45,8 @@ class CreateSessionRequest(_Strict):
 
     prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS, description="initial prompt")
     seed: StrictInt | None = Field(None, ge=0, le=2**31 - 1, description="seed of the initial world and noise")
+
+    _prompt = field_validator("prompt")(check_prompt)
 
 
 class ModelInfo(BaseModel):
@@ -66,9 +87,9 @@ class ActionMessage(_Strict):
     """
 
     seq: StrictInt = Field(ge=0, le=2**53, description="increasing per message")
-    t: StrictFloat | StrictInt = Field(ge=0, description="client send time, ms (any monotonic origin)")
+    t: StrictFloat | StrictInt = Field(ge=0, allow_inf_nan=False, description="client send time, ms (any origin)")
     keys: list[str] = Field(default_factory=list, max_length=16, description="keys held now")
-    mouse: tuple[StrictFloat | StrictInt, StrictFloat | StrictInt] = Field(
+    mouse: tuple[StrictFloat | StrictInt, StrictFloat | StrictInt] = Field(  # NaN/inf: rejected by ActionBuffer
         (0, 0), description="mouse movement since the previous message, counts (dx, dy)"
     )
 
@@ -83,6 +104,8 @@ class RpcRequest(_Strict):
 
 class SetPromptParams(_Strict):
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+
+    _prompt = field_validator("prompt")(check_prompt)
 
 
 class NoParams(_Strict):

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,11 +28,16 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from worldcast.sessions.session import Session, VideoFrame
-from worldcast.transport.rpc import ActionHandler, RpcHandler
+from worldcast.transport.errors import INTERNAL_ERROR, RATE_LIMITED
+from worldcast.transport.rpc import ActionHandler, RpcHandler, TokenBucket
 
 logger = logging.getLogger(__name__)
 
 _original_get_host_addresses = aioice.ice.get_host_addresses
+
+#: Control RPCs per second a client may send (bursts of CONTROL_BURST); each may embed a prompt.
+CONTROL_RATE_HZ = 10.0
+CONTROL_BURST = 20.0
 
 
 def configure_ice(host_addresses: list[str] | None) -> None:
@@ -131,6 +138,7 @@ class WebRTCPeer:
         self.track = SessionVideoTrack(session.current_epoch, scale=video_scale)
         self.rpc = RpcHandler(session, encode_prompt)
         self.actions = ActionHandler(session)
+        self.control_bucket = TokenBucket(CONTROL_RATE_HZ, CONTROL_BURST)
         self._control: Any = None
         self._on_closed = on_closed
         self._closed = False
@@ -166,12 +174,27 @@ class WebRTCPeer:
             ch.send(json.dumps(event, separators=(",", ":")))
 
     def _on_action(self, message: str | bytes) -> None:
-        err = self.actions.handle_raw(message)
+        try:
+            err = self.actions.handle_raw(message)
+        except Exception:  # noqa: BLE001 - never let a message break aiortc's receive loop
+            logger.exception("%r: action handler failed", self.session)
+            err = {"event": "action_rejected", "seq": None, "code": INTERNAL_ERROR, "message": "internal error"}
         if err is not None:
             self.send_event(err)
 
     async def _on_control(self, message: str | bytes) -> None:
-        reply = await self.rpc.handle_raw(message)
+        if not self.control_bucket.take(time.monotonic()):
+            rid = None
+            with contextlib.suppress(Exception):  # best effort: answer with the request's id
+                req = json.loads(message)
+                rid = req.get("id") if isinstance(req, dict) else None
+            self.send_event({"id": rid, "error": {"code": RATE_LIMITED, "message": "too many control messages"}})
+            return
+        try:
+            reply = await self.rpc.handle_raw(message)
+        except Exception:  # noqa: BLE001
+            logger.exception("%r: control handler failed", self.session)
+            reply = {"id": None, "error": {"code": INTERNAL_ERROR, "message": "internal error"}}
         self.send_event(reply)
 
     def _on_frame(self, session: Session, frame: object) -> None:
@@ -191,12 +214,16 @@ class WebRTCPeer:
         Raises:
             ValueError: the SDP cannot be parsed or negotiated (the peer is closed).
         """
+        if "\nm=video" not in "\n" + offer_sdp.replace("\r\n", "\n"):
+            await self.aclose()
+            raise ValueError("invalid SDP offer: no video m-line (offer a recvonly video transceiver)")
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
             await self.pc.setLocalDescription(await self.pc.createAnswer())
         except Exception as e:
             await self.aclose()
             raise ValueError(f"invalid SDP offer: {e}") from e
+        self.session.actions.new_client()
         self.session.attach_sink(self.track)
         self._unsubscribe.append(self.session.on("frame", self._on_frame))
         self._unsubscribe.append(self.session.on("error", lambda s, r: self.send_event(

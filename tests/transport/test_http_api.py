@@ -183,3 +183,29 @@ def test_readyz_reports_a_dead_device_worker(model) -> None:  # type: ignore[no-
             r = c.get("/readyz")
             assert r.status_code == 503 and r.json()["status"] == "not ready"
             assert c.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "content,headers,status",
+    [
+        (b'{"seed": 1}', {"Content-Type": "text/plain"}, 415),
+        (b"seed=1", {"Content-Type": "application/x-www-form-urlencoded"}, 415),
+        (b'{"seed": NaN}', {"Content-Type": "application/json"}, 422),
+        (b'{"prompt": "\\ud800"}', {"Content-Type": "application/json"}, 422),
+        (b'{"prompt": "  "}', {"Content-Type": "application/json"}, 422),
+        (b'{"prompt": "a\\u202eb"}', {"Content-Type": "application/json"}, 422),
+        (b'{"prompt": "' + b"x" * 300_000 + b'"}', {"Content-Type": "application/json"}, 413),
+    ],
+)
+def test_hostile_bodies_get_4xx_without_echo(client: httpx.Client, content, headers, status) -> None:  # type: ignore[no-untyped-def]
+    r = client.post("/v1/sessions", content=content, headers=headers)
+    assert r.status_code == status, r.text[:300]
+    assert len(r.content) < 4096  # the input is never echoed back
+
+
+def test_auth_scheme_is_case_insensitive_and_empty_token_is_401(client: httpx.Client) -> None:
+    s = create(client)
+    url = f"/v1/sessions/{s['session_id']}"
+    assert client.get(url, headers={"Authorization": "bearer " + s["token"]}).status_code == 200
+    assert client.get(url, headers={"Authorization": "Bearer"}).status_code == 401
+    client.delete(url, headers=auth(s["token"]))

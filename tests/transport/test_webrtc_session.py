@@ -145,3 +145,35 @@ async def test_prompt_change_then_flush_changes_the_world(live_server) -> None: 
             if fr.pts >= ev["pts"]:
                 themes.append(world.THEMES[world.classify_theme(fr.to_ndarray(format="rgb24"), cents)])
         assert themes and themes.count("lava") >= len(themes) - 1, themes
+
+
+async def test_hostile_data_channel_messages_keep_the_connection(live_server) -> None:  # type: ignore[no-untyped-def]
+    async with await WebRTCClient.connect(live_server.url, seed=8) as c:
+        await c.next_frame()
+        deep = "[" * 1000 + "]" * 1000  # under the size limit, deeper than the JSON parser's recursion
+        c.send_raw_action(deep)
+        ev = await c.wait_event(lambda m: m.get("event") == "action_rejected")
+        assert ev["code"] == -32700 and "nested" in ev["message"]
+        reply = await c.rpc("", raw=deep)
+        assert reply["error"]["code"] == -32700
+        # a flood of control messages is rate-limited, not queued without bound
+        replies = await asyncio.gather(*(c.rpc("", raw={"id": 1000 + i, "method": "get_state"}) for i in range(60)))
+        limited = [r for r in replies if r.get("error", {}).get("code") == -32001]
+        assert 0 < len(limited) < 60
+        await asyncio.sleep(2.5)  # let the bucket refill
+        assert (await c.rpc("get_state"))["epoch"] == 0
+        assert c.pc.connectionState == "connected"
+        await c.next_frame()
+
+
+async def test_a_bad_second_offer_leaves_the_live_peer_alone(live_server) -> None:  # type: ignore[no-untyped-def]
+    async with await WebRTCClient.connect(live_server.url, seed=9) as c:
+        await c.next_frame()
+        url = f"/v1/sessions/{c.session_id}/webrtc"
+        r = await c.http.post(url, json={"sdp": "v=0\r\ngarbage", "type": "offer"})
+        assert r.status_code == 400 and "video" in r.json()["detail"]
+        n = len(c.frame_events)
+        await c.wait_event(lambda m: m.get("event") == "frame")
+        assert len(c.frame_events) > n and c.pc.connectionState == "connected"
+        info = (await c.http.get(f"/v1/sessions/{c.session_id}")).json()
+        assert info["sinks"] == 1
