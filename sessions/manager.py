@@ -63,7 +63,6 @@ class SessionManager:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_task: asyncio.Task[None] | None = None
-        self.admissions: dict[bool, int] = {}  #: admission decisions so far, by outcome
         #: hooks for metrics: on_frame(delivered, lateness_s), on_admission(admitted)
         self.on_frame: Callable[[bool, float], None] | None = None
         self.on_admission: Callable[[bool], None] | None = None
@@ -98,7 +97,6 @@ class SessionManager:
             CapacityExhausted: too many sessions or no KV slot (retry later).
         """
         decision = self.admission_decision()
-        self.admissions[decision.admitted] = self.admissions.get(decision.admitted, 0) + 1
         if self.on_admission is not None:
             self.on_admission(decision.admitted)
         if not decision.admitted:

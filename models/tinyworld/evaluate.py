@@ -32,7 +32,7 @@ import torch
 from worldcast.models.tinyworld import world
 from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, TIMESTEPS, TinyWorldModel
 from worldcast.models.tinyworld.prompts import HELDOUT_PARAPHRASES, TRAIN_CAPTIONS
-from worldcast.models.tinyworld.rollout import rollout_latents
+from worldcast.models.tinyworld.rollout import iter_rollout, rollout_latents
 from worldcast.models.tinyworld.train import EVAL_SEED_BASE
 
 logger = logging.getLogger(__name__)
@@ -126,53 +126,24 @@ def eval_prompt_control(model: TinyWorldModel, n_seq: int, rng: np.random.Genera
 
 
 def eval_stability(model: TinyWorldModel, n_frames: int, rng: np.random.Generator) -> dict[str, float | bool]:
-    """Roll one session for n_frames under random actions, in segments of 256 frames."""
+    """Roll one session for n_frames under random actions, frame by frame, and check every frame."""
     # the simulator's range of per-frame mean and std, over many views of every theme
     sim = simulate(rng, 48, 8, EVAL_SEED_BASE + 9000)["frames"].reshape(-1, 64, 64, 3).astype(np.float32)
     m, s = sim.mean((1, 2, 3)), sim.std((1, 2, 3))
     lo_m, hi_m, lo_s, hi_s = m.min(), m.max(), s.min(), s.max()
     theme = world.THEMES[int(rng.integers(len(world.THEMES)))]
-    wm = world.WorldMap.generate(EVAL_SEED_BASE + 7777)
-    f0 = world.render_view(wm, theme, 0, 0)
-    prompt = model.encode_prompt(TRAIN_CAPTIONS[theme][0])
-    from worldcast.engine.kv_pool import KVPool  # the serving path: ring-buffer KV, positions grow
-    from worldcast.engine.rollout import ChunkRollout
-
-    class _Cond:
-        def __init__(self) -> None:
-            self.actions = world.random_actions(rng, n_frames + 1)
-            self.i = 0
-
-        def sample_chunk(self, frames: int):  # type: ignore[no-untyped-def]
-            from worldcast.engine.rollout import ChunkInputs
-
-            a = self.actions[self.i : self.i + frames]
-            self.i += frames
-            return ChunkInputs(actions=a, prompt=prompt, action_seq=self.i, epoch=0)
-
-        def current_epoch(self) -> int:
-            return 0
-
-        def wants_frames(self) -> bool:
-            return True
-
-    pool = KVPool(model.spec.kv, budget_bytes=model.spec.kv.bytes_per_session())
-    model_initial = model.initial_frame
-    model.initial_frame = lambda **kw: f0  # type: ignore[method-assign]
-    try:
-        r = ChunkRollout("stability", model, pool, _Cond(), seed=3)
-        r.init(0.0)
-        means, stds, finite = [], [], True
-        for _ in range(n_frames):
-            r.begin_chunk(0.0, 0.0)
-            for _ in TIMESTEPS:
-                r.step()
-            fr = r.finalize(0.0)[0].image.astype(np.float32)
-            finite &= bool(torch.isfinite(r.prev).all())
-            means.append(fr.mean())
-            stds.append(fr.std())
-    finally:
-        model.initial_frame = model_initial  # type: ignore[method-assign]
+    f0 = world.render_view(world.WorldMap.generate(EVAL_SEED_BASE + 7777), theme, 0, 0)
+    prompt = torch.from_numpy(model.encode_prompt(TRAIN_CAPTIONS[theme][0]))[None]
+    actions = torch.from_numpy(world.random_actions(rng, n_frames + 1))
+    z0 = model.encode_frames(torch.from_numpy(f0)[None, None])[:, 0]
+    frames = iter_rollout(model.net, z0, (a[None] for a in actions), (prompt for _ in range(n_frames + 1)),
+                          timesteps=TIMESTEPS, generator=torch.Generator().manual_seed(3))
+    means, stds, finite = [], [], True
+    for z in frames:
+        finite &= bool(torch.isfinite(z).all())
+        fr = model.decode(z[:, None])[0, 0].numpy().astype(np.float32)
+        means.append(fr.mean())
+        stds.append(fr.std())
     means_a, stds_a = np.array(means), np.array(stds)
     in_range = (means_a >= lo_m - 10) & (means_a <= hi_m + 10) & (stds_a >= 0.5 * lo_s) & (stds_a <= 1.5 * hi_s)
     return {

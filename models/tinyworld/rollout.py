@@ -8,6 +8,8 @@ evaluation and serving see the same attention pattern.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from worldcast.models.base import rectified_flow_update
@@ -62,6 +64,48 @@ def _step(
 
 
 @torch.no_grad()
+def iter_rollout(
+    net: TinyWorldDenoiser,
+    z0: torch.Tensor,
+    actions: Iterator[torch.Tensor],
+    prompts: Iterator[torch.Tensor],
+    *,
+    timesteps: tuple[float, ...],
+    generator: torch.Generator | None = None,
+) -> Iterator[torch.Tensor]:
+    """Generate frames one at a time after a given first frame, feeding the model its own outputs.
+
+    Memory stays bounded however long it runs (the cache keeps sink + window frames).
+
+    Args:
+        net: the denoiser (run without grad).
+        z0: (B, C, h, w) latent of frame 0 (committed as the sink).
+        actions: (B, A) per frame; the first one produced frame 0.
+        prompts: (B, P) per frame, in step with `actions`.
+        timesteps: descending flow times of the sampler.
+        generator: for the initial noise of each frame.
+
+    Yields:
+        (B, C, h, w) latents of frames 1, 2, ... while actions last.
+    """
+    cache = ListKV(net.cfg)
+    acts, pros = iter(actions), iter(prompts)
+    _, kv = _step(net, z0, z0, 0.0, next(acts), next(pros), 0, cache)
+    cache.append(0, kv)
+    prev, B = z0, z0.shape[0]
+    for i, (a, p) in enumerate(zip(acts, pros), start=1):
+        x = torch.randn(z0.shape, generator=generator)
+        for k, t in enumerate(timesteps):
+            x0, _ = _step(net, x, prev, t, a, p, i, cache)
+            t_next = timesteps[k + 1] if k + 1 < len(timesteps) else 0.0
+            x = rectified_flow_update(x, x0[:, 0], torch.full((B,), t), torch.full((B,), t_next))
+        _, kv = _step(net, x, prev, 0.0, a, p, i, cache)
+        cache.append(i, kv)
+        prev = x
+        yield x
+
+
+@torch.no_grad()
 def rollout_latents(
     net: TinyWorldDenoiser,
     z0: torch.Tensor,
@@ -71,33 +115,14 @@ def rollout_latents(
     timesteps: tuple[float, ...],
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Generate N frames after a given first frame, feeding the model its own outputs.
+    """All N frames after a given first frame (see `iter_rollout`).
 
     Args:
-        net: the denoiser (eval or train mode; run without grad).
-        z0: (B, C, h, w) latent of frame 0 (committed as the sink).
-        actions: (B, N + 1, A) actions; actions[:, i] produced frame i.
+        actions: (B, N + 1, A); actions[:, i] produced frame i.
         prompts: (B, N + 1, P) prompt embeddings per frame.
-        timesteps: descending flow times of the sampler.
-        generator: for the initial noise of each frame.
 
     Returns:
         (B, N, C, h, w) generated latents of frames 1..N.
     """
-    cache = ListKV(net.cfg)
-    _, kv = _step(net, z0, z0, 0.0, actions[:, 0], prompts[:, 0], 0, cache)
-    cache.append(0, kv)
-    prev, out = z0, []
-    B = z0.shape[0]
-    for i in range(1, actions.shape[1]):
-        x = torch.randn(z0.shape, generator=generator)
-        for k, t in enumerate(timesteps):
-            x0, _ = _step(net, x, prev, t, actions[:, i], prompts[:, i], i, cache)
-            x0 = x0[:, 0]
-            t_next = timesteps[k + 1] if k + 1 < len(timesteps) else 0.0
-            x = rectified_flow_update(x, x0, torch.full((B,), t), torch.full((B,), t_next))
-        _, kv = _step(net, x, prev, 0.0, actions[:, i], prompts[:, i], i, cache)
-        cache.append(i, kv)
-        out.append(x)
-        prev = x
-    return torch.stack(out, 1)
+    frames = iter_rollout(net, z0, actions.unbind(1), prompts.unbind(1), timesteps=timesteps, generator=generator)
+    return torch.stack(list(frames), 1)
