@@ -48,7 +48,8 @@ class FrameOut:
         present_at_s: intended presentation time, s on the engine's monotonic clock.
         action_seq: seq of the last action applied in this frame (-1: none yet).
         epoch: flush epoch of the conditioning it was generated under.
-        timings_ms: per-stage times of its chunk: queue, denoise, commit (ms).
+        timings_ms: per-stage times of its chunk, ms: queue (waiting between its steps), denoise
+            (its denoising steps), commit (the KV-writing forward), decode (latents to pixels).
     """
 
     session_id: str

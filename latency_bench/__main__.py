@@ -1,74 +1,177 @@
-"""worldcast latency benchmark.
+"""worldcast latency benchmark: motion-to-photon, TTFF and SLO attainment through the real transports.
 
-    python -m worldcast.latency_bench mtp --sessions 1 --seconds 20
+    python -m worldcast.latency_bench default                      # the default profile (< 3 min)
+    python -m worldcast.latency_bench mtp --sessions 2 --seconds 20
+    python -m worldcast.latency_bench load --trace duty30-short --profile duty-cycle
+    python -m worldcast.latency_bench compare --a shared --b baseline --trace duty30-short
 
-Without --url it starts a server in-process on a free loopback port with the
-shipped model (ICE pinned to 127.0.0.1) and measures against it.
+Without --url each run starts its own server (`worldcast serve` in a child
+process on a free loopback port, ICE pinned to 127.0.0.1) from a profile
+(see `latency_bench/server.py`: shared, baseline, duty-cycle, always-on, or
+name:key=value,...). Transport: WebRTC (aiortc client). Every run writes
+report.json and PNG plots to --out (default bench_results/<time>/).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import contextlib
 import platform
-import socket
-import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from worldcast.latency_bench import mtp
+from worldcast.latency_bench import load as load_mod
+from worldcast.latency_bench import mtp as mtp_mod
+from worldcast.latency_bench import report
+from worldcast.latency_bench.server import ServerProfile, spawn
+from worldcast.latency_bench.trace import Trace, load_trace
+
+#: Traces shipped with the tool, by name.
+TRACES_DIR = Path(__file__).resolve().parent / "traces"
+TRANSPORT = "webrtc"
 
 
-def _spawn_server(max_batch: int, threads: int | None):  # type: ignore[no-untyped-def]
-    import uvicorn
+def resolve_trace(name_or_path: str) -> Trace:
+    """A shipped trace by name (e.g. duty30-short) or a trace file.
 
-    from worldcast.engine.device_worker import EngineConfig
-    from worldcast.transport.app import create_app
-    from worldcast.transport.config import ServerConfig
+    Raises:
+        ValueError: not found or invalid.
+    """
+    p = Path(name_or_path)
+    if not p.exists():
+        p = TRACES_DIR / f"{name_or_path}.json"
+    if not p.exists():
+        shipped = sorted(x.stem for x in TRACES_DIR.glob("*.json"))
+        raise ValueError(f"no trace {name_or_path!r}: give a file or one of {shipped}")
+    return load_trace(p)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = ServerConfig(port=port, ice_host_addresses=["127.0.0.1"],
-                       engine=EngineConfig(max_batch=max_batch, torch_threads=threads))
-    server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{port}", (server, thread)
+
+@contextlib.contextmanager
+def server_for(url: str | None, profile: ServerProfile) -> Iterator[str]:
+    if url:
+        yield url
+    else:
+        with spawn(profile) as u:
+            yield u
+
+
+def run_mtp(url: str | None, profile: ServerProfile, args: argparse.Namespace) -> dict[str, Any]:
+    with server_for(url, profile) as u:
+        res = asyncio.run(mtp_mod.run(u, sessions=args.sessions, seconds=args.seconds, action_hz=args.action_hz))
+    return {"profile": profile.name, "transport": TRANSPORT, "summary": mtp_mod.report(res),
+            "samples_ms": [x for r in res for x in r.mtp_ms]}
+
+
+def run_load(url: str | None, profile: ServerProfile, trace: Trace, slo: load_mod.SLO) -> dict[str, Any]:
+    with server_for(url, profile) as u:
+        res = asyncio.run(load_mod.replay(u, trace, profile=profile.name, slo=slo))
+    d = res.as_dict()
+    d["samples_ms"] = [x for s in res.sessions if s.metrics for x in s.metrics.mtp_ms]
+    return d
+
+
+def ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """A over B for the numbers that compare configurations (nan when B is 0)."""
+    def r(x: float, y: float) -> float:
+        return x / y if y else float("nan")
+
+    sa, sb = a["summary"], b["summary"]
+    out = {"mtp_p95": r(sa["mtp_ms"]["p95"], sb["mtp_ms"]["p95"]),
+           "mtp_p50": r(sa["mtp_ms"]["p50"], sb["mtp_ms"]["p50"])}
+    if "slo_attainment" in sa:
+        out |= {"served_within_slo": r(sa["served_within_slo"], sb["served_within_slo"]),
+                "slo_attainment": r(sa["slo_attainment"], sb["slo_attainment"]),
+                "admitted": r(sa["admitted"], sb["admitted"]),
+                "goodput": r(sa["goodput_fps"], sb["goodput_fps"])}
+    else:
+        out |= {"fps_mean": r(sa["fps_mean"], sb["fps_mean"])}
+    return out
+
+
+def _mtp_columns(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {f"{r['profile']} / {r['transport']}": r["summary"] for r in runs}
+
+
+def _load_columns(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {f"{r['profile']} / {r['trace']}": r["summary"] for r in runs}
+
+
+def finish(out: Path, data: dict[str, Any]) -> None:
+    """Print tables, write report.json and plots."""
+    mtp_runs = [r for r in data["runs"] if r["kind"] == "mtp"]
+    load_runs = [r for r in data["runs"] if r["kind"] == "load"]
+    if mtp_runs:
+        report.table("motion-to-photon (ms: p50 / p95 / p99)", _mtp_columns(mtp_runs))
+    if load_runs:
+        report.table("trace replay", _load_columns(load_runs))
+        for r in load_runs:
+            report.plot_timeline(r, out / f"timeline_{r['profile']}.png")
+    if "ratios" in data:
+        report.table(f"compare: {data['a']} over {data['b']}", {"ratio": data["ratios"]})
+    report.plot_mtp_cdf({f"{r['kind']} {r['profile']}": r["samples_ms"] for r in data["runs"]}, out / "mtp_cdf.png")
+    report.write_json(out / "report.json", data)
+    print(f"report: {out / 'report.json'} (plots beside it)")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m worldcast.latency_bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("mtp", help="TTFF, frames/s and action-to-frame latency over WebRTC")
-    m.add_argument("--url", default=None, help="server base URL (default: start one in-process)")
-    m.add_argument("--sessions", type=int, default=1)
-    m.add_argument("--seconds", type=float, default=20.0)
-    m.add_argument("--action-hz", type=float, default=4.0, help="action messages per second per session")
-    m.add_argument("--max-batch", type=int, default=8, help="for the in-process server")
-    m.add_argument("--threads", type=int, default=None, help="torch threads of the in-process server")
-    m.add_argument("--json", type=Path, default=None, help="also write the report here")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
+        p.add_argument("--out", type=Path, default=None, help="report folder (default bench_results/<time>)")
+        p.add_argument("--action-hz", type=float, default=4.0, help="mtp: actions per second per session")
+        p.add_argument("--sessions", type=int, default=1, help="mtp: concurrent sessions")
+        p.add_argument("--seconds", type=float, default=15.0, help="mtp: measured seconds")
+        p.add_argument("--slo-mtp-ms", type=float, default=load_mod.SLO.mtp_p95_ms, help="SLO: MTP p95 bound")
+        p.add_argument("--slo-fps-share", type=float, default=load_mod.SLO.min_fps_share,
+                       help="SLO: least delivered frames/s while active, share of the model's fps")
+
+    p = sub.add_parser("mtp", help="motion-to-photon, TTFF and pacing for N always-active sessions")
+    common(p)
+    p.add_argument("--profile", default="shared")
+    p = sub.add_parser("load", help="replay a duty-cycle trace: SLO attainment and goodput")
+    common(p)
+    p.add_argument("--profile", default="duty-cycle")
+    p.add_argument("--trace", default="duty30-short", help="shipped trace name or file")
+    p = sub.add_parser("compare", help="two server profiles, one after the other, same workload; ratios A/B")
+    common(p)
+    p.add_argument("--a", default="shared")
+    p.add_argument("--b", default="baseline")
+    p.add_argument("--trace", default="duty30-short", help="shipped trace name or file ('none': mtp workload)")
+    p = sub.add_parser("default", help="the default profile: mtp for one session, then shared vs baseline "
+                                       "on the short trace")
+    common(p)
     args = ap.parse_args(argv)
-    server = None
-    url = args.url
-    if url is None:
-        url, server = _spawn_server(args.max_batch, args.threads)
-    try:
-        results = asyncio.run(mtp.run(url, sessions=args.sessions, seconds=args.seconds, action_hz=args.action_hz))
-    finally:
-        if server is not None:
-            server[0].should_exit = True
-            server[1].join(15)  # let the app close its sessions and stop the device worker
-    rep = mtp.report(results) | {"machine": platform.platform(), "seconds": args.seconds}
-    width = max(len(k) for k in rep)
-    for k, v in rep.items():
-        print(f"{k:<{width}}  {v:.1f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
-    if args.json:
-        args.json.write_text(json.dumps(rep, indent=2))
+
+    out = args.out or Path("bench_results") / time.strftime("%Y%m%d-%H%M%S")
+    slo = load_mod.SLO(args.slo_mtp_ms, args.slo_fps_share)
+    data: dict[str, Any] = {"command": args.command, "machine": platform.platform(),
+                            "processor": platform.processor() or platform.machine(), "runs": []}
+    if args.command == "mtp":
+        data["runs"].append({"kind": "mtp"} | run_mtp(args.url, ServerProfile.parse(args.profile), args))
+    elif args.command == "load":
+        trace = resolve_trace(args.trace)
+        data["runs"].append({"kind": "load"} | run_load(args.url, ServerProfile.parse(args.profile), trace, slo))
+    else:
+        if args.command == "default":
+            args.a, args.b, args.trace = "shared", "baseline", "duty30-short"
+            data["runs"].append({"kind": "mtp"} | run_mtp(args.url, ServerProfile.parse("shared"), args))
+        a, b = ServerProfile.parse(args.a), ServerProfile.parse(args.b)
+        if args.url:
+            raise SystemExit("compare starts its own servers: drop --url")
+        if args.trace == "none":
+            ra, rb = ({"kind": "mtp"} | run_mtp(None, p, args) for p in (a, b))
+        else:
+            trace = resolve_trace(args.trace)
+            ra, rb = ({"kind": "load"} | run_load(None, p, trace, slo) for p in (a, b))
+        data["runs"] += [ra, rb]
+        data |= {"a": a.name, "b": b.name, "ratios": ratios(ra, rb)}
+    finish(out, data)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
-"""`mtp`: time to first frame, delivered frames/s and action-to-frame latency over WebRTC.
+"""`mtp`: motion-to-photon, time to first frame and frame pacing for N always-active sessions.
 
-For each of N concurrent sessions (aiortc clients on loopback):
-- TTFF: from the SDP answer to the first decoded video frame, ms;
-- delivered frames/s: decoded video frames per second over the run;
-- action-to-frame latency: from sending action seq k to receiving the first
-  frame event whose applied action seq is >= k, ms. The frame event is sent
-  when the frame is handed to the video track, so this bounds motion-to-photon
-  from below by the video path's encode/transport/decode time. (Reading the
-  seq from the decoded pixels is the latency_bench issue's next step.)
+Each of N concurrent sessions (aiortc clients on loopback, frames stamped
+with frame index and action seq) sends actions at `action_hz` for
+`seconds` and is measured by `SessionProbe.measure` over that whole
+window: TTFF (SDP answer to first decoded frame), motion-to-photon
+percentiles read from the decoded pixels, delivered frames/s, inter-frame
+intervals, RFC 3550 jitter, real-time factor, viewer underruns with a start
+buffer, server on-time share, and the server's per-stage times joined by
+frame index.
 """
 
 from __future__ import annotations
@@ -15,80 +15,63 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass, field
+from typing import Any
 
+import httpx
 import numpy as np
 
-from worldcast.transport.client import WebRTCClient
+from worldcast.latency_bench import stats
+from worldcast.latency_bench.probe import SessionMetrics, SessionProbe
 
 
-@dataclass
-class SessionResult:
-    ttff_ms: float
-    frames: int
-    seconds: float
-    lags_ms: list[float] = field(default_factory=list)
-    pts: list[int] = field(default_factory=list)
-
-    @property
-    def fps(self) -> float:
-        return self.frames / self.seconds
-
-
-def pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
-
-
-async def run_session(url: str, seconds: float, action_hz: float, seed: int) -> SessionResult:
-    c = await WebRTCClient.connect(url, seed=seed)
+async def run_session(url: str, *, seconds: float, action_hz: float, seed: int, period_s: float,
+                      start_buffer_ms: float) -> SessionMetrics:
+    p = await SessionProbe.open(url, seed=seed, stamped=True)
     try:
-        await c.next_frame(timeout_s=30)
-        ttff = (time.monotonic() - c.answered_at) * 1e3
-        res = SessionResult(ttff_ms=ttff, frames=0, seconds=seconds)
-        keys = [["d"], ["w"], ["a"], ["s"]]
-
-        async def actions() -> None:
-            i = 0
-            while True:
-                seq = c.send_action(keys=keys[i % 4])
-                t_sent = time.monotonic()
-                i += 1
-                try:
-                    ev = await c.wait_event(
-                        lambda m, seq=seq: m.get("event") == "frame" and m["action_seq"] >= seq, 5.0
-                    )
-                    res.lags_ms.append((ev["received_at"] - t_sent) * 1e3)
-                except TimeoutError:
-                    pass
-                await asyncio.sleep(max(0.0, 1 / action_hz - (time.monotonic() - t_sent)))
-
-        task = asyncio.create_task(actions())
+        deadline = time.monotonic() + 30
+        while not p.frames:  # measure from the first frame on
+            if time.monotonic() > deadline:
+                raise TimeoutError("no video frame within 30 s")
+            await asyncio.sleep(0.01)
         t0 = time.monotonic()
-        while time.monotonic() - t0 < seconds:
-            f = await c.next_frame()
-            res.frames += 1
-            res.pts.append(f.pts)
-        res.seconds = time.monotonic() - t0
-        task.cancel()
-        return res
+        await p.act_for(seconds, action_hz)
+        await asyncio.sleep(0.5)  # let the last actions show up
+        return p.measure([(t0, t0 + seconds)], frame_period_s=period_s, start_buffer_ms=start_buffer_ms)
     finally:
-        await c.aclose()
+        await p.close()
 
 
-async def run(url: str, *, sessions: int, seconds: float, action_hz: float) -> list[SessionResult]:
-    return list(await asyncio.gather(*(run_session(url, seconds, action_hz, seed=i) for i in range(sessions))))
+async def run(url: str, *, sessions: int, seconds: float, action_hz: float,
+              start_buffer_ms: float = 100.0) -> list[SessionMetrics]:
+    """Run N sessions concurrently against `url`; one `SessionMetrics` each."""
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        fps = (await http.get("/v1/model")).raise_for_status().json()["fps"]
+    return list(await asyncio.gather(*(
+        run_session(url, seconds=seconds, action_hz=action_hz, seed=i, period_s=1.0 / fps,
+                    start_buffer_ms=start_buffer_ms) for i in range(sessions))))
 
 
-def report(results: list[SessionResult]) -> dict[str, float]:
-    lags = [x for r in results for x in r.lags_ms]
+def report(results: list[SessionMetrics]) -> dict[str, Any]:
+    """Aggregate over sessions: MTP pooled over all actions; per-session numbers as mean / worst."""
+    mtp = [x for r in results for x in r.mtp_ms]
+    stages = {k: float(np.nanmedian([r.stages_ms.get(k, float("nan")) for r in results]))
+              for k in ("queue", "denoise", "commit", "decode", "event_to_decoded")} if results else {}
     return {
         "sessions": len(results),
-        "ttff_ms_max": max(r.ttff_ms for r in results),
+        "mtp_ms": stats.percentiles(mtp),
+        "mtp_source": sorted({r.mtp_source for r in results}),
+        "actions": len(mtp),
+        "actions_unanswered": sum(r.actions_unanswered for r in results),
         "ttff_ms_mean": statistics.mean(r.ttff_ms for r in results),
-        "fps_per_session_min": min(r.fps for r in results),
-        "fps_per_session_mean": statistics.mean(r.fps for r in results),
-        "action_to_frame_ms_p50": pct(lags, 50),
-        "action_to_frame_ms_p95": pct(lags, 95),
-        "action_to_frame_ms_p99": pct(lags, 99),
-        "pts_strictly_increasing": float(all(all(b > a for a, b in zip(r.pts, r.pts[1:])) for r in results)),
+        "ttff_ms_max": max(r.ttff_ms for r in results),
+        "fps_mean": statistics.mean(r.fps for r in results),
+        "fps_min": min(r.fps for r in results),
+        "ifi_ms_p95_max": max(r.ifi_ms["p95"] for r in results),
+        "jitter_ms_max": max(r.jitter_ms for r in results),
+        "rtf_mean": statistics.mean(r.rtf for r in results),
+        "underruns": sum(r.underruns for r in results),
+        "stall_ms": sum(r.stall_ms for r in results),
+        "on_time_share_min": min(r.on_time_share for r in results),
+        "stamps_read_min": min(r.stamps_read for r in results),
+        "stages_ms_p50": stages,
     }

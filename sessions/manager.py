@@ -62,6 +62,7 @@ class SessionManager:
             model, engine_config, on_frames=self._on_frames, on_error=self._on_error, clock=clock
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._creating = 0  #: sessions admitted but not yet registered (their prompt is being encoded)
         self._tick_task: asyncio.Task[None] | None = None
         #: hooks for metrics: on_frame(delivered, lateness_s), on_admission(admitted)
         self.on_frame: Callable[[bool, float], None] | None = None
@@ -72,6 +73,8 @@ class SessionManager:
         self._loop = asyncio.get_running_loop()
         if self.config.warmup:
             await self._loop.run_in_executor(None, self.worker.warmup)
+            # load the prompt encoder now, not on the first user's request
+            await self._loop.run_in_executor(None, self.model.encode_prompt, self.model.spec.default_prompt)
         self.worker.start()
         self._tick_task = asyncio.create_task(self._tick_loop(), name="session-manager-tick")
 
@@ -90,8 +93,13 @@ class SessionManager:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def create(self, *, prompt: str | None = None, seed: int | None = None) -> Session:
+    async def create(
+        self, *, prompt: str | None = None, seed: int | None = None, stamp_frames: bool = False
+    ) -> Session:
         """Open a session; its initial frame is generated at once.
+
+        Args:
+            stamp_frames: ask its video sinks to stamp frame index and action seq into the pixels.
 
         Raises:
             CapacityExhausted: too many sessions or no KV slot (retry later).
@@ -103,7 +111,11 @@ class SessionManager:
             logger.info("SessionManager: refused a session: %s", decision.reason)
             raise CapacityExhausted(f"refused: {decision.reason}", retry_after_s=decision.retry_after_s)
         text = prompt if prompt else self.model.spec.default_prompt
-        emb = await asyncio.get_running_loop().run_in_executor(None, self.model.encode_prompt, text)
+        self._creating += 1  # counted by admission while we wait, so concurrent creates cannot overshoot
+        try:
+            emb = await asyncio.get_running_loop().run_in_executor(None, self.model.encode_prompt, text)
+        finally:
+            self._creating -= 1
         sid = secrets.token_hex(8)
         session = Session(
             sid,
@@ -114,6 +126,7 @@ class SessionManager:
             seed=seed if seed is not None else secrets.randbelow(2**31),
             idle_after_s=self.config.idle_after_s,
             clock=self.clock,
+            stamp_frames=stamp_frames,
         )
         try:
             self.worker.add_session(sid, session, seed=session.seed)
@@ -130,7 +143,7 @@ class SessionManager:
         admitted = [
             SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now))
             for s in self.sessions.values() if s.state != SessionState.CLOSED
-        ]
+        ] + [SessionLoad(duty_cycle=1.0, observed_s=0.0)] * self._creating
         expected_batch = max(1, round(sum(ld.duty_cycle for ld in admitted)) + 1)
         return decide(
             self.config.admission,

@@ -78,7 +78,7 @@ class VideoFrame:
         action_seq: seq of the last action applied (-1: none).
         epoch: flush epoch it was generated under.
         present_at_s: intended presentation time, s (monotonic).
-        timings_ms: server stage times (queue, denoise, commit), ms.
+        timings_ms: server stage times (queue, denoise, commit, decode), ms; see `FrameOut`.
     """
 
     image: np.ndarray
@@ -119,6 +119,8 @@ class Session:
         seed: seed of the initial world and the sampler noise.
         idle_after_s: seconds without actions after which an ACTIVE session goes IDLE.
         clock: monotonic clock, s.
+        stamp_frames: whether video sinks should stamp frame index and action seq into the
+            pixels (latency measurement; off by default).
     """
 
     def __init__(
@@ -132,8 +134,10 @@ class Session:
         seed: int,
         idle_after_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        stamp_frames: bool = False,
     ) -> None:
         self.id = session_id
+        self.stamp_frames = stamp_frames
         self.token = token
         self.model = model
         self.seed = seed

@@ -166,7 +166,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         body: CreateSessionRequest | None = None,
     ) -> CreateSessionResponse:
         body = body or CreateSessionRequest()
-        s = await manager.create(prompt=body.prompt, seed=body.seed)
+        s = await manager.create(prompt=body.prompt, seed=body.seed, stamp_frames=body.stamp_frames)
         return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model))
 
     @app.get("/v1/sessions/{session_id}")

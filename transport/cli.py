@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="admission policy (default duty-cycle)")
     s.add_argument("--target-utilization", type=float, default=0.85,
                    help="largest predicted share of device time admission allows")
+    s.add_argument("--min-observation", type=float, default=20.0,
+                   help="seconds a session is observed before admission trusts its measured duty cycle")
     s.add_argument("--idle-after", type=float, default=30.0, help="seconds without actions before a session idles")
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--log-level", default="info")
@@ -62,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
             sessions=SessionConfig(
                 idle_after_s=args.idle_after,
                 admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
-                                          target_utilization=args.target_utilization),
+                                          target_utilization=args.target_utilization,
+                                          min_observation_s=args.min_observation),
             ),
         )
         uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower())

@@ -72,9 +72,13 @@ class WebRTCClient:
 
     @classmethod
     async def connect(
-        cls, base_url: str, *, prompt: str | None = None, seed: int | None = None
+        cls, base_url: str, *, prompt: str | None = None, seed: int | None = None, stamp_frames: bool = False
     ) -> WebRTCClient:
         """Create a session and connect to it.
+
+        Args:
+            stamp_frames: ask the server to stamp frame index and action seq into the video
+                (read them with `transport.stamp.read_stamp`).
 
         Raises:
             httpx.HTTPStatusError: session creation or signaling was refused.
@@ -85,6 +89,8 @@ class WebRTCClient:
             body["prompt"] = prompt
         if seed is not None:
             body["seed"] = seed
+        if stamp_frames:
+            body["stamp_frames"] = True
         async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
             r = await http.post("/v1/sessions", json=body)
             r.raise_for_status()

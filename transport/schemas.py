@@ -8,7 +8,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 #: Largest prompt, characters.
 MAX_PROMPT_CHARS = 500
@@ -45,6 +45,9 @@ class CreateSessionRequest(_Strict):
 
     prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS, description="initial prompt")
     seed: StrictInt | None = Field(None, ge=0, le=2**31 - 1, description="seed of the initial world and noise")
+    stamp_frames: StrictBool = Field(
+        False, description="stamp each video frame's index and applied action seq into its bottom rows "
+        "(for latency measurement; see transport/stamp.py)")
 
     _prompt = field_validator("prompt")(check_prompt)
 

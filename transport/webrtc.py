@@ -30,6 +30,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from worldcast.sessions.session import Session, VideoFrame
 from worldcast.transport.errors import INTERNAL_ERROR, RATE_LIMITED
 from worldcast.transport.rpc import ActionHandler, RpcHandler, TokenBucket
+from worldcast.transport.stamp import cell_px_for_width, write_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +66,15 @@ class SessionVideoTrack(MediaStreamTrack):
         epoch_fn: the session's current flush epoch; frames of older epochs are dropped at `recv`.
         scale: integer upscale factor applied before encoding (1 = model resolution).
         depth: frames held at most.
+        stamp: stamp each frame's index and applied action seq into its bottom rows, after
+            upscaling (`transport/stamp.py`; for latency measurement).
     """
 
     kind = "video"
 
-    def __init__(self, epoch_fn: Callable[[], int], *, scale: int = 1, depth: int = 2) -> None:
+    def __init__(self, epoch_fn: Callable[[], int], *, scale: int = 1, depth: int = 2, stamp: bool = False) -> None:
         super().__init__()
+        self.stamp = stamp
         self._queue: collections.deque[VideoFrame] = collections.deque(maxlen=depth)
         self._ready = asyncio.Event()
         self._epoch_fn = epoch_fn
@@ -105,10 +109,16 @@ class SessionVideoTrack(MediaStreamTrack):
             if f.epoch >= self._epoch_fn() and f.pts > self.last_pts:
                 break
             self.frames_dropped += 1
-        img = av.VideoFrame.from_ndarray(f.image, format="rgb24")
-        h, w = f.image.shape[:2]
-        out = img.reformat(width=w * self.scale, height=h * self.scale, format="yuv420p",
-                           interpolation="BILINEAR" if self.scale > 1 else None)
+        if self.stamp:  # upscale first so the code's cells keep their size in the video
+            image = f.image if self.scale == 1 else f.image.repeat(self.scale, 0).repeat(self.scale, 1)
+            cell = cell_px_for_width(image.shape[1])
+            out = av.VideoFrame.from_ndarray(write_stamp(image, f.frame_index, f.action_seq, cell_px=cell),
+                                             format="rgb24").reformat(format="yuv420p")
+        else:
+            h, w = f.image.shape[:2]
+            out = av.VideoFrame.from_ndarray(f.image, format="rgb24").reformat(
+                width=w * self.scale, height=h * self.scale, format="yuv420p",
+                interpolation="BILINEAR" if self.scale > 1 else None)
         out.pts, out.time_base = f.pts, f.time_base
         self.last_pts = f.pts
         self.frames_out += 1
@@ -135,7 +145,7 @@ class WebRTCPeer:
     ) -> None:
         self.session = session
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.track = SessionVideoTrack(session.current_epoch, scale=video_scale)
+        self.track = SessionVideoTrack(session.current_epoch, scale=video_scale, stamp=session.stamp_frames)
         self.rpc = RpcHandler(session, encode_prompt)
         self.actions = ActionHandler(session)
         self.control_bucket = TokenBucket(CONTROL_RATE_HZ, CONTROL_BURST)
@@ -205,6 +215,7 @@ class WebRTCPeer:
             "pts": frame.pts,
             "action_seq": frame.action_seq,
             "epoch": frame.epoch,
+            "lateness_ms": round((session.clock() - frame.present_at_s) * 1e3, 2),
             "timings_ms": {k: round(v, 2) for k, v in frame.timings_ms.items()},
         })
 

@@ -45,7 +45,7 @@ def test_chunk_emits_frames_only_at_commit(model) -> None:  # type: ignore[no-un
     r.step()
     frames = r.finalize(0.01)
     assert [f.frame_index for f in frames] == [1] and frames[0].present_at_s == 0.05
-    assert set(frames[0].timings_ms) == {"queue", "denoise", "commit"}
+    assert set(frames[0].timings_ms) == {"queue", "denoise", "commit", "decode"}
 
 
 def test_aborted_chunk_leaves_session_byte_identical(model) -> None:  # type: ignore[no-untyped-def]

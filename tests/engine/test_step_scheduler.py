@@ -167,3 +167,39 @@ def test_a_chunk_due_soon_joins_the_batch_now() -> None:
     e = unbatched._entries["a"]  # noqa: SLF001
     e.start_at_s = 1.0 + 0.1 * PERIOD
     assert unbatched.schedule(1.0).is_empty  # without batching nothing starts early
+
+
+def test_sessions_added_out_of_phase_share_one_deadline_grid_and_batch() -> None:
+    s = make(max_batch=4)
+    s.add("a")
+    run_until_empty(s, 0.0)
+    s.add("b")
+    run_until_empty(s, 0.013)  # b's initial frame lands 13 ms (about a quarter period) later
+    ea, eb = s._entries["a"], s._entries["b"]  # noqa: SLF001
+    offset = (eb.deadline_s - ea.deadline_s) / PERIOD
+    assert offset == pytest.approx(round(offset), abs=1e-9)  # same phase
+    # at a's start time both chunks are due within a frame, so they run as one batch from then on
+    for _ in range(3):
+        t = min(ea.start_at_s, eb.start_at_s)
+        plans = run_until_empty(s, max(ea.start_at_s, eb.start_at_s, t))
+        assert plans and all(p.session_ids == ["a", "b"] for p in plans)
+    unaligned = StepScheduler(SchedulerConfig(frame_period_s=PERIOD, frames_per_chunk=1, denoising_steps=2,
+                                              align_to_grid=False), s.cost)
+    unaligned.add("a")
+    run_until_empty(unaligned, 0.0)
+    unaligned.add("b")
+    run_until_empty(unaligned, 0.013)
+    ua, ub = unaligned._entries["a"], unaligned._entries["b"]  # noqa: SLF001
+    assert (ub.deadline_s - ua.deadline_s) / PERIOD % 1 == pytest.approx(0.26, abs=1e-6)
+
+
+def test_a_flush_starts_at_once_with_its_deadline_on_the_grid() -> None:
+    s = make()
+    s.add("a")
+    run_until_empty(s, 0.0)
+    origin = s._entries["a"].deadline_s  # noqa: SLF001
+    s.restart_chunk("a", 0.137)
+    e = s._entries["a"]  # noqa: SLF001
+    assert e.start_at_s == 0.137
+    assert ((e.deadline_s - origin) / PERIOD) == pytest.approx(round((e.deadline_s - origin) / PERIOD), abs=1e-9)
+    assert e.deadline_s >= 0.137 + s.chunk_time_s(1)

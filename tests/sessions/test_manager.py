@@ -77,3 +77,20 @@ async def test_limits_idle_and_timeout(model) -> None:  # type: ignore[no-untype
     finally:
         await m.aclose()
     assert a.state == SessionState.CLOSED and a.close_reason == CloseReason.SHUTDOWN
+
+
+async def test_concurrent_creates_cannot_overshoot_the_limit(model) -> None:  # type: ignore[no-untyped-def]
+    """Admission counts sessions whose prompt is still being encoded (a real race: the encoder's
+    first call can take seconds, and a second request used to slip in meanwhile)."""
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, kv_budget_bytes=2**24),
+                       config=SessionConfig(tick_s=3600, warmup=False,
+                                            admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=1)))
+    await m.start()
+    try:
+        results = await asyncio.gather(m.create(prompt="a snowy landscape", seed=1),
+                                       m.create(prompt="a desert at dusk", seed=2), return_exceptions=True)
+        assert sum(isinstance(r, CapacityExhausted) for r in results) == 1, results
+        assert len(m.sessions) == 1
+        assert m._creating == 0  # noqa: SLF001
+    finally:
+        await m.aclose()

@@ -33,8 +33,8 @@ async def test_video_flows_with_increasing_pts_and_metadata(live_server) -> None
         assert all(b > a for a, b in zip(pts, pts[1:])), pts
         assert frames[-1].time_base.denominator == 90_000
         ev = await c.wait_event(lambda m: m.get("event") == "frame")
-        assert {"frame_index", "pts", "action_seq", "epoch", "timings_ms"} <= set(ev)
-        assert {"queue", "denoise", "commit"} <= set(ev["timings_ms"])
+        assert {"frame_index", "pts", "action_seq", "epoch", "lateness_ms", "timings_ms"} <= set(ev)
+        assert {"queue", "denoise", "commit", "decode"} <= set(ev["timings_ms"])
 
 
 async def test_pressed_key_is_applied_and_picture_moves(live_server) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,150 @@
+"""Servers to benchmark: named profiles, each run as its own `worldcast serve` process.
+
+A profile is a set of `worldcast serve` flags. The benchmark starts the
+server in a child process on a free loopback port (ICE pinned to 127.0.0.1)
+so the server's device worker and encoders do not share the benchmark
+clients' interpreter lock, waits for `/readyz`, and stops it with SIGINT
+(uvicorn's graceful shutdown) when done.
+
+Profiles are written `name` (a preset) or `name:key=value,key=value`
+(a preset, or `shared` when the name is new, with overrides). Keys:
+max_batch, admission, max_sessions, target_utilization, min_observation,
+threads, video_scale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+
+#: How long a server may take to load the model, warm up and report ready, s.
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    """`worldcast serve` settings of one benchmarked server.
+
+    Attributes:
+        name: label in reports.
+        max_batch: sessions per batched step; 1 is the one-session-at-a-time baseline.
+        admission: admission policy (static, always-on, duty-cycle).
+        max_sessions: hard cap on open sessions.
+        target_utilization: admission's target share of device time, in (0, 1].
+        min_observation: s a session is observed before its duty cycle counts.
+        threads: torch threads of the device worker (None: torch's default).
+        video_scale: integer upscale of the published video.
+    """
+
+    name: str
+    max_batch: int = 8
+    admission: str = "static"
+    max_sessions: int = 16
+    target_utilization: float = 0.85
+    min_observation: float = 20.0
+    threads: int | None = None
+    video_scale: int = 4
+
+    def flags(self) -> list[str]:
+        """The `worldcast serve` flags for this profile."""
+        f = ["--max-batch", str(self.max_batch), "--admission", self.admission,
+             "--max-sessions", str(self.max_sessions), "--target-utilization", str(self.target_utilization),
+             "--min-observation", str(self.min_observation), "--video-scale", str(self.video_scale)]
+        if self.threads:
+            f += ["--threads", str(self.threads)]
+        return f
+
+    @classmethod
+    def parse(cls, text: str) -> ServerProfile:
+        """Parse `name` or `name:key=value,...`.
+
+        Raises:
+            ValueError: unknown key or a value of the wrong type.
+        """
+        name, _, rest = text.partition(":")
+        base = PRESETS.get(name, dataclasses.replace(PRESETS["shared"], name=name))
+        if not rest:
+            return base
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kw: dict[str, object] = {}
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            key = key.strip().replace("-", "_")
+            if not eq or key not in fields or key == "name":
+                raise ValueError(f"profile {text!r}: expected key=value with key in "
+                                 f"{sorted(set(fields) - {'name'})}, got {item!r}")
+            try:
+                kw[key] = (str(value) if key == "admission" else float(value) if key in (
+                    "target_utilization", "min_observation") else int(value))
+            except ValueError:
+                raise ValueError(f"profile {text!r}: bad value for {key}: {value!r}") from None
+        return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+
+
+#: Named profiles. `baseline` runs one session's step at a time (no cross-session batching),
+#: as realtime servers that serve sessions one request at a time do.
+PRESETS: dict[str, ServerProfile] = {
+    "shared": ServerProfile("shared", max_batch=8),
+    "baseline": ServerProfile("baseline", max_batch=1),
+    "duty-cycle": ServerProfile("duty-cycle", max_batch=8, admission="duty-cycle", min_observation=10.0),
+    "always-on": ServerProfile("always-on", max_batch=8, admission="always-on"),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def spawn(profile: ServerProfile, *, log_dir: str | None = None) -> Iterator[str]:
+    """Run a server for `profile` in a child process; yields its base URL.
+
+    Raises:
+        RuntimeError: the server exited or was not ready within READY_TIMEOUT_S (its log is quoted).
+    """
+    port = _free_port()
+    log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the child's lifetime
+        "w+", prefix=f"worldcast-bench-{profile.name}-", suffix=".log", dir=log_dir, delete=False)
+    cmd = [sys.executable, "-m", "worldcast.transport.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--ice-host", "127.0.0.1", "--log-level", "warning", *profile.flags()]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server {profile.name} exited ({proc.returncode}): {_tail(log.name)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server {profile.name} not ready after {READY_TIMEOUT_S:.0f} s: {_tail(log.name)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def _tail(path: str, chars: int = 2000) -> str:
+    with open(path) as f:
+        return f.read()[-chars:]

@@ -1,0 +1,141 @@
+"""The benchmark's measuring parts against a real server on loopback: stamped WebRTC probes, a
+trace replay with a refusal, reports, and the CLI with its own server process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from tests.conftest import _serve, server_config
+from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
+from worldcast.latency_bench import report
+from worldcast.latency_bench.load import SLO, replay
+from worldcast.latency_bench.probe import SessionProbe
+from worldcast.latency_bench.server import PRESETS, ServerProfile
+from worldcast.latency_bench.trace import Segment, Trace, TraceSession
+from worldcast.sessions.manager import SessionConfig
+
+pytestmark = pytest.mark.timeout(240)
+
+PERIOD_S = 0.05
+
+
+async def test_stamped_probe_reads_frame_index_and_action_seq_from_decoded_video(live_server) -> None:  # type: ignore[no-untyped-def]
+    p = await SessionProbe.open(live_server.url, seed=3, stamped=True)
+    try:
+        while not p.frames:
+            await asyncio.sleep(0.01)
+        start = time.monotonic()
+        await p.act_for(2.0, 8.0)
+        await asyncio.sleep(0.5)
+        m = p.measure([(start, time.monotonic())], frame_period_s=PERIOD_S)
+    finally:
+        await p.close()
+    assert m.mtp_source == "pixels" and m.stamps_read > 0.95
+    idx = [f.frame_index for f in p.frames if f.frame_index is not None]
+    assert all(b > a for a, b in zip(idx, idx[1:]))  # read back exactly, in order
+    seqs = [f.action_seq for f in p.frames if f.action_seq is not None]
+    assert seqs[-1] == p.actions[-1][0]  # the last action sent shows in the last frames
+    assert all(b >= a for a, b in zip(seqs, seqs[1:]))
+    assert len(m.mtp_ms) >= len(p.actions) - 2 and min(m.mtp_ms) > 0
+    assert m.fps > 5 and m.frames > 10
+    assert np.isfinite(m.stages_ms["event_to_decoded"]) and m.stages_ms["denoise"] > 0
+
+
+async def test_unstamped_probe_falls_back_to_frame_events(live_server) -> None:  # type: ignore[no-untyped-def]
+    p = await SessionProbe.open(live_server.url, seed=4, stamped=False)
+    try:
+        while not p.frames:
+            await asyncio.sleep(0.01)
+        start = time.monotonic()
+        await p.act_for(1.0, 8.0)
+        await asyncio.sleep(0.3)
+        m = p.measure([(start, time.monotonic())], frame_period_s=PERIOD_S)
+    finally:
+        await p.close()
+    assert m.mtp_source == "frame-event" and m.stamps_read == 0.0
+    assert all(f.frame_index is None for f in p.frames)
+    assert m.mtp_ms and min(m.mtp_ms) > 0
+
+
+def _tiny_trace() -> Trace:
+    return Trace(
+        format="worldcast-trace/1", name="tiny", description="two sessions, one device slot", duration_s=8.0,
+        generator=None,
+        sessions=[
+            TraceSession(id="a", arrive_s=0.0, leave_s=7.0, seed=1, action_hz=6.0, segments=[
+                Segment(start_s=0.0, end_s=3.0, state="active"), Segment(start_s=3.0, end_s=5.0, state="idle"),
+                Segment(start_s=5.0, end_s=7.0, state="active")]),
+            TraceSession(id="b", arrive_s=1.0, leave_s=3.5, seed=2, action_hz=6.0, segments=[
+                Segment(start_s=1.0, end_s=3.5, state="active")]),
+        ],
+    )
+
+
+def test_trace_replay_measures_active_periods_pauses_idle_ones_and_counts_refusals(model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    one_slot = server_config(sessions=SessionConfig(
+        idle_after_s=60.0, admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=1)))
+    gen = _serve(one_slot, model)
+    srv = next(gen)
+    try:
+        res = asyncio.run(replay(srv.url, _tiny_trace(), profile="one-slot", slo=SLO(mtp_p95_ms=10_000)))
+    finally:
+        gen.close()
+    a, b = res.sessions
+    s = res.summary
+    assert (s["arrived"], s["admitted"], s["never_admitted"]) == (2, 1, 1), [
+        (o.id, o.admitted_s, o.refusals, o.error) for o in res.sessions]
+    assert b.admitted_s is None and b.refusals >= 1 and b.refused_s and s["refusals_503"] == b.refusals
+    assert a.error is None and a.metrics is not None and len(a.active) == 2
+    assert a.metrics.fps > 5
+    # while idle (paused) the session costs nothing: no frames beyond what sat in the sink
+    idle = [t for t in a.frame_times if 3.6 < t < 4.9]
+    assert len(idle) <= 2, idle
+    assert s["served_within_slo"] == 1 and s["slo_attainment"] == 0.5, a.metrics
+    assert s["active_sessions_peak"] == 1
+
+    d = res.as_dict()
+    report.plot_timeline(d, tmp_path / "t.png")
+    report.plot_mtp_cdf({"one-slot": a.metrics.mtp_ms}, tmp_path / "c.png")
+    import matplotlib.image
+
+    for name in ("t.png", "c.png"):
+        img = matplotlib.image.imread(tmp_path / name)
+        assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0  # a picture, not a blank
+    con = Console(record=True, width=200)
+    report.table("trace replay", {"one-slot": s}, console=con)
+    text = con.export_text()
+    assert "slo_attainment" in text and "0.500" in text
+    json.dumps(d)  # the JSON report is serialisable
+
+
+def test_profiles_parse_presets_and_overrides() -> None:
+    assert ServerProfile.parse("baseline").max_batch == 1
+    p = ServerProfile.parse("duty-cycle:target_utilization=0.7,max-sessions=6")
+    assert (p.name, p.admission, p.target_utilization, p.max_sessions) == ("duty-cycle", "duty-cycle", 0.7, 6)
+    custom = ServerProfile.parse("mine:max_batch=2")
+    assert custom.name == "mine" and custom.max_batch == 2 and custom.admission == PRESETS["shared"].admission
+    assert "--max-batch" in custom.flags() and "2" in custom.flags()
+    with pytest.raises(ValueError, match="key=value"):
+        ServerProfile.parse("shared:bogus=1")
+    with pytest.raises(ValueError, match="bad value for max_batch"):
+        ServerProfile.parse("shared:max_batch=lots")
+    assert replace(p, threads=1).flags()[-2:] == ["--threads", "1"]
+
+
+@pytest.mark.timeout(300)
+def test_cli_mtp_starts_its_own_server_and_writes_reports(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.latency_bench.__main__ import main
+
+    main(["mtp", "--seconds", "3", "--action-hz", "5", "--out", str(tmp_path), "--profile", "shared:threads=1"])
+    rep = json.loads((tmp_path / "report.json").read_text())
+    run = rep["runs"][0]
+    assert run["transport"] == "webrtc" and run["summary"]["mtp_source"] == ["pixels"]
+    assert run["summary"]["actions"] >= 10 and run["summary"]["mtp_ms"]["p50"] > 0
+    assert (tmp_path / "mtp_cdf.png").stat().st_size > 1000
