@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--a", default="shared")
     p.add_argument("--b", default="baseline")
     p.add_argument("--trace", default="duty30-short", help="shipped trace name or file ('none': mtp workload)")
-    p = sub.add_parser("default", help="the default profile: mtp for one session, then shared vs baseline "
+    p = sub.add_parser("default", help="the default profile: mtp for one session (10 s), then shared vs baseline "
                                        "on the short trace")
     common(p)
     args = ap.parse_args(argv)
@@ -157,10 +157,19 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "load":
         trace = resolve_trace(args.trace)
         data["runs"].append({"kind": "load"} | run_load(args.url, ServerProfile.parse(args.profile), trace, slo))
+    elif args.command == "default":  # one server per profile: mtp then the trace on shared, the trace on baseline
+        if args.url:
+            raise SystemExit("default starts its own servers: drop --url")
+        args.seconds = 10.0
+        trace = resolve_trace("duty30-short")
+        a, b = ServerProfile.parse("shared"), ServerProfile.parse("baseline")
+        with spawn(a) as url:
+            data["runs"].append({"kind": "mtp"} | run_mtp(url, a, args))
+            ra = {"kind": "load"} | run_load(url, a, trace, slo)
+        rb = {"kind": "load"} | run_load(None, b, trace, slo)
+        data["runs"] += [ra, rb]
+        data |= {"a": a.name, "b": b.name, "ratios": ratios(ra, rb)}
     else:
-        if args.command == "default":
-            args.a, args.b, args.trace = "shared", "baseline", "duty30-short"
-            data["runs"].append({"kind": "mtp"} | run_mtp(args.url, ServerProfile.parse("shared"), args))
         a, b = ServerProfile.parse(args.a), ServerProfile.parse(args.b)
         if args.url:
             raise SystemExit("compare starts its own servers: drop --url")

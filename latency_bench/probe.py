@@ -57,7 +57,7 @@ class SessionMetrics:
 
     ttff_ms: float
     frames: int
-    seconds: float
+    seconds: float  #: measured time, s (windows less their settling time)
     fps: float
     mtp_ms: list[float]
     mtp_source: str  #: "pixels" or "frame-event"
@@ -135,17 +135,28 @@ class SessionProbe:
     # -- metrics ----------------------------------------------------------------------------------
 
     def measure(self, windows: list[tuple[float, float]], *, frame_period_s: float,
-                start_buffer_ms: float = 100.0) -> SessionMetrics:
-        """Metrics over `windows` (client monotonic (start, end) pairs, s)."""
+                start_buffer_ms: float = 100.0, settle_s: float = 0.2, grace_s: float = 0.5) -> SessionMetrics:
+        """Metrics over `windows` (client monotonic (start, end) pairs, s).
+
+        Frames/s counts frames from `settle_s` after each window starts (a resumed
+        session's first frame takes a chunk's lead time; TTFF reports that). An
+        action counts as answered only by a frame arriving before its window ends
+        plus `grace_s`: the last keys before a pause may never be applied, and
+        must not show up as a latency of the whole idle period.
+        """
         def inside(t: float) -> bool:
             return any(a <= t < b for a, b in windows)
 
-        seconds = sum(b - a for a, b in windows)
+        settled = [(a + settle_s, b) for a, b in windows if b - a > settle_s]
+        seconds = sum(b - a for a, b in settled)
         frames = [f for f in self.frames if inside(f.arrival_s)]
+        n_settled = sum(1 for f in frames if any(a <= f.arrival_s < b for a, b in settled))
         ttff = (self.frames[0].arrival_s - self.client.answered_at) * 1e3 if self.frames else float("nan")
         read = sum(f.action_seq is not None for f in self.frames)
         use_pixels = self.stamped and read > 0
-        mtp, unanswered = self._mtp([(q, t) for q, t in self.actions if inside(t)], use_pixels)
+        mtp, unanswered = self._mtp(
+            [(q, t, next(b for a, b in windows if a <= t < b) + grace_s) for q, t in self.actions if inside(t)],
+            use_pixels)
         arr_by_window = [[f for f in frames if a <= f.arrival_s < b] for a, b in windows]
         ifis = np.concatenate([stats.inter_frame_intervals_ms([f.arrival_s for f in w]) for w in arr_by_window
                                if len(w) > 1] or [np.zeros(0)])
@@ -161,7 +172,7 @@ class SessionProbe:
             ttff_ms=ttff,
             frames=len(frames),
             seconds=seconds,
-            fps=len(frames) / seconds if seconds > 0 else float("nan"),
+            fps=n_settled / seconds if seconds > 0 else float("nan"),
             mtp_ms=mtp,
             mtp_source="pixels" if use_pixels else "frame-event",
             actions_unanswered=unanswered,
@@ -177,19 +188,20 @@ class SessionProbe:
             stages_ms=self._stages(events, frames),
         )
 
-    def _mtp(self, actions: list[tuple[int, float]], use_pixels: bool) -> tuple[list[float], int]:
-        """For each (seq, sent_s): ms until the first frame (or frame event) that applied it."""
+    def _mtp(self, actions: list[tuple[int, float, float]], use_pixels: bool) -> tuple[list[float], int]:
+        """For each (seq, sent_s, answer_by_s): ms until the first frame (or frame event) that
+        applied it, if that came by `answer_by_s`; returns (latencies, count unanswered)."""
         if use_pixels:
             seen = [(f.arrival_s, f.action_seq) for f in self.frames if f.action_seq is not None]
         else:
             seen = [(e["received_at"], e["action_seq"]) for e in self.client.frame_events]
         times = [t for t, _ in seen]
         out, unanswered = [], 0
-        for seq, sent in actions:
+        for seq, sent, by in actions:
             i = bisect.bisect_right(times, sent)
             while i < len(seen) and seen[i][1] < seq:
                 i += 1
-            if i < len(seen):
+            if i < len(seen) and seen[i][0] <= by:
                 out.append((seen[i][0] - sent) * 1e3)
             else:
                 unanswered += 1

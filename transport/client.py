@@ -9,6 +9,13 @@ The client offers a recvonly video transceiver and two data channels
 (`actions`: unordered, no retransmits; `control`: reliable), waits for ICE
 gathering (no trickle), and posts the offer. Control replies resolve the
 futures returned by `rpc`; server events are kept in `events`.
+
+aiortc's video jitter buffer hands a frame to the decoder only when the
+first packet of the *next* frame arrives, which adds one frame period of
+latency that browsers do not have (libwebrtc completes a frame at the RTP
+marker bit, set on a frame's last packet; RFC 3550 5.1, RFC 7741 4.1). The
+client swaps in `MarkerJitterBuffer`, which does the same, so latency
+measured with it is what a browser would see.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from typing import Any
 import av
 import httpx
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.utils import uint16_add
 
 #: How long to wait for a control reply, s.
 RPC_TIMEOUT_S = 10.0
@@ -41,10 +50,35 @@ class RpcFailed(Exception):
         self.code = code
 
 
+class MarkerJitterBuffer(JitterBuffer):
+    """A video jitter buffer that completes a frame at its RTP marker bit (RFC 3550 5.1).
+
+    When the packets from the buffer's origin are contiguous, share one
+    timestamp and end with a marker, they are a whole frame: it is released
+    at once. Otherwise (a packet lost or reordered) aiortc's rule applies:
+    a frame is complete when a packet of a later timestamp follows it.
+    """
+
+    def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
+        if self._origin is not None:
+            packets = []
+            for count in range(self._capacity):
+                p = self._packets[uint16_add(self._origin, count) % self._capacity]
+                if p is None or (packets and p.timestamp != packets[0].timestamp):
+                    break
+                packets.append(p)
+                if p.marker:
+                    frame = JitterFrame(data=b"".join(x._data for x in packets), timestamp=p.timestamp)  # type: ignore[attr-defined]
+                    self.remove(count + 1)
+                    return frame
+        return super()._remove_frame(sequence_number)
+
+
 class WebRTCClient:
     """One session over one peer connection. Create with `connect`."""
 
-    def __init__(self, base_url: str, session_id: str, token: str, model: dict[str, Any]) -> None:
+    def __init__(self, base_url: str, session_id: str, token: str, model: dict[str, Any], *,
+                 marker_frames: bool = True) -> None:
         self.base_url = base_url
         self.session_id = session_id
         self.token = token
@@ -53,7 +87,9 @@ class WebRTCClient:
         self.http = httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         self.actions = self.pc.createDataChannel("actions", ordered=False, maxRetransmits=0)
         self.control = self.pc.createDataChannel("control")
-        self.pc.addTransceiver("video", direction="recvonly")
+        video = self.pc.addTransceiver("video", direction="recvonly")
+        if marker_frames and hasattr(video.receiver, "_RTCRtpReceiver__jitter_buffer"):  # see the module docstring
+            video.receiver._RTCRtpReceiver__jitter_buffer = MarkerJitterBuffer(capacity=512, is_video=True)
         self.events: deque[dict[str, Any]] = deque(maxlen=10_000)
         self.frame_events: deque[dict[str, Any]] = deque(maxlen=10_000)
         self.seq = -1
@@ -72,13 +108,16 @@ class WebRTCClient:
 
     @classmethod
     async def connect(
-        cls, base_url: str, *, prompt: str | None = None, seed: int | None = None, stamp_frames: bool = False
+        cls, base_url: str, *, prompt: str | None = None, seed: int | None = None, stamp_frames: bool = False,
+        marker_frames: bool = True,
     ) -> WebRTCClient:
         """Create a session and connect to it.
 
         Args:
             stamp_frames: ask the server to stamp frame index and action seq into the video
                 (read them with `transport.stamp.read_stamp`).
+            marker_frames: complete video frames at the RTP marker bit, as browsers do
+                (False: aiortc's own jitter buffer, one frame period later).
 
         Raises:
             httpx.HTTPStatusError: session creation or signaling was refused.
@@ -95,7 +134,7 @@ class WebRTCClient:
             r = await http.post("/v1/sessions", json=body)
             r.raise_for_status()
             info = r.json()
-        self = cls(base_url, info["session_id"], info["token"], info["model"])
+        self = cls(base_url, info["session_id"], info["token"], info["model"], marker_frames=marker_frames)
         try:
             await self._negotiate()
         except BaseException:
