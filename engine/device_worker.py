@@ -6,9 +6,21 @@ frames and errors from its own thread (callers marshal them to their loop).
 
 Per iteration: poll each session's conditioner (pause, cancel, flush take
 effect here, at a step boundary), ask the scheduler for a plan, run it with
-`StepRunner`, report. Failure policy: if a batched step raises or yields
-NaN/Inf, every session of the batch is re-run alone; a session that fails
-alone is ended with an error (`on_error`), the others keep their results.
+`StepRunner`, report.
+
+Failure policy (`StepRunner`):
+- exception or NaN/Inf: if a batched step raises, every session of the
+  batch is re-run alone (nothing was applied: steps are transactional); a
+  session that fails alone is ended with an error (`on_error`), the others
+  keep their results and their deadlines.
+- timeout (`EngineConfig.step_timeout_s`): a running kernel cannot be
+  preempted, so a timeout is detected when the step returns. A session
+  whose own share of a step (sampling its conditioning) overran, or whose
+  step alone overran, is ended with an error. When a batched forward
+  overruns, its sessions become suspects: their next steps run alone, and
+  a suspect whose solo step overruns is ended; one that runs in time is
+  cleared. While any step has been running for `stall_factor` timeouts,
+  the worker reports itself stalled (`/readyz` answers 503).
 """
 
 from __future__ import annotations
@@ -42,10 +54,14 @@ class EngineConfig:
     max_batch: int = 8  #: most sessions per batched step (1 = no batching)
     torch_threads: int | None = None  #: intra-op CPU threads for torch (None: torch's default)
     idle_poll_s: float = 0.05  #: longest sleep when nothing is ready, s (sessions also wake the worker)
+    step_timeout_s: float = 2.0  #: a step (or one session's part of it) longer than this is a timeout, s
+    stall_factor: float = 5.0  #: a step running for this many timeouts marks the worker stalled
 
     def __post_init__(self) -> None:
         if self.kv_budget_bytes <= 0:
             raise ValueError("kv_budget_bytes must be positive")
+        if self.step_timeout_s <= 0:
+            raise ValueError("step_timeout_s must be positive")
 
 
 class _IdleConditioner:
@@ -65,11 +81,26 @@ class _IdleConditioner:
         return True
 
 
-class StepRunner:
-    """Executes a `StepSchedulerOutput` on the device, isolating failures per session."""
+class _SessionTimeout(Exception):
+    """One session's own part of a step overran the step timeout."""
 
-    def __init__(self, rollouts: dict[str, ChunkRollout]) -> None:
+    def __init__(self, session_id: str, message: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class StepRunner:
+    """Executes a `StepSchedulerOutput` on the device, isolating failures per session.
+
+    Args:
+        rollouts: the device's rollouts by session id.
+        timeout_s: step timeout, s (see the module docstring for the policy).
+    """
+
+    def __init__(self, rollouts: dict[str, ChunkRollout], *, timeout_s: float = 2.0) -> None:
         self.rollouts = rollouts
+        self.timeout_s = timeout_s
+        self.suspects: set[str] = set()  #: sessions of an overrunning batch; they run alone until cleared
 
     def _run(self, plan: StepSchedulerOutput, ids: list[str], now_s: float) -> list[FrameOut]:
         rs = [self.rollouts[sid] for sid in ids]
@@ -78,31 +109,56 @@ class StepRunner:
         if plan.kind == "denoise":
             for r in rs:
                 if r.staged is None:
+                    t0 = time.perf_counter()
                     r.begin_chunk(now_s, plan.deadlines_s[r.session_id])
+                    if (dt := time.perf_counter() - t0) > self.timeout_s:
+                        r.abort_chunk()
+                        raise _SessionTimeout(r.session_id, f"sampling conditioning took {dt * 1e3:.0f} ms, "
+                                              f"over the {self.timeout_s * 1e3:.0f} ms step timeout")
             denoise_batch(rs)
             return []
         return finalize_batch(rs, now_s)
 
-    def execute(self, plan: StepSchedulerOutput, now_s: float) -> StepRunnerOutput:
-        """Run one planned step. A failing batch is retried session by session."""
+    def _run_group(self, plan: StepSchedulerOutput, ids: list[str], now_s: float,
+                   failed: dict[str, str]) -> list[FrameOut]:
+        """Run `ids` as one batch; on failure, each alone. Records failures in `failed`."""
         t0 = time.perf_counter()
-        ids = [sid for sid in plan.session_ids if sid in self.rollouts]
-        failed: dict[str, str] = {}
         try:
             frames = self._run(plan, ids, now_s)
+        except _SessionTimeout as e:
+            failed[e.session_id] = f"{plan.kind} step timed out: {e}"
+            rest = [sid for sid in ids if sid != e.session_id]
+            return self._run_group(plan, rest, now_s, failed) if rest else []
         except Exception as e:  # noqa: BLE001 - any step error is isolated below
             if len(ids) == 1:
                 logger.warning("Session(%s): %s step failed: %r", ids[0], plan.kind, e)
                 failed[ids[0]] = f"{plan.kind} step failed: {e}"
-                frames = []
-            else:
-                frames = []
-                for sid in ids:
-                    try:
-                        frames += self._run(plan, [sid], now_s)
-                    except Exception as e1:  # noqa: BLE001
-                        logger.warning("Session(%s): %s step failed: %r", sid, plan.kind, e1)
-                        failed[sid] = f"{plan.kind} step failed: {e1}"
+                return []
+            return [f for sid in ids for f in self._run_group(plan, [sid], now_s, failed)]
+        dt = time.perf_counter() - t0
+        if dt <= self.timeout_s:
+            self.suspects.difference_update(ids)
+            return frames
+        if len(ids) == 1 and ids[0] in self.suspects:
+            self.suspects.discard(ids[0])
+            failed[ids[0]] = f"{plan.kind} step timed out: {dt * 1e3:.0f} ms alone, over {self.timeout_s * 1e3:.0f} ms"
+            logger.warning("Session(%s): %s", ids[0], failed[ids[0]])
+            return []
+        logger.warning("%s step of %d session(s) took %.0f ms (timeout %.0f ms): running them alone next",
+                       plan.kind, len(ids), dt * 1e3, self.timeout_s * 1e3)
+        self.suspects.update(ids)  # the step finished: keep its results, isolate its sessions from now on
+        return frames
+
+    def execute(self, plan: StepSchedulerOutput, now_s: float) -> StepRunnerOutput:
+        """Run one planned step: suspects alone, the rest as one batch."""
+        t0 = time.perf_counter()
+        ids = [sid for sid in plan.session_ids if sid in self.rollouts]
+        failed: dict[str, str] = {}
+        groups = [[sid] for sid in ids if sid in self.suspects]
+        if rest := [sid for sid in ids if sid not in self.suspects]:
+            groups.append(rest)
+        frames = [f for g in groups for f in self._run_group(plan, g, now_s, failed)]
+        frames = [f for f in frames if f.session_id not in failed]
         return StepRunnerOutput(step_time_s=time.perf_counter() - t0, frames=frames, failed=failed)
 
 
@@ -140,7 +196,8 @@ class DeviceWorker:
             CostModel(),
         )
         self.rollouts: dict[str, ChunkRollout] = {}
-        self.runner = StepRunner(self.rollouts)
+        self.runner = StepRunner(self.rollouts, timeout_s=config.step_timeout_s)
+        self._step_started: float | None = None  #: monotonic start of the step in flight (watchdog)
         self.on_frames, self.on_error, self.clock = on_frames, on_error, clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -208,6 +265,15 @@ class DeviceWorker:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def stalled_s(self) -> float:
+        """How long the step in flight has run past `stall_factor` step timeouts, s (0: not stalled)."""
+        started = self._step_started
+        if started is None:
+            return 0.0
+        over = time.monotonic() - started - self.config.stall_factor * self.config.step_timeout_s
+        return max(0.0, over)
 
     def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int) -> None:
         """Reserve a KV slot and start generating for `session_id`.
@@ -286,7 +352,11 @@ class DeviceWorker:
                         if not self._stop and not self._pending_add and not self._pending_remove:
                             self._wake.wait(timeout)
                     continue
-                result = self.runner.execute(plan, now)
+                self._step_started = time.monotonic()
+                try:
+                    result = self.runner.execute(plan, now)
+                finally:
+                    self._step_started = None
                 self.steps_run += 1
                 self.scheduler.update_from_output(plan, result, self.clock())
                 if self.on_step is not None:

@@ -210,7 +210,7 @@ class StepScheduler:
         if plan.kind is None:
             return
         ok = [sid for sid in plan.session_ids if sid not in result.failed and sid in self._entries]
-        if ok:
+        if ok and not result.failed:  # a step with a failure or retry is no measure of the device
             self.cost.observe(plan.kind, len(plan.session_ids), result.step_time_s)
         c = self.config
         period = c.frame_period_s * c.frames_per_chunk

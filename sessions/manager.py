@@ -214,5 +214,5 @@ class SessionManager:
 
     @property
     def ready(self) -> bool:
-        """Whether the device worker is alive."""
-        return self.worker.alive
+        """Whether the device worker is alive and not stalled in a step."""
+        return self.worker.alive and self.worker.stalled_s == 0.0

@@ -10,7 +10,7 @@ Routes:
     POST   /v1/sessions/{id}/webrtc     SDP offer -> answer
     POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}
     GET    /v1/model                    the model's declared geometry
-    GET    /healthz, /readyz            liveness; readiness (device worker alive)
+    GET    /healthz, /readyz            liveness; readiness (device worker alive, not stalled)
     GET    /metrics                     Prometheus text format
     GET    /                            the browser demo (web_demo/dist)
 """
@@ -149,8 +149,10 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         manager: SessionManager = request.app.state.manager
         if manager.ready:
             return JSONResponse({"status": "ready", "model": manager.model.spec.name})
-        return JSONResponse({"status": "not ready", "reason": manager.worker.last_error or "device worker stopped"},
-                            status_code=503)
+        w = manager.worker
+        reason = (w.last_error or "device worker stopped") if not w.alive else (
+            f"device step running {w.stalled_s + w.config.stall_factor * w.config.step_timeout_s:.1f} s (stalled)")
+        return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
 
     @app.get("/metrics")
     async def metrics_route(request: Request) -> Response:

@@ -130,3 +130,84 @@ def test_stopped_worker_reports_not_alive(model) -> None:  # type: ignore[no-unt
     assert w.alive
     w.stop()
     assert not w.alive
+
+
+@pytest.fixture
+def strict_worker(model):  # type: ignore[no-untyped-def]
+    """A worker with a short step timeout (real steps here take well under 100 ms)."""
+    rec = Recorder()
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * 3, max_batch=4,
+                                         torch_threads=1, step_timeout_s=0.25, stall_factor=2.0),
+                     on_frames=rec.on_frames, on_error=rec.on_error)
+    w.rec = rec  # type: ignore[attr-defined]
+    w.start()
+    yield w
+    w.stop()
+
+
+def test_a_session_whose_conditioning_overruns_the_timeout_ends_alone(strict_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    w, rec = strict_worker, strict_worker.rec
+    slow = ScriptedConditioner()
+    w.add_session("good", ScriptedConditioner(), seed=0)
+    w.add_session("slow", slow, seed=1)
+    wait_for(lambda: rec.count("slow") >= 2 and rec.count("good") >= 2)
+    real = slow.sample_chunk
+
+    def stuck(frames: int):  # type: ignore[no-untyped-def]
+        time.sleep(0.4)
+        return real(frames)
+
+    monkeypatch.setattr(slow, "sample_chunk", stuck)
+    wait_for(lambda: any(sid == "slow" for sid, _ in rec.errors))
+    assert "timed out" in dict(rec.errors)["slow"] and "sampling conditioning" in dict(rec.errors)["slow"]
+    n = rec.count("good")
+    wait_for(lambda: rec.count("good") >= n + 5)
+    assert [sid for sid, _ in rec.errors] == ["slow"] and "slow" not in w.rollouts and w.alive
+
+
+def test_an_overrunning_batch_isolates_its_sessions_and_ends_the_slow_one(strict_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import worldcast.engine.device_worker as dw
+
+    w, rec = strict_worker, strict_worker.rec
+    w.add_session("good", ScriptedConditioner(), seed=0)
+    w.add_session("heavy", ScriptedConditioner(), seed=1)
+    wait_for(lambda: rec.count("heavy") >= 2 and rec.count("good") >= 2)
+    real = dw.denoise_batch
+    batches: list[list[str]] = []
+
+    def slow_when_heavy(rs):  # type: ignore[no-untyped-def]
+        ids = [r.session_id for r in rs]
+        batches.append(ids)
+        if "heavy" in ids:
+            time.sleep(0.35)  # the forward overruns whenever this session is in it
+        return real(rs)
+
+    monkeypatch.setattr(dw, "denoise_batch", slow_when_heavy)
+    wait_for(lambda: any(sid == "heavy" for sid, _ in rec.errors))
+    assert "alone" in dict(rec.errors)["heavy"]
+    n = rec.count("good")
+    wait_for(lambda: rec.count("good") >= n + 5)
+    assert [sid for sid, _ in rec.errors] == ["heavy"] and w.alive
+    assert ["heavy"] in batches  # it was run alone before it was ended
+    assert "good" not in w.runner.suspects  # cleared after running in time
+
+
+def test_a_step_stuck_on_the_device_marks_the_worker_stalled(strict_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import worldcast.engine.device_worker as dw
+
+    w = strict_worker
+    w.add_session("a", ScriptedConditioner(), seed=0)
+    wait_for(lambda: w.rec.count("a") >= 2)
+    assert w.stalled_s == 0.0
+    release = threading.Event()
+    real = dw.denoise_batch
+
+    def hang(rs):  # type: ignore[no-untyped-def]
+        release.wait(10)
+        return real(rs)
+
+    monkeypatch.setattr(dw, "denoise_batch", hang)
+    wait_for(lambda: w.stalled_s > 0, timeout_s=10)  # past stall_factor * timeout = 0.5 s
+    release.set()
+    wait_for(lambda: w.stalled_s == 0.0)
+    assert w.alive
