@@ -2,6 +2,7 @@
 
     python -m worldcast.engine.bench --sessions 4 --seconds 15            # batching on vs off
     python -m worldcast.engine.bench --sessions 6 --seconds 15 --modes on  # one mode
+    python -m worldcast.engine.bench --faults --sessions 1 --seconds 12     # cancel, exception, NaN
 
 Each session is an always-active scripted conditioner (keys change every
 second). Per mode it reports total and per-session delivered frames/s, the
@@ -9,6 +10,15 @@ share of frames on time (delivered less than one frame period after their
 presentation time), the spread of per-session frames/s around their mean
 (fairness), and the measured step costs. Frames are stamped on delivery by
 the worker's callback, on the worker's own monotonic clock.
+
+`--faults` adds three victim sessions one after another beside the N
+others: the first is cancelled (its conditioner bumps the epoch and stops
+wanting frames, as `Session.cancel` does), the second raises in its step,
+the third produces NaN. It reports, per fault, the steps of the victim that
+started after the fault, the victim's frames published after it, whether the
+victim was ended with an error, and how many deadlines (frames more than one
+frame period late) the other sessions missed in the second after it and, for
+comparison, in the second before it.
 """
 
 from __future__ import annotations
@@ -25,38 +35,105 @@ import torch
 
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.rollout import ChunkInputs
-from worldcast.engine.step_output import FrameOut
+from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.models.base import WorldModel
 
 
 class _BenchConditioner:
-    """Always active; cycles W, D, S, A once per second."""
+    """Always active; cycles W, D, S, A once per second. `fault` injects a failure into its steps."""
 
     def __init__(self, model: WorldModel, offset: int) -> None:
         self.model, self.offset, self.t0 = model, offset, time.monotonic()
         self.prompt = np.zeros(model.spec.prompt_dim, np.float32)
+        self.fault: str | None = None  #: None, "raise" or "nan"
+        self.epoch = 0
+        self.cancelled = False
 
     def sample_chunk(self, frames: int) -> ChunkInputs:
+        if self.fault == "raise":
+            raise RuntimeError("injected failure")
         key = "wdsa"[(int(time.monotonic() - self.t0) + self.offset) % 4]
         a = np.stack([self.model.encode_action({key: True}, (0.0, 0.0)) for _ in range(frames)])
-        return ChunkInputs(actions=a, prompt=self.prompt, action_seq=-1, epoch=0)
+        prompt = np.full_like(self.prompt, np.nan) if self.fault == "nan" else self.prompt
+        return ChunkInputs(actions=a, prompt=prompt, action_seq=-1, epoch=self.epoch)
 
     def current_epoch(self) -> int:
-        return 0
+        return self.epoch
 
     def wants_frames(self) -> bool:
-        return True
+        return not self.cancelled
+
+    def cancel(self) -> None:
+        self.epoch += 1
+        self.cancelled = True
 
 
 @dataclass
 class _Collector:
     frames: list[tuple[str, float, float]] = field(default_factory=list)  # (session, present_at, delivered_at)
+    steps: list[tuple[float, list[str]]] = field(default_factory=list)  # (step start, its sessions)
+    errors: list[tuple[str, float, str]] = field(default_factory=list)  # (session, at, reason)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_frames(self, frames: list[FrameOut]) -> None:
         now = time.monotonic()
         with self.lock:
             self.frames += [(f.session_id, f.present_at_s, now) for f in frames if f.frame_index > 0]
+
+    def on_step(self, plan: StepSchedulerOutput, result: StepRunnerOutput) -> None:
+        with self.lock:
+            self.steps.append((time.monotonic() - result.step_time_s, list(plan.session_ids)))
+
+    def on_error(self, sid: str, reason: str) -> None:
+        with self.lock:
+            self.errors.append((sid, time.monotonic(), reason))
+
+
+def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int | None) -> dict[str, object]:
+    """N always-on sessions; victims cancelled, failing and NaN-ing one after another (see module doc)."""
+    col = _Collector()
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * (sessions + 4),
+                                         torch_threads=threads), on_frames=col.on_frames, on_error=col.on_error)
+    w.on_step = col.on_step
+    if threads:
+        torch.set_num_threads(threads)
+    w.warmup()
+    w.start()
+    for i in range(sessions):
+        w.add_session(f"s{i}", _BenchConditioner(model, i), seed=i)
+    period = float(model.spec.frame_period)
+    gap = max(3.0, seconds / 3)
+    out: dict[str, object] = {"sessions": sessions}
+    for name in ("cancel", "raise", "nan"):
+        victim = _BenchConditioner(model, 0)
+        w.add_session(name, victim, seed=99)
+        time.sleep(gap / 2)
+        t_fault = time.monotonic()
+        if name == "cancel":
+            victim.cancel()
+        else:
+            victim.fault = name
+        w.wake()
+        time.sleep(gap / 2)
+        with col.lock:
+            after = [s for s in col.steps if s[0] >= t_fault and name in s[1]]
+            published = [f for f in col.frames if f[0] == name and f[2] >= t_fault]
+            ended = [e for e in col.errors if e[0] == name]
+            others = [f for f in col.frames if f[0].startswith("s") and t_fault <= f[2] < t_fault + 1.0]
+            before = [f for f in col.frames if f[0].startswith("s") and t_fault - 1.0 <= f[2] < t_fault]
+        out[name] = {
+            "victim_steps_started_after": len(after),
+            "victim_frames_published_after": len(published),
+            "victim_ended_with_error": bool(ended),
+            "error": ended[0][2] if ended else None,
+            "others_missed_deadlines_next_1s": sum(1 for f in others if f[2] - f[1] >= period),
+            "others_frames_next_1s": len(others),
+            "others_missed_deadlines_prev_1s": sum(1 for f in before if f[2] - f[1] >= period),
+        }
+        if name == "cancel":
+            w.remove_session(name)
+    w.stop()
+    return out
 
 
 def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int, threads: int | None,
@@ -103,10 +180,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="batching on (max batch 8) and/or off (max batch 1)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--faults", action="store_true", help="cancel, exception and NaN victims beside N sessions")
     args = ap.parse_args(argv)
     from worldcast.models.tinyworld import TinyWorldModel
 
     model = TinyWorldModel.from_pretrained()
+    if args.faults:
+        print(json.dumps(run_faults(model, sessions=args.sessions, seconds=args.seconds, threads=args.threads),
+                         indent=2))
+        return
     results = [run_mode(model, sessions=args.sessions, seconds=args.seconds,
                         max_batch=8 if m == "on" else 1, threads=args.threads) for m in args.modes]
     for r in results:

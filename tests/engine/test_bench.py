@@ -11,3 +11,14 @@ def test_bench_mode_reports(model) -> None:  # type: ignore[no-untyped-def]
     assert r["total_fps"] > 0 and math.isclose(r["total_fps"], 2 * r["per_session_fps_mean"], rel_tol=1e-9)
     assert 0.0 <= r["on_time_share"] <= 1.0
     assert any(k.startswith("denoise@") for k in r["step_costs_ms"])
+
+
+def test_bench_faults_end_only_their_victims(model) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.engine.bench import run_faults
+
+    r = run_faults(model, sessions=1, seconds=3.0, threads=1)
+    assert r["cancel"]["victim_steps_started_after"] <= 1 and r["cancel"]["victim_frames_published_after"] == 0
+    assert not r["cancel"]["victim_ended_with_error"]
+    for fault, text in (("raise", "injected failure"), ("nan", "non-finite")):
+        assert r[fault]["victim_ended_with_error"] and text in r[fault]["error"]
+        assert r[fault]["others_frames_next_1s"] > 0  # the other session kept going
