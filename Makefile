@@ -38,3 +38,8 @@ train: $(VENV)/.installed
 
 evaluate: $(VENV)/.installed
 	$(PY) -m worldcast.models.tinyworld.evaluate
+
+# The latency benchmark's default profile (under 3 minutes on 2 CPU cores): motion-to-photon,
+# then the shipped duty-cycle trace on the shared scheduler and on the one-at-a-time baseline.
+bench: $(VENV)/.installed
+	$(PY) -m worldcast.latency_bench default

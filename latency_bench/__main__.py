@@ -76,13 +76,14 @@ def run_load(url: str | None, profile: ServerProfile, trace: Trace, slo: load_mo
 def ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
     """A over B for the numbers that compare configurations (nan when B is 0)."""
     def r(x: float, y: float) -> float:
-        return x / y if y else float("nan")
+        return x / y if y else (float("inf") if x else float("nan"))
 
     sa, sb = a["summary"], b["summary"]
     out = {"mtp_p95": r(sa["mtp_ms"]["p95"], sb["mtp_ms"]["p95"]),
            "mtp_p50": r(sa["mtp_ms"]["p50"], sb["mtp_ms"]["p50"])}
     if "slo_attainment" in sa:
         out |= {"served_within_slo": r(sa["served_within_slo"], sb["served_within_slo"]),
+                "served_within_slo_a": sa["served_within_slo"], "served_within_slo_b": sb["served_within_slo"],
                 "slo_attainment": r(sa["slo_attainment"], sb["slo_attainment"]),
                 "admitted": r(sa["admitted"], sb["admitted"]),
                 "goodput": r(sa["goodput_fps"], sb["goodput_fps"])}

@@ -187,6 +187,7 @@ def summarise(outcomes: list[SessionOutcome], trace: Trace, slo: SLO, model_fps:
         "frames": frames,
         "on_time_share": on_time / frames if frames else float("nan"),
         "goodput_fps": on_time / seconds if seconds > 0 else float("nan"),
+        "frames_missing": sum(o.metrics.frames_missing for o in measured),  # type: ignore[union-attr]
         "underruns": sum(o.metrics.underruns for o in measured),  # type: ignore[union-attr]
         "stall_ms": sum(o.metrics.stall_ms for o in measured),  # type: ignore[union-attr]
         "active_sessions_peak": int(np.max(active)) if len(active) else 0,

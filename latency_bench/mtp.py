@@ -73,5 +73,6 @@ def report(results: list[SessionMetrics]) -> dict[str, Any]:
         "stall_ms": sum(r.stall_ms for r in results),
         "on_time_share_min": min(r.on_time_share for r in results),
         "stamps_read_min": min(r.stamps_read for r in results),
+        "frames_missing": sum(r.frames_missing for r in results),
         "stages_ms_p50": stages,
     }

@@ -69,6 +69,7 @@ class SessionMetrics:
     stall_ms: float  #: total viewer stall time
     on_time_share: float  #: frames delivered by the server less than one frame period late
     stamps_read: float  #: share of frames whose stamp was read (0 when not stamped)
+    frames_missing: int  #: gaps in the stamped frame indices: generated but never shown (dropped or lost)
     stages_ms: dict[str, float] = field(default_factory=dict)  #: p50 per server stage, + delivery
 
     def as_dict(self) -> dict[str, Any]:
@@ -185,6 +186,7 @@ class SessionProbe:
             stall_ms=stall,
             on_time_share=float(np.mean([x < frame_period_s * 1e3 for x in late])) if late else float("nan"),
             stamps_read=read / len(self.frames) if self.frames and self.stamped else 0.0,
+            frames_missing=_gaps([f.frame_index for f in frames if f.frame_index is not None]),
             stages_ms=self._stages(events, frames),
         )
 
@@ -219,3 +221,9 @@ class SessionProbe:
                  if f.frame_index is not None and f.frame_index in by_index]
         out["event_to_decoded"] = float(np.median(deliv)) if deliv else float("nan")
         return out
+
+
+def _gaps(indices: list[int]) -> int:
+    """Frame indices skipped between consecutive received frames (a flush or a pause skips none:
+    frame indices count generated frames only)."""
+    return sum(max(0, b - a - 1) for a, b in zip(indices, indices[1:]))

@@ -139,3 +139,10 @@ def test_cli_mtp_starts_its_own_server_and_writes_reports(tmp_path) -> None:  # 
     assert run["transport"] == "webrtc" and run["summary"]["mtp_source"] == ["pixels"]
     assert run["summary"]["actions"] >= 10 and run["summary"]["mtp_ms"]["p50"] > 0
     assert (tmp_path / "mtp_cdf.png").stat().st_size > 1000
+
+
+def test_missing_frames_are_the_gaps_in_stamped_indices() -> None:
+    from worldcast.latency_bench.probe import _gaps
+
+    assert _gaps([]) == 0 and _gaps([7]) == 0 and _gaps([1, 2, 3]) == 0
+    assert _gaps([1, 2, 5, 6, 8]) == 3
