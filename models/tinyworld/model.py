@@ -10,10 +10,16 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from worldcast.kernels.frame_attention import FrameAgeBias
 from worldcast.models.base import ChunkConditioning, KVView, WorldModel
 from worldcast.models.spec import ActionSpace, KVGeometry, WorldModelSpec
 from worldcast.models.tinyworld import world
-from worldcast.models.tinyworld.network import FrameAutoencoder, TinyWorldConfig, TinyWorldDenoiser, frame_age_bias
+from worldcast.models.tinyworld.network import (
+    FrameAutoencoder,
+    TinyWorldConfig,
+    TinyWorldDenoiser,
+    frame_age_bias_lazy,
+)
 from worldcast.models.tinyworld.prompts import PromptEncoder
 
 logger = logging.getLogger(__name__)
@@ -150,12 +156,12 @@ class TinyWorldModel(WorldModel):
 
     # -- denoise / commit ------------------------------------------------------------------
 
-    def _bias(self, cond: ChunkConditioning, cache: KVView) -> torch.Tensor:
+    def _bias(self, cond: ChunkConditioning, cache: KVView) -> FrameAgeBias:
         T = self.cfg.tokens_per_frame
         q_frame = cond.frame_index.repeat_interleave(T, dim=1)  # (B, F*T)
         k_frame = torch.cat([cache.k_frame, q_frame], dim=1)
         k_valid = torch.cat([cache.k_valid, torch.ones_like(q_frame, dtype=torch.bool)], dim=1)
-        return frame_age_bias(q_frame, k_frame, k_valid, cfg=self.cfg)
+        return frame_age_bias_lazy(q_frame, k_frame, k_valid, cfg=self.cfg)
 
     @torch.no_grad()
     def denoise(

@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from worldcast.kernels.attention import attention
+from worldcast.kernels.frame_attention import FrameAgeBias
 
 
 @dataclass(frozen=True)
@@ -159,14 +160,15 @@ def frame_age_bias(
     Returns:
         float32 (B, H, Nq, Nk): 0 or negative where allowed, -inf elsewhere.
     """
-    age = q_frame[:, :, None] - k_frame[:, None, :]  # (B, Nq, Nk)
-    sink = k_frame[:, None, :] < cfg.sink_frames
-    in_window = (age > 0) & (age <= cfg.window_frames)
-    allowed = ((age == 0) | in_window | (sink & (age > 0))) & k_valid[:, None, :]
-    age = torch.where(sink & (age > cfg.window_frames), torch.full_like(age, cfg.window_frames + 1), age)
-    slopes = alibi_slopes(cfg.heads).to(q_frame.device)
-    bias = -slopes[None, :, None, None] * age[:, None].float()  # (B, H, Nq, Nk)
-    return bias.masked_fill(~allowed[:, None], float("-inf"))
+    return frame_age_bias_lazy(q_frame, k_frame, k_valid, cfg=cfg).dense()
+
+
+def frame_age_bias_lazy(
+    q_frame: torch.Tensor, k_frame: torch.Tensor, k_valid: torch.Tensor, *, cfg: TinyWorldConfig
+) -> FrameAgeBias:
+    """`frame_age_bias` before materialisation: fused attention kernels evaluate it per key block."""
+    return FrameAgeBias(q_frame, k_frame, k_valid, alibi_slopes(cfg.heads).to(q_frame.device),
+                        window=cfg.window_frames, sink_frames=cfg.sink_frames)
 
 
 # -----------------------------------------------------------------------------
@@ -205,7 +207,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         cond: torch.Tensor,
         past_kv: tuple[torch.Tensor, torch.Tensor] | None,
-        bias: torch.Tensor,
+        bias: torch.Tensor | FrameAgeBias,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """One block.
 
@@ -213,7 +215,7 @@ class Block(nn.Module):
             x: (B, F, T, D) tokens of F frames.
             cond: (B, F, D) per-frame conditioning.
             past_kv: cached (K, V), each (B, H, L, hd), or None.
-            bias: (B, H, F*T, L + F*T) attention bias (see `frame_age_bias`).
+            bias: (B, H, F*T, L + F*T) attention bias, dense or lazy (see `frame_age_bias`).
 
         Returns:
             the new x (B, F, T, D) and this block's own (K, V), each (B, H, F*T, hd),
@@ -293,7 +295,7 @@ class TinyWorldDenoiser(nn.Module):
         action: torch.Tensor,
         prompt: torch.Tensor,
         past_kv: list[tuple[torch.Tensor, torch.Tensor]] | None,
-        bias: torch.Tensor,
+        bias: torch.Tensor | FrameAgeBias,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Predict clean latents of F frames and return their keys and values.
 

@@ -22,3 +22,19 @@ def test_bench_faults_end_only_their_victims(model) -> None:  # type: ignore[no-
     for fault, text in (("raise", "injected failure"), ("nan", "non-finite")):
         assert r[fault]["victim_ended_with_error"] and text in r[fault]["error"]
         assert r[fault]["others_frames_next_1s"] > 0  # the other session kept going
+
+
+def test_admission_replay_follows_the_trace_and_the_policy(model) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
+    from worldcast.engine.bench_admission import replay
+
+    trace = {"format": "worldcast-trace/1", "duration_s": 3.0, "sessions": [
+        {"id": "a", "arrive_s": 0.0, "leave_s": 3.0, "segments": [
+            {"start_s": 0.0, "end_s": 1.5, "state": "active"}, {"start_s": 1.5, "end_s": 3.0, "state": "idle"}]},
+        {"id": "b", "arrive_s": 0.5, "leave_s": 2.0, "segments": [{"start_s": 0.5, "end_s": 2.0, "state": "active"}]},
+    ]}
+    r = replay(model, trace, AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=1, retry_after_s=0.3),
+               threads=1)
+    assert (r["arrived"], r["admitted"], r["peak_admitted_at_once"]) == (2, 1, 1)
+    assert r["refusals"] >= 3  # b asked every 0.3 s while a held the only place
+    assert r["frames"] > 5 and 0.0 <= r["on_time_share"] <= 1.0
