@@ -15,7 +15,9 @@ the worker's callback, on the worker's own monotonic clock.
 others: the first is cancelled (its conditioner bumps the epoch and stops
 wanting frames, as `Session.cancel` does), the second raises in its step,
 the third produces NaN. It reports, per fault, the steps of the victim that
-started after the fault, the victim's frames published after it, whether the
+started after the fault, the victim's frames out of the engine after it and
+those a session would publish (its current epoch; `Session.deliver` drops
+older ones), whether the
 victim was ended with an error, and how many deadlines (frames more than one
 frame period late) the other sessions missed in the second after it and, for
 comparison, in the second before it.
@@ -70,7 +72,7 @@ class _BenchConditioner:
 
 @dataclass
 class _Collector:
-    frames: list[tuple[str, float, float]] = field(default_factory=list)  # (session, present_at, delivered_at)
+    frames: list[tuple[str, float, float, int]] = field(default_factory=list)  # (session, present_at, out_at, epoch)
     steps: list[tuple[float, list[str]]] = field(default_factory=list)  # (step start, its sessions)
     errors: list[tuple[str, float, str]] = field(default_factory=list)  # (session, at, reason)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,7 +80,7 @@ class _Collector:
     def on_frames(self, frames: list[FrameOut]) -> None:
         now = time.monotonic()
         with self.lock:
-            self.frames += [(f.session_id, f.present_at_s, now) for f in frames if f.frame_index > 0]
+            self.frames += [(f.session_id, f.present_at_s, now, f.epoch) for f in frames if f.frame_index > 0]
 
     def on_step(self, plan: StepSchedulerOutput, result: StepRunnerOutput) -> None:
         with self.lock:
@@ -117,12 +119,15 @@ def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int
         time.sleep(gap / 2)
         with col.lock:
             after = [s for s in col.steps if s[0] >= t_fault and name in s[1]]
-            published = [f for f in col.frames if f[0] == name and f[2] >= t_fault]
+            out_after = [f for f in col.frames if f[0] == name and f[2] >= t_fault]
+            # a session publishes only frames of its current epoch (Session.deliver drops the rest)
+            published = [f for f in out_after if f[3] >= victim.epoch]
             ended = [e for e in col.errors if e[0] == name]
             others = [f for f in col.frames if f[0].startswith("s") and t_fault <= f[2] < t_fault + 1.0]
             before = [f for f in col.frames if f[0].startswith("s") and t_fault - 1.0 <= f[2] < t_fault]
         out[name] = {
             "victim_steps_started_after": len(after),
+            "victim_frames_out_after": len(out_after),
             "victim_frames_published_after": len(published),
             "victim_ended_with_error": bool(ended),
             "error": ended[0][2] if ended else None,
