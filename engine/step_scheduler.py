@@ -60,7 +60,7 @@ class SchedulerConfig:
     max_batch: int = 8  #: most sessions in one batched step; 1 disables batching
     safety: float = 1.3  #: multiplier on the predicted chunk time when choosing a start time
     margin_s: float = 0.005  #: extra lead time before a deadline, s
-    max_lateness_frames: float = 2.0  #: lateness (in frames) beyond which a session is rebased
+    max_lateness_frames: float = 1.0  #: lateness (in frames) beyond which a session is rebased
     join_frames: float = 0.5  #: a waiting chunk due to start within this many frame periods joins a batch now
     align_to_grid: bool = True  #: put every session's chunk deadlines on one shared grid of chunk periods
 
