@@ -32,6 +32,8 @@ from worldcast.latency_bench.trace import Trace, load_trace
 #: Traces shipped with the tool, by name.
 TRACES_DIR = Path(__file__).resolve().parent / "traces"
 TRANSPORT = "webrtc"
+#: Transports the benchmark can drive; LiveKit and fMP4-over-WebSocket join when the server has them.
+TRANSPORTS = [TRANSPORT]
 
 
 def resolve_trace(name_or_path: str) -> Trace:
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
+        p.add_argument("--transport", choices=TRANSPORTS, default="webrtc",
+                       help="how sessions connect (the transports that exist: WebRTC via aiortc)")
         p.add_argument("--out", type=Path, default=None, help="report folder (default bench_results/<time>)")
         p.add_argument("--action-hz", type=float, default=4.0, help="mtp: actions per second per session")
         p.add_argument("--sessions", type=int, default=1, help="mtp: concurrent sessions")
