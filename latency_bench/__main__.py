@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from worldcast.latency_bench import load as load_mod
 from worldcast.latency_bench import mtp as mtp_mod
 from worldcast.latency_bench import report
@@ -157,17 +159,36 @@ def main(argv: list[str] | None = None) -> None:
     slo = load_mod.SLO(args.slo_mtp_ms, args.slo_fps_share)
     data: dict[str, Any] = {"command": args.command, "machine": platform.platform(),
                             "processor": platform.processor() or platform.machine(), "runs": []}
+    try:  # bad input is an error line, not a traceback
+        if args.url and args.command in ("default", "compare"):
+            raise ValueError(f"{args.command} starts its own servers: drop --url")
+        names = {"mtp": [getattr(args, "profile", "")], "load": [getattr(args, "profile", "")],
+                 "default": ["shared", "baseline"], "compare": [getattr(args, "a", ""), getattr(args, "b", "")]}
+        profiles = [ServerProfile.parse(n) for n in names[args.command]]
+        trace_name = {"default": "duty30-short"}.get(args.command, getattr(args, "trace", "none"))
+        trace = None if trace_name in (None, "none") or args.command == "mtp" else resolve_trace(trace_name)
+    except ValueError as e:
+        ap.error(str(e))
+    try:
+        run(args, profiles, trace, slo, data)
+    except (RuntimeError, OSError, httpx.HTTPError) as e:
+        where = f" ({args.url})" if args.url else ""
+        raise SystemExit(f"error{where}: {e}") from None
+    finish(out, data)
+
+
+def run(args: argparse.Namespace, profiles: list[ServerProfile], trace: Trace | None, slo: load_mod.SLO,
+        data: dict[str, Any]) -> None:
+    """Run the chosen command; results are appended to `data`."""
     if args.command == "mtp":
-        data["runs"].append({"kind": "mtp"} | run_mtp(args.url, ServerProfile.parse(args.profile), args))
+        data["runs"].append({"kind": "mtp"} | run_mtp(args.url, profiles[0], args))
     elif args.command == "load":
-        trace = resolve_trace(args.trace)
-        data["runs"].append({"kind": "load"} | run_load(args.url, ServerProfile.parse(args.profile), trace, slo))
+        assert trace is not None
+        data["runs"].append({"kind": "load"} | run_load(args.url, profiles[0], trace, slo))
     elif args.command == "default":  # one server per profile: mtp then the trace on shared, the trace on baseline
-        if args.url:
-            raise SystemExit("default starts its own servers: drop --url")
+        assert trace is not None
         args.seconds = 10.0
-        trace = resolve_trace("duty30-short")
-        a, b = ServerProfile.parse("shared"), ServerProfile.parse("baseline")
+        a, b = profiles
         with spawn(a) as url:
             data["runs"].append({"kind": "mtp"} | run_mtp(url, a, args))
             ra = {"kind": "load"} | run_load(url, a, trace, slo)
@@ -175,17 +196,13 @@ def main(argv: list[str] | None = None) -> None:
         data["runs"] += [ra, rb]
         data |= {"a": a.name, "b": b.name, "ratios": ratios(ra, rb)}
     else:
-        a, b = ServerProfile.parse(args.a), ServerProfile.parse(args.b)
-        if args.url:
-            raise SystemExit("compare starts its own servers: drop --url")
-        if args.trace == "none":
+        a, b = profiles
+        if trace is None:
             ra, rb = ({"kind": "mtp"} | run_mtp(None, p, args) for p in (a, b))
         else:
-            trace = resolve_trace(args.trace)
             ra, rb = ({"kind": "load"} | run_load(None, p, trace, slo) for p in (a, b))
         data["runs"] += [ra, rb]
         data |= {"a": a.name, "b": b.name, "ratios": ratios(ra, rb)}
-    finish(out, data)
 
 
 if __name__ == "__main__":

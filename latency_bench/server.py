@@ -56,6 +56,21 @@ class ServerProfile:
     threads: int | None = None
     video_scale: int = 4
 
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_sessions < 1:
+            raise ValueError(f"profile {self.name!r}: max_batch and max_sessions must be >= 1")
+        if self.admission not in ("static", "always-on", "duty-cycle"):
+            raise ValueError(f"profile {self.name!r}: admission must be static, always-on or duty-cycle, "
+                             f"not {self.admission!r}")
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError(f"profile {self.name!r}: target_utilization must lie in (0, 1]")
+        if self.min_observation < 0:
+            raise ValueError(f"profile {self.name!r}: min_observation must be >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"profile {self.name!r}: threads must be >= 1")
+        if not 1 <= self.video_scale <= 8:
+            raise ValueError(f"profile {self.name!r}: video_scale must lie in 1..8")
+
     def flags(self) -> list[str]:
         """The `worldcast serve` flags for this profile."""
         f = ["--max-batch", str(self.max_batch), "--admission", self.admission,
@@ -89,7 +104,7 @@ class ServerProfile:
                     "target_utilization", "min_observation") else int(value))
             except ValueError:
                 raise ValueError(f"profile {text!r}: bad value for {key}: {value!r}") from None
-        return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+        return dataclasses.replace(base, name=name, **kw)  # type: ignore[arg-type]
 
 
 #: Named profiles.

@@ -146,3 +146,18 @@ def test_missing_frames_are_the_gaps_in_stamped_indices() -> None:
 
     assert _gaps([]) == 0 and _gaps([7]) == 0 and _gaps([1, 2, 3]) == 0
     assert _gaps([1, 2, 5, 6, 8]) == 3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mtp", "--profile", "shared:max_batch=0"], "max_batch and max_sessions must be >= 1"),
+    (["mtp", "--profile", "shared:admission=nope"], "admission must be"),
+    (["load", "--trace", "no-such-trace"], "no trace 'no-such-trace'"),
+    (["compare", "--url", "http://127.0.0.1:1"], "starts its own servers"),
+])
+def test_cli_rejects_bad_input_with_one_error_line(argv, message, capsys) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.latency_bench.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
