@@ -45,9 +45,9 @@ def resolve_trace(name_or_path: str) -> Trace:
         ValueError: not found or invalid.
     """
     p = Path(name_or_path)
-    if not p.exists():
+    if not name_or_path or not p.is_file():
         p = TRACES_DIR / f"{name_or_path}.json"
-    if not p.exists():
+    if not name_or_path or not p.is_file():
         shipped = sorted(x.stem for x in TRACES_DIR.glob("*.json"))
         raise ValueError(f"no trace {name_or_path!r}: give a file or one of {shipped}")
     return load_trace(p)
@@ -77,23 +77,16 @@ def run_load(url: str | None, profile: ServerProfile, trace: Trace, slo: load_mo
     return d
 
 
-def ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
-    """A over B for the numbers that compare configurations (nan when B is 0)."""
-    def r(x: float, y: float) -> float:
-        return x / y if y else (float("inf") if x else float("nan"))
-
+def ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per metric: A's value, B's value, and A over B (None when undefined: B is 0)."""
     sa, sb = a["summary"], b["summary"]
-    out = {"mtp_p95": r(sa["mtp_ms"]["p95"], sb["mtp_ms"]["p95"]),
-           "mtp_p50": r(sa["mtp_ms"]["p50"], sb["mtp_ms"]["p50"])}
+    pairs = {"mtp_p50_ms": (sa["mtp_ms"]["p50"], sb["mtp_ms"]["p50"]),
+             "mtp_p95_ms": (sa["mtp_ms"]["p95"], sb["mtp_ms"]["p95"])}
     if "slo_attainment" in sa:
-        out |= {"served_within_slo": r(sa["served_within_slo"], sb["served_within_slo"]),
-                "served_within_slo_a": sa["served_within_slo"], "served_within_slo_b": sb["served_within_slo"],
-                "slo_attainment": r(sa["slo_attainment"], sb["slo_attainment"]),
-                "admitted": r(sa["admitted"], sb["admitted"]),
-                "goodput": r(sa["goodput_fps"], sb["goodput_fps"])}
+        pairs |= {k: (sa[k], sb[k]) for k in ("admitted", "served_within_slo", "slo_attainment", "goodput_fps")}
     else:
-        out |= {"fps_mean": r(sa["fps_mean"], sb["fps_mean"])}
-    return out
+        pairs |= {"fps_mean": (sa["fps_mean"], sb["fps_mean"])}
+    return {k: {"a": x, "b": y, "a_over_b": x / y if y else None} for k, (x, y) in pairs.items()}
 
 
 def _mtp_columns(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -115,10 +108,14 @@ def finish(out: Path, data: dict[str, Any]) -> None:
         for r in load_runs:
             report.plot_timeline(r, out / f"timeline_{r['profile']}.png")
     if "ratios" in data:
-        report.table(f"compare: {data['a']} over {data['b']}", {"ratio": data["ratios"]})
+        report.table(f"compare: A = {data['a']}, B = {data['b']}", {"A / B / A over B": data["ratios"]})
     report.plot_mtp_cdf({f"{r['kind']} {r['profile']}": r["samples_ms"] for r in data["runs"]}, out / "mtp_cdf.png")
     report.write_json(out / "report.json", data)
     print(f"report: {out / 'report.json'} (plots beside it)")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keep the docstring's layout and show defaults."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,40 +123,53 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
+    fmt = _Formatter
+    prof_help = ("server profile: a preset (shared, baseline, duty-cycle, always-on, static) or "
+                 "name:key=value,... (see latency_bench/server.py)")
+
+    def common(p: argparse.ArgumentParser, *, mtp: bool, slo: bool) -> None:
         p.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
         p.add_argument("--transport", choices=TRANSPORTS, default="webrtc",
                        help="how sessions connect (the transports that exist: WebRTC via aiortc)")
-        p.add_argument("--out", type=Path, default=None, help="report folder (default bench_results/<time>)")
-        p.add_argument("--action-hz", type=float, default=4.0, help="mtp: actions per second per session")
-        p.add_argument("--sessions", type=int, default=1, help="mtp: concurrent sessions")
-        p.add_argument("--seconds", type=float, default=15.0, help="mtp: measured seconds")
-        p.add_argument("--slo-mtp-ms", type=float, default=load_mod.SLO.mtp_p95_ms, help="SLO: MTP p95 bound")
-        p.add_argument("--slo-fps-share", type=float, default=load_mod.SLO.min_fps_share,
-                       help="SLO: least delivered frames/s while active, share of the model's fps")
+        p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results/<time>)")
+        if mtp:
+            p.add_argument("--action-hz", type=float, default=4.0, help="mtp: actions per second per session")
+            p.add_argument("--sessions", type=int, default=1, help="mtp: concurrent always-active sessions")
+            p.add_argument("--seconds", type=float, default=15.0, help="mtp: measured seconds")
+        if slo:
+            p.add_argument("--slo-mtp-ms", type=float, default=load_mod.SLO.mtp_p95_ms, help="SLO: MTP p95 bound, ms")
+            p.add_argument("--slo-fps-share", type=float, default=load_mod.SLO.min_fps_share,
+                           help="SLO: least delivered frames/s while active, as a share of the model's fps")
 
-    p = sub.add_parser("mtp", help="motion-to-photon, TTFF and pacing for N always-active sessions")
-    common(p)
-    p.add_argument("--profile", default="shared")
-    p = sub.add_parser("load", help="replay a duty-cycle trace: SLO attainment and goodput")
-    common(p)
-    p.add_argument("--profile", default="duty-cycle")
-    p.add_argument("--trace", default="duty30-short", help="shipped trace name or file")
-    p = sub.add_parser("compare", help="two server profiles, one after the other, same workload; ratios A/B")
-    common(p)
-    p.add_argument("--a", default="shared")
-    p.add_argument("--b", default="baseline")
-    p.add_argument("--trace", default="duty30-short", help="shipped trace name or file ('none': mtp workload)")
+    p = sub.add_parser("mtp", help="motion-to-photon, TTFF and pacing for N always-active sessions",
+                       formatter_class=fmt)
+    common(p, mtp=True, slo=False)
+    p.add_argument("--profile", default="static", help=prof_help + "; static admits all N sessions")
+    p = sub.add_parser("load", help="replay a duty-cycle trace: SLO attainment and goodput", formatter_class=fmt)
+    common(p, mtp=False, slo=True)
+    p.add_argument("--profile", default="duty-cycle", help=prof_help)
+    p.add_argument("--trace", default="duty30-short", help="shipped trace name or a trace file")
+    p = sub.add_parser("compare", help="two server profiles, one after the other, same workload; ratios A/B",
+                       formatter_class=fmt)
+    common(p, mtp=True, slo=True)
+    p.add_argument("--a", default="shared", help="profile A, " + prof_help)
+    p.add_argument("--b", default="baseline", help="profile B (the denominator of the ratios)")
+    p.add_argument("--trace", default="duty30-short",
+                   help="shipped trace name or file; 'none': the mtp workload (--sessions, --seconds)")
     p = sub.add_parser("default", help="the default profile: mtp for one session (10 s), then shared vs baseline "
-                                       "on the short trace")
-    common(p)
+                                       "on the short trace", formatter_class=fmt)
+    common(p, mtp=False, slo=True)
     args = ap.parse_args(argv)
 
     out = args.out or Path("bench_results") / time.strftime("%Y%m%d-%H%M%S")
-    slo = load_mod.SLO(args.slo_mtp_ms, args.slo_fps_share)
+    slo = load_mod.SLO(getattr(args, "slo_mtp_ms", load_mod.SLO.mtp_p95_ms),
+                       getattr(args, "slo_fps_share", load_mod.SLO.min_fps_share))
     data: dict[str, Any] = {"command": args.command, "machine": platform.platform(),
                             "processor": platform.processor() or platform.machine(), "runs": []}
     try:  # bad input is an error line, not a traceback
+        if hasattr(args, "sessions") and not (
+                1 <= args.sessions <= 64 and 0 < args.action_hz <= 1000 and 0 < args.seconds <= 3600):
+            raise ValueError("need 1 <= --sessions <= 64, 0 < --action-hz <= 1000, 0 < --seconds <= 3600")
         if args.url and args.command in ("default", "compare"):
             raise ValueError(f"{args.command} starts its own servers: drop --url")
         names = {"mtp": [getattr(args, "profile", "")], "load": [getattr(args, "profile", "")],
@@ -171,9 +181,17 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(str(e))
     try:
         run(args, profiles, trace, slo, data)
-    except (RuntimeError, OSError, httpx.HTTPError) as e:
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None
+    except httpx.HTTPStatusError as e:
+        hint = ""
+        if e.response.status_code == 503:
+            hint = (" (the server refused a session; for always-active sessions use --profile static, "
+                    "or fewer --sessions)")
+        raise SystemExit(f"error: {e.response.status_code} {e.response.text[:200]}{hint}") from None
+    except Exception as e:  # noqa: BLE001 - one line for the user; the server log (if any) has details
         where = f" ({args.url})" if args.url else ""
-        raise SystemExit(f"error{where}: {e}") from None
+        raise SystemExit(f"error{where}: {type(e).__name__}: {e}") from None
     finish(out, data)
 
 
@@ -187,7 +205,7 @@ def run(args: argparse.Namespace, profiles: list[ServerProfile], trace: Trace | 
         data["runs"].append({"kind": "load"} | run_load(args.url, profiles[0], trace, slo))
     elif args.command == "default":  # one server per profile: mtp then the trace on shared, the trace on baseline
         assert trace is not None
-        args.seconds = 10.0
+        args.seconds, args.sessions, args.action_hz = 10.0, 1, 4.0
         a, b = profiles
         with spawn(a) as url:
             data["runs"].append({"kind": "mtp"} | run_mtp(url, a, args))

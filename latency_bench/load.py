@@ -18,7 +18,8 @@ A session is *served within the SLO* when its motion-to-photon p95 and its
 delivered frames/s while active meet the `SLO`; SLO attainment is the share
 of *arriving* sessions served within it (refused ones count as not served).
 Goodput is the frames/s, summed over sessions, that the server delivered on
-time (less than one frame period after their presentation time).
+time (less than one frame period after their presentation time), over the
+trace's duration.
 Concurrently active sessions are an outcome, reported, not a setting.
 """
 
@@ -35,7 +36,7 @@ import httpx
 import numpy as np
 
 from worldcast.latency_bench import stats
-from worldcast.latency_bench.probe import SessionMetrics, SessionProbe
+from worldcast.latency_bench.probe import SessionMetrics, SessionProbe, model_fps
 from worldcast.latency_bench.trace import Trace, TraceSession
 
 logger = logging.getLogger(__name__)
@@ -152,13 +153,18 @@ class LoadResult:
 
 async def replay(url: str, trace: Trace, *, profile: str = "", slo: SLO = SLO()) -> LoadResult:
     """Replay `trace` against the server at `url` and summarise."""
-    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-        model = (await http.get("/v1/model")).raise_for_status().json()
-    period = 1.0 / model["fps"]
+    fps = await model_fps(url)
     t0 = time.monotonic() + 0.5
-    outcomes = list(await asyncio.gather(*(run_session(url, ts, t0, frame_period_s=period) for ts in trace.sessions)))
+
+    async def bounded(ts: TraceSession) -> SessionOutcome:
+        try:  # a session stuck past its departure fails alone; the replay never hangs
+            return await asyncio.wait_for(run_session(url, ts, t0, frame_period_s=1.0 / fps), ts.leave_s + 60.0)
+        except TimeoutError:
+            return SessionOutcome(ts.id, ts.arrive_s, ts.leave_s, error="timed out (stuck past its departure)")
+
+    outcomes = list(await asyncio.gather(*(bounded(ts) for ts in trace.sessions)))
     seconds = time.monotonic() - t0
-    return LoadResult(profile, trace.name, seconds, outcomes, summarise(outcomes, trace, slo, model["fps"], seconds))
+    return LoadResult(profile, trace.name, seconds, outcomes, summarise(outcomes, trace, slo, fps, seconds))
 
 
 def summarise(outcomes: list[SessionOutcome], trace: Trace, slo: SLO, model_fps: float,
@@ -170,8 +176,7 @@ def summarise(outcomes: list[SessionOutcome], trace: Trace, slo: SLO, model_fps:
     frames = sum(o.metrics.frames for o in measured)  # type: ignore[union-attr]
     on_time = sum(o.metrics.frames * o.metrics.on_time_share for o in measured  # type: ignore[union-attr]
                   if not np.isnan(o.metrics.on_time_share))  # type: ignore[union-attr]
-    grid = np.arange(0.0, seconds, 0.25)
-    active = np.array([sum(a <= t < b for o in outcomes for a, b in o.active) for t in grid]) if len(grid) else []
+    peak, mean = _concurrency([w for o in outcomes for w in o.active], seconds)
     return {
         "arrived": len(outcomes),
         "admitted": sum(o.admitted_s is not None for o in outcomes),
@@ -186,11 +191,24 @@ def summarise(outcomes: list[SessionOutcome], trace: Trace, slo: SLO, model_fps:
         "fps_active_mean": float(np.mean([o.metrics.fps for o in measured])) if measured else float("nan"),  # type: ignore[union-attr]
         "frames": frames,
         "on_time_share": on_time / frames if frames else float("nan"),
-        "goodput_fps": on_time / seconds if seconds > 0 else float("nan"),
+        "goodput_fps": on_time / trace.duration_s,
         "frames_missing": sum(o.metrics.frames_missing for o in measured),  # type: ignore[union-attr]
         "underruns": sum(o.metrics.underruns for o in measured),  # type: ignore[union-attr]
         "stall_ms": sum(o.metrics.stall_ms for o in measured),  # type: ignore[union-attr]
-        "active_sessions_peak": int(np.max(active)) if len(active) else 0,
-        "active_sessions_mean": float(np.mean(active)) if len(active) else 0.0,
+        "active_sessions_peak": peak,
+        "active_sessions_mean": mean,
         "trace_duty_cycle": trace.duty_cycle(),
     }
+
+
+def _concurrency(windows: list[tuple[float, float]], seconds: float) -> tuple[int, float]:
+    """Peak and time-weighted mean of the number of overlapping windows over [0, seconds] (exact sweep)."""
+    events = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows], key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    area, last = 0.0, 0.0
+    for t, d in events:
+        area += level * (t - last)
+        last = t
+        level += d
+        peak = max(peak, level)
+    return peak, area / seconds if seconds > 0 else 0.0

@@ -17,22 +17,17 @@ import statistics
 import time
 from typing import Any
 
-import httpx
 import numpy as np
 
 from worldcast.latency_bench import stats
-from worldcast.latency_bench.probe import SessionMetrics, SessionProbe
+from worldcast.latency_bench.probe import SessionMetrics, SessionProbe, model_fps
 
 
 async def run_session(url: str, *, seconds: float, action_hz: float, seed: int, period_s: float,
                       start_buffer_ms: float) -> SessionMetrics:
     p = await SessionProbe.open(url, seed=seed, stamped=True)
     try:
-        deadline = time.monotonic() + 30
-        while not p.frames:  # measure from the first frame on
-            if time.monotonic() > deadline:
-                raise TimeoutError("no video frame within 30 s")
-            await asyncio.sleep(0.01)
+        await p.first_frame(30.0)  # measure from the first frame on
         t0 = time.monotonic()
         await p.act_for(seconds, action_hz)
         await asyncio.sleep(0.5)  # let the last actions show up
@@ -44,11 +39,11 @@ async def run_session(url: str, *, seconds: float, action_hz: float, seed: int, 
 async def run(url: str, *, sessions: int, seconds: float, action_hz: float,
               start_buffer_ms: float = 100.0) -> list[SessionMetrics]:
     """Run N sessions concurrently against `url`; one `SessionMetrics` each."""
-    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-        fps = (await http.get("/v1/model")).raise_for_status().json()["fps"]
+    fps = await model_fps(url)
+    limit = seconds + 90.0  # connect, first frame (30 s), the run, closing: a stuck session fails, never hangs
     return list(await asyncio.gather(*(
-        run_session(url, seconds=seconds, action_hz=action_hz, seed=i, period_s=1.0 / fps,
-                    start_buffer_ms=start_buffer_ms) for i in range(sessions))))
+        asyncio.wait_for(run_session(url, seconds=seconds, action_hz=action_hz, seed=i, period_s=1.0 / fps,
+                                     start_buffer_ms=start_buffer_ms), limit) for i in range(sessions))))
 
 
 def report(results: list[SessionMetrics]) -> dict[str, Any]:

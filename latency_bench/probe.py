@@ -32,6 +32,28 @@ from worldcast.transport.stamp import cell_px_for_width, read_stamp
 
 #: The 90 kHz RTP video clock of frame PTS (RFC 3551).
 CLOCK_RATE = 90_000
+#: How long closing a probe (deleting its session, closing the peer) may take, s.
+CLOSE_TIMEOUT_S = 15.0
+
+
+async def model_fps(url: str) -> float:
+    """The served model's frame rate, from `GET /v1/model`.
+
+    Raises:
+        RuntimeError: `url` does not answer like a worldcast server.
+    """
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        r = await http.get("/v1/model")
+    try:
+        fps = r.raise_for_status().json()["fps"]
+    except (httpx.HTTPStatusError, ValueError, KeyError, TypeError) as e:
+        raise RuntimeError(f"{url} is not a worldcast server: GET /v1/model gave {r.status_code} "
+                           f"({type(e).__name__})") from None
+    if not isinstance(fps, int | float) or isinstance(fps, bool) or not 0 < fps <= 1000:
+        raise RuntimeError(f"{url} is not a worldcast server: /v1/model fps is {fps!r}")
+    return float(fps)
 
 
 @dataclass(frozen=True)
@@ -113,6 +135,19 @@ class SessionProbe:
             self.frames.append(FrameRecord(now, int(f.pts), s.frame_index if s else None,
                                            s.action_seq if s else None))
 
+    async def first_frame(self, timeout_s: float = 30.0) -> FrameRecord:
+        """Wait for the first decoded frame.
+
+        Raises:
+            TimeoutError: none within `timeout_s` (or the reader stopped).
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self.frames:
+            if time.monotonic() > deadline or (self._reader is not None and self._reader.done()):
+                raise TimeoutError(f"session {self.client.session_id}: no video frame within {timeout_s:.0f} s")
+            await asyncio.sleep(0.01)
+        return self.frames[0]
+
     def act(self) -> int:
         """Send the next action (cycling W, D, S, A); returns its seq."""
         seq = self.client.send_action(keys=self._keys[(self.client.seq + 1) % 4])
@@ -127,11 +162,13 @@ class SessionProbe:
             await asyncio.sleep(min(1.0 / action_hz, max(0.0, end - now)))
 
     async def close(self) -> None:
+        """Stop reading, delete the session and close the peer (bounded by CLOSE_TIMEOUT_S)."""
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
-        await self.client.aclose()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.aclose(), CLOSE_TIMEOUT_S)
 
     # -- metrics ----------------------------------------------------------------------------------
 

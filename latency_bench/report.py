@@ -20,6 +20,8 @@ from rich.table import Table
 
 
 def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return "nan" if math.isnan(v) else f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
     if isinstance(v, dict):
@@ -45,9 +47,21 @@ def table(title: str, columns: dict[str, dict[str, Any]], *, console: Console | 
     (console or Console()).print(t)
 
 
+def _strict(x: Any) -> Any:
+    """NaN and infinities become null: strict JSON (RFC 8259) has no such numbers."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    return x
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` as strict JSON (NaN and infinities as null)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=float))
+    path.write_text(json.dumps(_strict(data), indent=2, default=float, allow_nan=False))
 
 
 def plot_mtp_cdf(series: dict[str, list[float]], path: Path) -> None:
@@ -94,7 +108,8 @@ def plot_timeline(load: dict[str, Any], path: Path, *, seconds: float | None = N
     times = np.concatenate([np.asarray(s.get("frame_times", []), float) for s in sessions] or [np.zeros(0)])
     counts, _ = np.histogram(times, bins)
     bottom.step(bins[:-1], counts, where="post", label="delivered frames/s (all sessions)")
-    active = [sum(a <= t < b for s in sessions for a, b in s["active"]) for t in bins[:-1]]
+    # time-weighted active sessions per bin
+    active = [sum(max(0.0, min(b, t + 1.0) - max(a, t)) for s in sessions for a, b in s["active"]) for t in bins[:-1]]
     ax2 = bottom.twinx()
     ax2.step(bins[:-1], active, where="post", color="tab:orange", label="active sessions")
     ax2.set_ylabel("active sessions")

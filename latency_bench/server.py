@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -57,6 +59,10 @@ class ServerProfile:
     video_scale: int = 4
 
     def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", self.name):
+            raise ValueError(f"profile name {self.name!r}: use 1-40 letters, digits, '_', '.', '-'")
+        if not (math.isfinite(self.target_utilization) and math.isfinite(self.min_observation)):
+            raise ValueError(f"profile {self.name!r}: target_utilization and min_observation must be finite")
         if self.max_batch < 1 or self.max_sessions < 1:
             raise ValueError(f"profile {self.name!r}: max_batch and max_sessions must be >= 1")
         if self.admission not in ("static", "always-on", "duty-cycle"):
@@ -148,7 +154,8 @@ def spawn(profile: ServerProfile, *, log_dir: str | None = None) -> Iterator[str
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server {profile.name} exited ({proc.returncode}): {_tail(log.name)}")
+                raise RuntimeError(f"server {profile.name} exited ({proc.returncode}), log {log.name}: "
+                                   f"{_tail(log.name)}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server {profile.name} not ready after {READY_TIMEOUT_S:.0f} s: {_tail(log.name)}")
             with contextlib.suppress(httpx.HTTPError):
@@ -156,6 +163,10 @@ def spawn(profile: ServerProfile, *, log_dir: str | None = None) -> Iterator[str
                     break
             time.sleep(0.2)
         yield url
+        failed = False
+    except BaseException:
+        failed = True
+        raise
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -165,6 +176,8 @@ def spawn(profile: ServerProfile, *, log_dir: str | None = None) -> Iterator[str
                 proc.kill()
                 proc.wait()
         log.close()
+        if not failed:  # keep the log of a server that failed (its path is in the error)
+            os.unlink(log.name)
 
 
 def _tail(path: str, chars: int = 2000) -> str:

@@ -56,16 +56,21 @@ MIN_PERIOD_S = 0.5
 #: Generator: times are rounded to this many decimals (1 ms) so the files read well and round-trip exactly.
 _DECIMALS = 3
 
+#: Limits of a trace a benchmark can replay: one day, ten thousand sessions, a 64 MiB file.
+MAX_DURATION_S = 86_400.0
+MAX_SESSIONS = 10_000
+MAX_FILE_BYTES = 64 * 2**20
+
 SegmentState = Literal["active", "idle"]
 
 
 class Segment(BaseModel):
     """One stretch of a session in one state, over [start_s, end_s)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
-    start_s: float = Field(ge=0, description="start, s from the start of the trace")
-    end_s: float = Field(ge=0, description="end (exclusive), s from the start of the trace")
+    start_s: float = Field(ge=0, le=MAX_DURATION_S, description="start, s from the start of the trace")
+    end_s: float = Field(ge=0, le=MAX_DURATION_S, description="end (exclusive), s from the start of the trace")
     state: SegmentState = Field(description='"active": sends actions, wants frames; "idle": paused')
 
     @model_validator(mode="after")
@@ -82,12 +87,13 @@ class Segment(BaseModel):
 class TraceSession(BaseModel):
     """One benchmark session: arrival, departure, and the segments that tile [arrive_s, leave_s]."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
-    id: str = Field(min_length=1, description="unique within the trace")
-    arrive_s: float = Field(ge=0, description="connects at, s")
-    leave_s: float = Field(ge=0, description="disconnects at, s")
-    seed: int = Field(description="the client's seed (prompt/action choices)")
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                    description="unique within the trace; letters, digits, '_', '.', '-'")
+    arrive_s: float = Field(ge=0, le=MAX_DURATION_S, description="connects at, s")
+    leave_s: float = Field(ge=0, le=MAX_DURATION_S, description="disconnects at, s")
+    seed: int = Field(ge=0, le=2**31 - 1, description="the session's seed (the server's range)")
     action_hz: float = Field(gt=0, le=MAX_ACTION_HZ, description="actions per second while active, Hz")
     segments: list[Segment] = Field(min_length=1, description="sorted, contiguous, alternating, first active")
 
@@ -146,14 +152,14 @@ class Trace(BaseModel):
         >>> trace.duty_cycle(), trace.peak_active()
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
     format: str = Field(description=f"always {TRACE_FORMAT!r}")
     name: str = Field(min_length=1)
     description: str = ""
-    duration_s: float = Field(gt=0, description="length of the run, s; every session leaves by then")
+    duration_s: float = Field(gt=0, le=MAX_DURATION_S, description="length of the run, s; every session leaves by then")
     generator: dict[str, Any] | None = Field(default=None, description="`generate`'s parameters, or null")
-    sessions: list[TraceSession] = Field(min_length=1)
+    sessions: list[TraceSession] = Field(min_length=1, max_length=MAX_SESSIONS)
 
     @field_validator("format")
     @classmethod
@@ -253,11 +259,18 @@ def load_trace(path: str | Path) -> Trace:
     """Read and validate a trace file.
 
     Raises:
-        ValueError: the file is not valid JSON or not a valid trace; the message names the file, the field and
-            pydantic's reason.
-        OSError: the file cannot be read.
+        ValueError: the file cannot be read, is too large, is not UTF-8 JSON or not a valid trace; the message
+            names the file, the field and the reason.
     """
-    text = Path(path).read_text()
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise ValueError(f"{path}: not a file")
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: over {MAX_FILE_BYTES // 2**20} MiB; not a trace this tool replays")
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the trace: {e}") from None
     try:
         return Trace.model_validate_json(text)
     except ValidationError as e:
@@ -419,7 +432,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                          description=args.description)
         trace.save(args.out)
     else:
-        trace = load_trace(args.path)
+        try:
+            trace = load_trace(args.path)
+        except ValueError as e:
+            ap.error(str(e))
     print(summary(trace))
 
 

@@ -62,6 +62,52 @@ def _printable(x: object, limit: int = 200) -> str:
     return str(x)[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over `max_bytes` with 413, however they are sent.
+
+    A declared Content-Length over the limit is refused before reading; a body
+    without one (chunked transfer coding, RFC 9112 7.1) is read up to the limit
+    and refused as soon as it passes it, so memory stays bounded.
+    """
+
+    def __init__(self, app: Any, *, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def _too_large(self, send: Any) -> None:
+        await JSONResponse({"detail": f"request body over {self.max_bytes} bytes"}, status_code=413)(
+            {"type": "http"}, None, send)  # type: ignore[arg-type]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.max_bytes:
+                return await self._too_large(send)
+            return await self.app(scope, receive, send)
+        if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # the client went away
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self._too_large(send)
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 def model_info(model: WorldModel) -> ModelInfo:
     s = model.spec
     return ModelInfo(
@@ -95,12 +141,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
 
     app = FastAPI(title="worldcast", version="0.1.0", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def _limit_body(request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return JSONResponse({"detail": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.exception_handler(SessionError)
     async def _session_error(request: Request, exc: SessionError) -> JSONResponse:

@@ -29,8 +29,7 @@ PERIOD_S = 0.05
 async def test_stamped_probe_reads_frame_index_and_action_seq_from_decoded_video(live_server) -> None:  # type: ignore[no-untyped-def]
     p = await SessionProbe.open(live_server.url, seed=3, stamped=True)
     try:
-        while not p.frames:
-            await asyncio.sleep(0.01)
+        await p.first_frame(30.0)
         start = time.monotonic()
         await p.act_for(2.0, 8.0)
         await asyncio.sleep(0.5)
@@ -51,8 +50,7 @@ async def test_stamped_probe_reads_frame_index_and_action_seq_from_decoded_video
 async def test_unstamped_probe_falls_back_to_frame_events(live_server) -> None:  # type: ignore[no-untyped-def]
     p = await SessionProbe.open(live_server.url, seed=4, stamped=False)
     try:
-        while not p.frames:
-            await asyncio.sleep(0.01)
+        await p.first_frame(30.0)
         start = time.monotonic()
         await p.act_for(1.0, 8.0)
         await asyncio.sleep(0.3)
@@ -161,3 +159,13 @@ def test_cli_rejects_bad_input_with_one_error_line(argv, message, capsys) -> Non
         main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_concurrency_is_an_exact_sweep_and_reports_are_strict_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.latency_bench.load import _concurrency
+
+    assert _concurrency([(0.0, 2.0), (1.0, 3.0), (3.0, 3.068)], 4.0) == pytest.approx((2, (2 + 2 + 0.068) / 4))
+    assert _concurrency([(0.0, 1.0), (1.0, 2.0)], 2.0)[0] == 1  # back to back is not overlap
+    report.write_json(tmp_path / "r.json", {"ratio": float("inf"), "x": [float("nan"), 1.5]})
+    assert json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: 1 / 0) == {
+        "ratio": None, "x": [None, 1.5]}

@@ -209,3 +209,18 @@ def test_auth_scheme_is_case_insensitive_and_empty_token_is_401(client: httpx.Cl
     assert client.get(url, headers={"Authorization": "bearer " + s["token"]}).status_code == 200
     assert client.get(url, headers={"Authorization": "Bearer"}).status_code == 401
     client.delete(url, headers=auth(s["token"]))
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_reading(client: httpx.Client) -> None:
+    def chunks():  # type: ignore[no-untyped-def]  # no Content-Length: chunked transfer coding
+        yield b'{"prompt": "'
+        for _ in range(128):  # 8 MiB, far over the 256 KiB limit
+            yield b"x" * 65536
+        yield b'"}'
+
+    r = client.post("/v1/sessions", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "over 262144 bytes" in r.json()["detail"]
+    small = client.post("/v1/sessions", content=iter([b'{"seed": ', b"3}"]),
+                        headers={"Content-Type": "application/json"})
+    assert small.status_code == 201, small.text  # a small chunked body still works
+    client.delete(f"/v1/sessions/{small.json()['session_id']}", headers=auth(small.json()["token"]))

@@ -186,3 +186,17 @@ def test_cell_size_follows_the_picture_width() -> None:
     assert cell_px_for_width(128) == 4 and cell_px_for_width(64) == 2
     with pytest.raises(ValueError, match="at least 32 px wide"):
         cell_px_for_width(31)
+
+
+def test_non_arrays_and_non_integer_cells_are_rejected_clearly() -> None:
+    from worldcast.transport.stamp import read_stamp, write_stamp
+
+    for bad in (None, [[0] * 256] * 16):
+        with pytest.raises(ValueError, match="numpy array"):
+            read_stamp(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="numpy array"):
+            write_stamp(bad, 0, 0)  # type: ignore[arg-type]
+    img = np.zeros((16, 256, 3), np.uint8)
+    for cell in (1.5, "8", None, True):
+        with pytest.raises(ValueError, match="cell_px must be an integer"):
+            read_stamp(img, cell_px=cell)  # type: ignore[arg-type]
