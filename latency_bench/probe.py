@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from aiortc.mediastreams import MediaStreamError
 
 from worldcast.latency_bench import stats
 from worldcast.transport.client import WebRTCClient
@@ -110,6 +111,7 @@ class SessionProbe:
         self.actions: list[tuple[int, float]] = []  #: (seq, sent at, s)
         self.opened_s = time.monotonic()
         self._reader: asyncio.Task[None] | None = None
+        self._closing = False
         self._keys = [["w"], ["d"], ["s"], ["a"]]
 
     @classmethod
@@ -125,8 +127,11 @@ class SessionProbe:
         return p
 
     async def _read(self) -> None:
-        while True:
-            f = await self.client.next_frame(timeout_s=3600)
+        while not self._closing:
+            try:
+                f = await self.client.next_frame(timeout_s=3600)
+            except MediaStreamError:  # the track ended: the peer closed
+                return
             now = time.monotonic()
             s = None
             if self.stamped:
@@ -163,10 +168,13 @@ class SessionProbe:
 
     async def close(self) -> None:
         """Stop reading, delete the session and close the peer (bounded by CLOSE_TIMEOUT_S)."""
+        self._closing = True
         if self._reader is not None:
+            # Python 3.11's wait_for (inside next_frame) can swallow a cancel that races a frame's
+            # arrival (CPython gh-86296), so never wait on the reader unboundedly: the flag ends
+            # its loop, the peer's closing ends its recv
             self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+            await asyncio.wait({self._reader}, timeout=2.0)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.client.aclose(), CLOSE_TIMEOUT_S)
 

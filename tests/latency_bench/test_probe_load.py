@@ -169,3 +169,26 @@ def test_concurrency_is_an_exact_sweep_and_reports_are_strict_json(tmp_path) -> 
     report.write_json(tmp_path / "r.json", {"ratio": float("inf"), "x": [float("nan"), 1.5]})
     assert json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: 1 / 0) == {
         "ratio": None, "x": [None, 1.5]}
+
+
+async def test_close_is_bounded_even_if_the_reader_swallows_its_cancel(live_server) -> None:  # type: ignore[no-untyped-def]
+    """CPython's 3.11 wait_for can swallow a cancel racing a frame; closing must not wait on that forever."""
+    p = await SessionProbe.open(live_server.url, seed=6, stamped=False)
+    await p.first_frame(30.0)
+    p._reader.cancel()  # type: ignore[union-attr]  # stop the real reader; put a stubborn one in its place
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue  # swallowed, as the race does
+
+    p._reader = asyncio.create_task(stubborn())
+    t0 = time.monotonic()
+    await p.close()
+    assert time.monotonic() - t0 < 10.0
+    release.set()
+    await asyncio.wait({p._reader}, timeout=5.0)
+    assert p._reader.done()
