@@ -91,11 +91,12 @@ class _Collector:
             self.errors.append((sid, time.monotonic(), reason))
 
 
-def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int | None) -> dict[str, object]:
-    """N always-on sessions; victims cancelled, failing and NaN-ing one after another (see module doc)."""
-    col = _Collector()
+def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: int,
+             threads: int | None) -> DeviceWorker:
+    """A warmed-up, started device worker serving sessions s0..s{N-1}, reporting to `col`."""
     w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * (sessions + 4),
-                                         torch_threads=threads), on_frames=col.on_frames, on_error=col.on_error)
+                                         max_batch=max_batch, torch_threads=threads),
+                     on_frames=col.on_frames, on_error=col.on_error)
     w.on_step = col.on_step
     if threads:
         torch.set_num_threads(threads)
@@ -103,6 +104,13 @@ def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int
     w.start()
     for i in range(sessions):
         w.add_session(f"s{i}", _BenchConditioner(model, i), seed=i)
+    return w
+
+
+def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int | None) -> dict[str, object]:
+    """N always-on sessions; victims cancelled, failing and NaN-ing one after another (see module doc)."""
+    col = _Collector()
+    w = _serving(model, col, sessions=sessions, max_batch=8, threads=threads)
     period = float(model.spec.frame_period)
     gap = max(3.0, seconds / 3)
     out: dict[str, object] = {"sessions": sessions}
@@ -145,15 +153,7 @@ def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int
              warmup_s: float = 2.0) -> dict[str, object]:
     """Serve `sessions` always-on sessions for `seconds` (after `warmup_s`) and report."""
     col = _Collector()
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * (sessions + 4),
-                                         max_batch=max_batch, torch_threads=threads),
-                     on_frames=col.on_frames, on_error=lambda s, r: None)
-    if threads:
-        torch.set_num_threads(threads)
-    w.warmup()
-    w.start()
-    for i in range(sessions):
-        w.add_session(f"s{i}", _BenchConditioner(model, i), seed=i)
+    w = _serving(model, col, sessions=sessions, max_batch=max_batch, threads=threads)
     time.sleep(warmup_s)
     t0 = time.monotonic()
     time.sleep(seconds)
