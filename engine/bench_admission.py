@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,9 @@ import numpy as np
 import torch
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy, SessionLoad, decide
+from worldcast.engine.bench import _Collector
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.rollout import ChunkInputs
-from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
 
 
@@ -79,17 +78,6 @@ class _Conditioner:
         return self.ts.wants(time.monotonic())
 
 
-@dataclass
-class _Frames:
-    items: list[tuple[str, float, float]] = field(default_factory=list)  # (session, present_at, delivered_at)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def on_frames(self, frames: list[FrameOut]) -> None:
-        now = time.monotonic()
-        with self.lock:
-            self.items += [(f.session_id, f.present_at_s, now) for f in frames if f.frame_index > 0]
-
-
 def load_trace(path: Path) -> dict[str, Any]:
     """The trace file as JSON (validated by `latency_bench/trace.py`; here only read).
 
@@ -105,9 +93,9 @@ def load_trace(path: Path) -> dict[str, Any]:
 def replay(model: WorldModel, trace: dict[str, Any], config: AdmissionConfig, *, threads: int | None = None,
            tick_s: float = 0.05) -> dict[str, Any]:
     """Replay `trace` under `config`; returns the policy's numbers."""
-    frames = _Frames()
+    frames = _Collector()
     w = DeviceWorker(model, EngineConfig(torch_threads=threads), on_frames=frames.on_frames,
-                     on_error=lambda s, r: None)
+                     on_error=frames.on_error)
     if threads:
         torch.set_num_threads(threads)
     w.warmup()
@@ -146,7 +134,7 @@ def replay(model: WorldModel, trace: dict[str, Any], config: AdmissionConfig, *,
     finally:
         w.stop()
     with frames.lock:
-        late = [f[2] - f[1] >= period for f in frames.items]
+        late = [f[2] - f[1] >= period for f in frames.frames]
     return {
         "policy": config.policy.value,
         "arrived": len(sessions),

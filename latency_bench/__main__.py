@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         if hasattr(args, "sessions") and not (
                 1 <= args.sessions <= 64 and 0 < args.action_hz <= 1000 and 0 < args.seconds <= 3600):
             raise ValueError("need 1 <= --sessions <= 64, 0 < --action-hz <= 1000, 0 < --seconds <= 3600")
+        if hasattr(args, "slo_mtp_ms") and not (args.slo_mtp_ms > 0 and 0 <= args.slo_fps_share <= 1):
+            raise ValueError("need --slo-mtp-ms > 0 and 0 <= --slo-fps-share <= 1")
         if args.url and args.command in ("default", "compare"):
             raise ValueError(f"{args.command} starts its own servers: drop --url")
         names = {"mtp": [getattr(args, "profile", "")], "load": [getattr(args, "profile", "")],

@@ -37,7 +37,7 @@ import numpy as np
 
 from worldcast.latency_bench import stats
 from worldcast.latency_bench.probe import SessionMetrics, SessionProbe, model_fps
-from worldcast.latency_bench.trace import Trace, TraceSession
+from worldcast.latency_bench.trace import Trace, TraceSession, peak_overlap
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,8 @@ class SLO:
     min_fps_share: float = 0.9
 
     def met(self, m: SessionMetrics, model_fps: float) -> bool:
-        p95 = stats.percentiles(m.mtp_ms)["p95"]
-        return bool(m.mtp_ms) and p95 <= self.mtp_p95_ms and m.fps >= self.min_fps_share * model_fps
+        return stats.slo_attained(stats.percentiles(m.mtp_ms)["p95"], m.fps, slo_mtp_ms=self.mtp_p95_ms,
+                                  min_fps=self.min_fps_share * model_fps)
 
 
 @dataclass
@@ -202,13 +202,5 @@ def summarise(outcomes: list[SessionOutcome], trace: Trace, slo: SLO, model_fps:
 
 
 def _concurrency(windows: list[tuple[float, float]], seconds: float) -> tuple[int, float]:
-    """Peak and time-weighted mean of the number of overlapping windows over [0, seconds] (exact sweep)."""
-    events = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows], key=lambda e: (e[0], e[1]))
-    level = peak = 0
-    area, last = 0.0, 0.0
-    for t, d in events:
-        area += level * (t - last)
-        last = t
-        level += d
-        peak = max(peak, level)
-    return peak, area / seconds if seconds > 0 else 0.0
+    """Peak and time-weighted mean of the number of overlapping windows over [0, seconds] (exact)."""
+    return peak_overlap(windows), (sum(b - a for a, b in windows) / seconds if seconds > 0 else 0.0)

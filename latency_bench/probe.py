@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 from aiortc.mediastreams import MediaStreamError
 
@@ -43,8 +44,6 @@ async def model_fps(url: str) -> float:
     Raises:
         RuntimeError: `url` does not answer like a worldcast server.
     """
-    import httpx
-
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
         r = await http.get("/v1/model")
     try:
@@ -109,7 +108,6 @@ class SessionProbe:
         self.stamped = stamped
         self.frames: list[FrameRecord] = []
         self.actions: list[tuple[int, float]] = []  #: (seq, sent at, s)
-        self.opened_s = time.monotonic()
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
         self._keys = [["w"], ["d"], ["s"], ["a"]]

@@ -196,11 +196,11 @@ class Trace(BaseModel):
 
     def peak_active(self) -> int:
         """Most sessions active at the same instant (exact, by sweeping segment boundaries)."""
-        return _peak([(g.start_s, g.end_s) for s in self.sessions for g in s.segments if g.state == "active"])
+        return peak_overlap([(g.start_s, g.end_s) for s in self.sessions for g in s.segments if g.state == "active"])
 
     def peak_present(self) -> int:
         """Most sessions connected at the same instant."""
-        return _peak([(s.arrive_s, s.leave_s) for s in self.sessions])
+        return peak_overlap([(s.arrive_s, s.leave_s) for s in self.sessions])
 
     def mean_active(self) -> float:
         """Time-averaged number of active sessions over [0, duration_s]."""
@@ -245,7 +245,7 @@ class Trace(BaseModel):
 _SEGMENT_RE = re.compile(r'\{\s*"start_s": ([^,\s]+),\s*"end_s": ([^,\s]+),\s*"state": "(\w+)"\s*\}')
 
 
-def _peak(intervals: list[tuple[float, float]]) -> int:
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
     """Largest number of half-open intervals [a, b) covering one instant."""
     events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])  # ends sort before starts
     peak = cur = 0

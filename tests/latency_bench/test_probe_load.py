@@ -26,16 +26,21 @@ pytestmark = pytest.mark.timeout(240)
 PERIOD_S = 0.05
 
 
-async def test_stamped_probe_reads_frame_index_and_action_seq_from_decoded_video(live_server) -> None:  # type: ignore[no-untyped-def]
-    p = await SessionProbe.open(live_server.url, seed=3, stamped=True)
+async def act_and_measure(url: str, *, seed: int, stamped: bool, seconds: float, settle_s: float):  # type: ignore[no-untyped-def]
+    """Open a probe, act at 8 Hz for `seconds`, wait `settle_s`, measure that window, close."""
+    p = await SessionProbe.open(url, seed=seed, stamped=stamped)
     try:
         await p.first_frame(30.0)
         start = time.monotonic()
-        await p.act_for(2.0, 8.0)
-        await asyncio.sleep(0.5)
-        m = p.measure([(start, time.monotonic())], frame_period_s=PERIOD_S)
+        await p.act_for(seconds, 8.0)
+        await asyncio.sleep(settle_s)
+        return p, p.measure([(start, time.monotonic())], frame_period_s=PERIOD_S)
     finally:
         await p.close()
+
+
+async def test_stamped_probe_reads_frame_index_and_action_seq_from_decoded_video(live_server) -> None:  # type: ignore[no-untyped-def]
+    p, m = await act_and_measure(live_server.url, seed=3, stamped=True, seconds=2.0, settle_s=0.5)
     assert m.mtp_source == "pixels" and m.stamps_read > 0.95
     idx = [f.frame_index for f in p.frames if f.frame_index is not None]
     assert all(b > a for a, b in zip(idx, idx[1:]))  # read back exactly, in order
@@ -48,15 +53,7 @@ async def test_stamped_probe_reads_frame_index_and_action_seq_from_decoded_video
 
 
 async def test_unstamped_probe_falls_back_to_frame_events(live_server) -> None:  # type: ignore[no-untyped-def]
-    p = await SessionProbe.open(live_server.url, seed=4, stamped=False)
-    try:
-        await p.first_frame(30.0)
-        start = time.monotonic()
-        await p.act_for(1.0, 8.0)
-        await asyncio.sleep(0.3)
-        m = p.measure([(start, time.monotonic())], frame_period_s=PERIOD_S)
-    finally:
-        await p.close()
+    p, m = await act_and_measure(live_server.url, seed=4, stamped=False, seconds=1.0, settle_s=0.3)
     assert m.mtp_source == "frame-event" and m.stamps_read == 0.0
     assert all(f.frame_index is None for f in p.frames)
     assert m.mtp_ms and min(m.mtp_ms) > 0
