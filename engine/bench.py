@@ -36,38 +36,16 @@ import numpy as np
 import torch
 
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
-from worldcast.engine.rollout import ChunkInputs
+from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.models.base import WorldModel
 
 
-class _BenchConditioner:
-    """Always active; cycles W, D, S, A once per second. `fault` injects a failure into its steps."""
-
-    def __init__(self, model: WorldModel, offset: int) -> None:
-        self.model, self.offset, self.t0 = model, offset, time.monotonic()
-        self.prompt = np.zeros(model.spec.prompt_dim, np.float32)
-        self.fault: str | None = None  #: None, "raise" or "nan"
-        self.epoch = 0
-        self.cancelled = False
-
-    def sample_chunk(self, frames: int) -> ChunkInputs:
-        if self.fault == "raise":
-            raise RuntimeError("injected failure")
-        key = "wdsa"[(int(time.monotonic() - self.t0) + self.offset) % 4]
-        a = np.stack([self.model.encode_action({key: True}, (0.0, 0.0)) for _ in range(frames)])
-        prompt = np.full_like(self.prompt, np.nan) if self.fault == "nan" else self.prompt
-        return ChunkInputs(actions=a, prompt=prompt, action_seq=-1, epoch=self.epoch)
-
-    def current_epoch(self) -> int:
-        return self.epoch
-
-    def wants_frames(self) -> bool:
-        return not self.cancelled
-
-    def cancel(self) -> None:
-        self.epoch += 1
-        self.cancelled = True
+def _conditioner(model: WorldModel, offset: int) -> ScriptedConditioner:
+    """Always active; cycles W, D, S, A once per second (each session `offset` keys apart)."""
+    t0 = time.monotonic()
+    vectors = [model.encode_action({k: True}, (0.0, 0.0)) for k in "wdsa"]
+    return ScriptedConditioner(model.spec, action=lambda: vectors[(int(time.monotonic() - t0) + offset) % 4])
 
 
 @dataclass
@@ -103,7 +81,7 @@ def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: in
     w.warmup()
     w.start()
     for i in range(sessions):
-        w.add_session(f"s{i}", _BenchConditioner(model, i), seed=i)
+        w.add_session(f"s{i}", _conditioner(model, i), seed=i)
     return w
 
 
@@ -115,7 +93,7 @@ def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int
     gap = max(3.0, seconds / 3)
     out: dict[str, object] = {"sessions": sessions}
     for name in ("cancel", "raise", "nan"):
-        victim = _BenchConditioner(model, 0)
+        victim = _conditioner(model, 0)
         w.add_session(name, victim, seed=99)
         time.sleep(gap / 2)
         t_fault = time.monotonic()

@@ -21,6 +21,10 @@ Failure policy (`StepRunner`):
   a suspect whose solo step overruns is ended; one that runs in time is
   cleared. While any step has been running for `stall_factor` timeouts,
   the worker reports itself stalled (`/readyz` answers 503).
+- commit steps decode and publish a chunk's frames before its KV-writing
+  forward (so that forward is off the motion-to-photon path); if that
+  forward then fails, the frames are already out and the session ends with
+  an error as above.
 """
 
 from __future__ import annotations
@@ -31,17 +35,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
+from worldcast.engine.admission import active_capacity
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.errors import KVPoolExhausted
 from worldcast.engine.kv_pool import KVPool
-from worldcast.engine.rollout import ChunkInputs, ChunkRollout, Conditioner, denoise_batch, finalize_batch
+from worldcast.engine.rollout import ChunkRollout, Conditioner, denoise_batch, finalize_batch
+from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.step_scheduler import Phase, SchedulerConfig, StepScheduler
 from worldcast.models.base import WorldModel
-from worldcast.models.spec import WorldModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -64,23 +68,6 @@ class EngineConfig:
             raise ValueError("step_timeout_s must be positive")
 
 
-class _IdleConditioner:
-    """Conditioner for warm-up rollouts: no keys, the default prompt's zero embedding."""
-
-    def __init__(self, spec: WorldModelSpec) -> None:
-        self.spec = spec
-
-    def sample_chunk(self, frames: int) -> ChunkInputs:
-        return ChunkInputs(actions=np.zeros((frames, self.spec.actions.dim), np.float32),
-                           prompt=np.zeros(self.spec.prompt_dim, np.float32), action_seq=-1, epoch=0)
-
-    def current_epoch(self) -> int:
-        return 0
-
-    def wants_frames(self) -> bool:
-        return True
-
-
 class _SessionTimeout(Exception):
     """One session's own part of a step overran the step timeout."""
 
@@ -95,11 +82,15 @@ class StepRunner:
     Args:
         rollouts: the device's rollouts by session id.
         timeout_s: step timeout, s (see the module docstring for the policy).
+        emit: publishes a commit step's frames as soon as they are decoded, before the
+            KV-writing forward (None: they are returned in `StepRunnerOutput.frames`).
     """
 
-    def __init__(self, rollouts: dict[str, ChunkRollout], *, timeout_s: float = 2.0) -> None:
+    def __init__(self, rollouts: dict[str, ChunkRollout], *, timeout_s: float = 2.0,
+                 emit: Callable[[list[FrameOut]], None] | None = None) -> None:
         self.rollouts = rollouts
         self.timeout_s = timeout_s
+        self.emit = emit
         self.suspects: set[str] = set()  #: sessions of an overrunning batch; they run alone until cleared
 
     def _run(self, plan: StepSchedulerOutput, ids: list[str], now_s: float) -> list[FrameOut]:
@@ -117,7 +108,8 @@ class StepRunner:
                                               f"over the {self.timeout_s * 1e3:.0f} ms step timeout")
             denoise_batch(rs)
             return []
-        return finalize_batch(rs, now_s)
+        frames = finalize_batch(rs, now_s, emit=self.emit)
+        return [] if self.emit is not None else frames
 
     def _run_group(self, plan: StepSchedulerOutput, ids: list[str], now_s: float,
                    failed: dict[str, str]) -> list[FrameOut]:
@@ -196,7 +188,7 @@ class DeviceWorker:
             CostModel(),
         )
         self.rollouts: dict[str, ChunkRollout] = {}
-        self.runner = StepRunner(self.rollouts, timeout_s=config.step_timeout_s)
+        self.runner = StepRunner(self.rollouts, timeout_s=config.step_timeout_s, emit=self._emit)
         self._step_started: float | None = None  #: monotonic start of the step in flight (watchdog)
         self.on_frames, self.on_error, self.clock = on_frames, on_error, clock
         self._lock = threading.Lock()
@@ -213,39 +205,48 @@ class DeviceWorker:
     # -- calibration ---------------------------------------------------------------------------
 
     def warmup(self, *, chunks: int = 3) -> None:
-        """Measure step costs before serving: a few chunks at batch 1 and at the largest batch the pool allows.
+        """Measure step costs before serving: a few chunks at each batch size from 1 to 4 (or the pool's limit).
 
         Runs on the calling thread; call before `start`. Fills the cost model
-        that admission and chunk start times rely on.
+        that admission and chunk start times rely on. Each batch size first
+        runs one untimed chunk: a shape's first run pays one-time costs
+        (kernel selection, allocator growth) that measured 5-10x a normal
+        step here and would otherwise hold the estimate high until that batch
+        size next runs, which under admission may be never.
         """
         assert self._thread is None, "warmup before start"
         spec = self.model.spec
-        for batch in sorted({1, max(1, min(self.config.max_batch, self.pool.free_slots, 4))}):
-            rs = [ChunkRollout(f"__warmup{i}", self.model, self.pool, _IdleConditioner(spec), seed=i)
+        for batch in range(1, max(1, min(self.config.max_batch, self.pool.free_slots, 4)) + 1):
+            rs = [ChunkRollout(f"__warmup{i}", self.model, self.pool, ScriptedConditioner(spec), seed=i)
                   for i in range(batch)]
             try:
                 for r in rs:
                     r.init(0.0)
-                for _ in range(chunks):
+                for chunk in range(chunks + 1):
                     for r in rs:
                         r.begin_chunk(0.0, 0.0)
                     for _ in range(spec.denoising_steps):
                         t0 = time.perf_counter()
                         denoise_batch(rs)
-                        self.scheduler.cost.observe("denoise", batch, time.perf_counter() - t0)
+                        if chunk:
+                            self.scheduler.cost.observe("denoise", batch, time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     finalize_batch(rs, 0.0)
-                    self.scheduler.cost.observe("commit", batch, time.perf_counter() - t0)
+                    if chunk:
+                        self.scheduler.cost.observe("commit", batch, time.perf_counter() - t0)
             finally:
                 for r in rs:
                     r.close()
         logger.info("DeviceWorker: warmed up; chunk time %.1f ms at batch 1",
                     self.scheduler.chunk_time_s(1) * 1e3)
 
-    def frame_cost_s(self, batch: int) -> float:
-        """Measured device time per frame per session when `batch` sessions share each step, s."""
-        b = max(1, min(batch, self.config.max_batch))
-        return self.scheduler.chunk_time_s(b) / b / self.model.spec.frames_per_chunk
+    def active_capacity(self, target_utilization: float) -> int:
+        """Most sessions that can generate at once with a batched chunk taking at most
+        `target_utilization` of a chunk period, by the measured step costs (see `admission.active_capacity`)."""
+        spec = self.model.spec
+        return active_capacity(self.scheduler.chunk_time_s, chunk_period_s=float(spec.frame_period) *
+                               spec.frames_per_chunk, target_utilization=target_utilization,
+                               max_batch=min(self.config.max_batch, self.pool.num_slots))
 
     # -- control (any thread) -------------------------------------------------------------
 
@@ -301,6 +302,11 @@ class DeviceWorker:
             self._wake.notify_all()
 
     # -- the loop (worker thread) ----------------------------------------------------------------
+
+    def _emit(self, frames: list[FrameOut]) -> None:
+        """Publish frames decoded mid-step (the commit forward follows)."""
+        if frames:
+            self.on_frames(frames)
 
     def _apply_pending(self) -> None:
         with self._lock:

@@ -2,8 +2,8 @@
 
 A session's rollout is `init` (commit the first frame), then for each chunk:
 `begin_chunk` (sample the freshest actions and prompt, draw noise), one
-`step` per denoising step, and `finalize` (commit the chunk's keys and values
-to the KV pool, decode, emit frames). Everything a chunk changes is staged in
+`step` per denoising step, and `finalize` (decode and emit the frames, then
+commit the chunk's keys and values to the KV pool). Everything a chunk changes is staged in
 `StagedChunk` until `finalize`; `abort_chunk` drops it and leaves the
 session's persistent state (KV slot, last latent, frame counter)
 byte-identical to before the chunk began.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -81,6 +82,7 @@ class StagedChunk:
     step: int = 0  #: denoising steps done
     x0: torch.Tensor | None = None  #: (F, C, h, w) latest clean prediction
     denoise_s: float = 0.0  #: device time spent on its denoising steps, s
+    frames: list[FrameOut] | None = None  #: decoded frames, once `finalize_batch` has decoded (and emitted) them
 
 
 @dataclass
@@ -218,8 +220,20 @@ def denoise_batch(rollouts: list[ChunkRollout]) -> None:
         s.denoise_s += dt  # type: ignore[union-attr]
 
 
-def finalize_batch(rollouts: list[ChunkRollout], now_s: float) -> list[FrameOut]:
-    """Commit each rollout's finished chunk: KV append, last latent, frame counter; decode.
+def finalize_batch(
+    rollouts: list[ChunkRollout], now_s: float, emit: Callable[[list[FrameOut]], None] | None = None
+) -> list[FrameOut]:
+    """Finish each rollout's chunk: decode its frames, then commit (KV append, last latent, frame counter).
+
+    Frames are decoded before the commit forward and handed to `emit` at
+    once, so the KV-writing forward is off the motion-to-photon path. A
+    chunk whose frames were emitted keeps them (`StagedChunk.frames`): if
+    the commit fails and the batch is re-run per session, nothing is
+    decoded or emitted twice. Session state changes only after every
+    forward of the batch has succeeded.
+
+    Args:
+        emit: called with the newly decoded frames before the commit forward (None: only returned).
 
     Returns:
         the frames of all committed chunks, in batch order.
@@ -228,33 +242,35 @@ def finalize_batch(rollouts: list[ChunkRollout], now_s: float) -> list[FrameOut]
     st = [r.staged for r in rollouts]
     assert all(s is not None and s.step == m.spec.denoising_steps for s in st), "finalize before last step"
     x0 = torch.stack([s.x_t for s in st])  # type: ignore[union-attr]  (B, F, C, h, w): x_t at t=0 is x0
+    todo = [i for i, s in enumerate(st) if s.frames is None]  # type: ignore[union-attr]
+    if todo:
+        t0 = time.perf_counter()
+        images = m.decode(x0[todo]).cpu().numpy()  # (b, F, H, W, 3)
+        decode_s = time.perf_counter() - t0
+        period = float(m.spec.frame_period)
+        fresh: list[FrameOut] = []
+        for j, i in enumerate(todo):
+            r, s = rollouts[i], st[i]
+            assert s is not None
+            timings = {
+                "queue": max(0.0, (now_s - s.began_s) - s.denoise_s) * 1e3,  # waiting between its steps
+                "denoise": s.denoise_s * 1e3,
+                "decode": decode_s * 1e3,
+            }
+            s.frames = [FrameOut(r.session_id, idx, images[j, f], s.deadline_s + f * period, s.inputs.action_seq,
+                                 s.inputs.epoch, dict(timings)) for f, idx in enumerate(s.frame_indices)]
+            fresh += s.frames
+        if emit is not None:
+            emit(fresh)
     prev = torch.stack([r.prev for r in rollouts])  # type: ignore[misc]
-    cond = _batch_cond(rollouts)
-    cache = rollouts[0].pool.view([r.slot for r in rollouts])
-    t0 = time.perf_counter()
-    kv = m.commit(x0, prev, cond, cache)
-    t1 = time.perf_counter()
-    images = m.decode(x0).cpu().numpy()  # (B, F, H, W, 3)
-    decode_s = time.perf_counter() - t1
-    commit_s = t1 - t0
+    kv = m.commit(x0, prev, _batch_cond(rollouts), rollouts[0].pool.view([r.slot for r in rollouts]))
     # Everything computed: now apply, session by session.
     frames: list[FrameOut] = []
-    period = float(m.spec.frame_period)
     for i, (r, s) in enumerate(zip(rollouts, st, strict=True)):
-        assert s is not None
+        assert s is not None and s.frames is not None
         r.pool.append(r.slot, s.frame_indices, [(k[i], v[i]) for k, v in kv])
         r.prev = x0[i, -1]
         r.next_frame = s.frame_indices[-1] + 1
         r.staged = None
-        timings = {
-            "queue": max(0.0, (now_s - s.began_s) - s.denoise_s) * 1e3,  # waiting between its steps
-            "denoise": s.denoise_s * 1e3,
-            "commit": commit_s * 1e3,
-            "decode": decode_s * 1e3,
-        }
-        for f, idx in enumerate(s.frame_indices):
-            frames.append(
-                FrameOut(r.session_id, idx, images[i, f], s.deadline_s + f * period, s.inputs.action_seq,
-                         s.inputs.epoch, dict(timings))
-            )
+        frames += s.frames
     return frames

@@ -13,8 +13,8 @@ from typing import Literal
 import numpy as np
 
 #: Kinds of step: "init" commits a session's first frame; "denoise" runs one
-#: denoising step of the current chunk; "commit" appends a finished chunk to
-#: the KV cache and decodes its frames.
+#: denoising step of the current chunk; "commit" decodes a finished chunk's
+#: frames, publishes them, then appends the chunk to the KV cache.
 StepKind = Literal["init", "denoise", "commit"]
 
 
@@ -48,8 +48,9 @@ class FrameOut:
         present_at_s: intended presentation time, s on the engine's monotonic clock.
         action_seq: seq of the last action applied in this frame (-1: none yet).
         epoch: flush epoch of the conditioning it was generated under.
-        timings_ms: per-stage times of its chunk, ms: queue (waiting between its steps), denoise
-            (its denoising steps), commit (the KV-writing forward), decode (latents to pixels).
+        timings_ms: per-stage times of its chunk up to publication, ms: queue (waiting between its
+            steps), denoise (its denoising steps), decode (latents to pixels). The KV-writing
+            commit forward runs after the frame is published and is not on its path.
     """
 
     session_id: str
@@ -66,7 +67,7 @@ class StepRunnerOutput:
     """What executing one `StepSchedulerOutput` produced."""
 
     step_time_s: float  #: wall time of the step on the device, s
-    frames: list[FrameOut]  #: frames of chunks committed by this step
+    frames: list[FrameOut]  #: frames of chunks committed by this step (not yet published)
     failed: dict[str, str]  #: session id -> reason, for sessions whose step failed (others unaffected)
 
     @classmethod

@@ -50,7 +50,7 @@ def report(results: list[SessionMetrics]) -> dict[str, Any]:
     """Aggregate over sessions: MTP pooled over all actions; per-session numbers as mean / worst."""
     mtp = [x for r in results for x in r.mtp_ms]
     stages = {k: float(np.nanmedian([r.stages_ms.get(k, float("nan")) for r in results]))
-              for k in ("queue", "denoise", "commit", "decode", "event_to_decoded")} if results else {}
+              for k in ("queue", "denoise", "decode", "event_to_decoded")} if results else {}
     return {
         "sessions": len(results),
         "mtp_ms": stats.percentiles(mtp),

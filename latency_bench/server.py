@@ -43,8 +43,9 @@ class ServerProfile:
         max_batch: sessions per batched step; 1 is the one-session-at-a-time baseline.
         admission: admission policy (static, always-on, duty-cycle).
         max_sessions: hard cap on open sessions.
-        target_utilization: admission's target share of device time, in (0, 1].
-        min_observation: s a session is observed before its duty cycle counts.
+        target_utilization: largest share of a chunk period one batched chunk may take, in (0, 1].
+        max_overload: duty-cycle admission's largest share of time with more sessions generating than fit.
+        min_observation: s a session is observed before its own duty cycle counts fully.
         threads: torch threads of the device worker (None: torch's default).
         video_scale: integer upscale of the published video.
     """
@@ -54,6 +55,7 @@ class ServerProfile:
     admission: str = "static"
     max_sessions: int = 16
     target_utilization: float = 0.85
+    max_overload: float = 0.05
     min_observation: float = 20.0
     threads: int | None = None
     video_scale: int = 4
@@ -61,8 +63,9 @@ class ServerProfile:
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", self.name):
             raise ValueError(f"profile name {self.name!r}: use 1-40 letters, digits, '_', '.', '-'")
-        if not (math.isfinite(self.target_utilization) and math.isfinite(self.min_observation)):
-            raise ValueError(f"profile {self.name!r}: target_utilization and min_observation must be finite")
+        if not all(math.isfinite(x) for x in (self.target_utilization, self.max_overload, self.min_observation)):
+            raise ValueError(f"profile {self.name!r}: target_utilization, max_overload and min_observation "
+                             "must be finite")
         if self.max_batch < 1 or self.max_sessions < 1:
             raise ValueError(f"profile {self.name!r}: max_batch and max_sessions must be >= 1")
         if self.admission not in ("static", "always-on", "duty-cycle"):
@@ -70,6 +73,8 @@ class ServerProfile:
                              f"not {self.admission!r}")
         if not 0 < self.target_utilization <= 1:
             raise ValueError(f"profile {self.name!r}: target_utilization must lie in (0, 1]")
+        if not 0 <= self.max_overload < 1:
+            raise ValueError(f"profile {self.name!r}: max_overload must lie in [0, 1)")
         if self.min_observation < 0:
             raise ValueError(f"profile {self.name!r}: min_observation must be >= 0")
         if self.threads is not None and self.threads < 1:
@@ -81,7 +86,8 @@ class ServerProfile:
         """The `worldcast serve` flags for this profile."""
         f = ["--max-batch", str(self.max_batch), "--admission", self.admission,
              "--max-sessions", str(self.max_sessions), "--target-utilization", str(self.target_utilization),
-             "--min-observation", str(self.min_observation), "--video-scale", str(self.video_scale)]
+             "--max-overload", str(self.max_overload), "--min-observation", str(self.min_observation),
+             "--video-scale", str(self.video_scale)]
         if self.threads:
             f += ["--threads", str(self.threads)]
         return f
@@ -107,7 +113,7 @@ class ServerProfile:
                                  f"{sorted(set(fields) - {'name'})}, got {item!r}")
             try:
                 kw[key] = (str(value) if key == "admission" else float(value) if key in (
-                    "target_utilization", "min_observation") else int(value))
+                    "target_utilization", "max_overload", "min_observation") else int(value))
             except ValueError:
                 raise ValueError(f"profile {text!r}: bad value for {key}: {value!r}") from None
         return dataclasses.replace(base, name=name, **kw)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, SessionLoad, decide
+from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad, decide
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.errors import KVPoolExhausted
 from worldcast.engine.step_output import FrameOut
@@ -63,6 +63,9 @@ class SessionManager:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._creating = 0  #: sessions admitted but not yet registered (their prompt is being encoded)
+        #: duty cycle charged to sessions not yet measured: the mean over measured ones
+        adm = config.admission
+        self.duty_prior = DutyCyclePrior(adm.min_observation_s, default=adm.default_duty_cycle)
         self._tick_task: asyncio.Task[None] | None = None
         #: hooks for metrics: on_frame(delivered, lateness_s), on_admission(admitted)
         self.on_frame: Callable[[bool, float], None] | None = None
@@ -137,20 +140,23 @@ class SessionManager:
         logger.info("Session(%s): created (prompt of %d chars, seed %d)", sid, len(text), session.seed)
         return session
 
+    def measured_loads(self) -> list[SessionLoad]:
+        """Measured duty cycle and observation time of each open session."""
+        now = self.clock()
+        return [SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now))
+                for s in list(self.sessions.values()) if s.state != SessionState.CLOSED]
+
     def admission_decision(self) -> AdmissionDecision:
         """Would a new session be admitted now? (See `engine/admission.py`.)"""
-        now = self.clock()
-        admitted = [
-            SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now))
-            for s in self.sessions.values() if s.state != SessionState.CLOSED
-        ] + [SessionLoad(duty_cycle=1.0, observed_s=0.0)] * self._creating
-        expected_batch = max(1, round(sum(ld.duty_cycle for ld in admitted)) + 1)
+        measured = self.measured_loads()
+        prior = self.duty_prior.value(measured)
+        adm = self.config.admission
         return decide(
-            self.config.admission,
-            admitted=admitted,
-            frame_cost_s=self.worker.frame_cost_s(expected_batch),
-            frame_period_s=float(self.model.spec.frame_period),
+            adm,
+            admitted=measured + [SessionLoad(duty_cycle=prior, observed_s=0.0)] * self._creating,
+            active_capacity=self.worker.active_capacity(adm.target_utilization),
             kv_free_slots=self.worker.pool.free_slots,
+            prior_duty=prior,
         )
 
     def get(self, session_id: str) -> Session:
@@ -169,6 +175,8 @@ class SessionManager:
         s = self.sessions.pop(session_id, None)
         if s is None:
             return
+        now = self.clock()
+        self.duty_prior.record_departure(SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now)))
         s.close(reason)
         self.worker.remove_session(session_id)
         logger.info("Session(%s): closed (%s)", session_id, reason.value)

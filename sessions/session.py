@@ -78,7 +78,7 @@ class VideoFrame:
         action_seq: seq of the last action applied (-1: none).
         epoch: flush epoch it was generated under.
         present_at_s: intended presentation time, s (monotonic).
-        timings_ms: server stage times (queue, denoise, commit, decode), ms; see `FrameOut`.
+        timings_ms: server stage times up to publication (queue, denoise, decode), ms; see `FrameOut`.
     """
 
     image: np.ndarray

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-from worldcast.engine.rollout import ChunkInputs
+from worldcast.engine import scripted as engine_scripted
 from worldcast.models.tinyworld import world
+from worldcast.models.tinyworld.model import make_spec
+from worldcast.models.tinyworld.network import TinyWorldConfig
+
+SPEC = make_spec(TinyWorldConfig())
 
 
 class FakeClock:
@@ -23,28 +25,12 @@ class FakeClock:
         self.now += dt_s
 
 
-class ScriptedConditioner:
-    """A Conditioner whose actions, prompt and flags the test sets directly (thread-safe)."""
+class ScriptedConditioner(engine_scripted.ScriptedConditioner):
+    """The engine's scripted conditioner for TinyWorld, with held keys a test can set (`keys`)."""
 
     def __init__(self, prompt: np.ndarray | None = None, keys: dict[str, bool] | None = None) -> None:
-        self.prompt = prompt if prompt is not None else np.eye(384, dtype=np.float32)[0]
         self.keys = keys or {}
-        self.epoch = 0
-        self.active = True
-        self.seq = -1
-        self.samples = 0
-        self.lock = threading.Lock()
+        super().__init__(SPEC, action=lambda: world.action_vector(self.keys),
+                         prompt=prompt if prompt is not None else np.eye(SPEC.prompt_dim, dtype=np.float32)[0])
 
-    def sample_chunk(self, frames: int) -> ChunkInputs:
-        with self.lock:
-            self.samples += 1
-            a = np.stack([world.action_vector(self.keys) for _ in range(frames)])
-            return ChunkInputs(actions=a, prompt=self.prompt, action_seq=self.seq, epoch=self.epoch)
 
-    def current_epoch(self) -> int:
-        with self.lock:
-            return self.epoch
-
-    def wants_frames(self) -> bool:
-        with self.lock:
-            return self.active

@@ -34,9 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--admission", choices=[p.value for p in AdmissionPolicy], default="duty-cycle",
                    help="admission policy (default duty-cycle)")
     s.add_argument("--target-utilization", type=float, default=0.85,
-                   help="largest predicted share of device time admission allows")
+                   help="largest share of a chunk period one batched chunk may take (sets how many sessions "
+                        "the device carries generating at once)")
+    s.add_argument("--max-overload", type=float, default=0.05,
+                   help="duty-cycle admission: largest share of time more sessions may generate than the "
+                        "device carries at once")
     s.add_argument("--min-observation", type=float, default=20.0,
-                   help="seconds a session is observed before admission trusts its measured duty cycle")
+                   help="seconds a session is observed before admission charges its own measured duty cycle "
+                        "fully (before that, partly the mean of measured sessions)")
     s.add_argument("--idle-after", type=float, default=30.0, help="seconds without actions before a session idles")
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--log-level", default="info")
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
                 idle_after_s=args.idle_after,
                 admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
                                           target_utilization=args.target_utilization,
+                                          max_overload_probability=args.max_overload,
                                           min_observation_s=args.min_observation),
             ),
         )

@@ -44,6 +44,16 @@ class _LiveCollector(Collector):
                                 value=m.worker.scheduler.queue_depth)
         yield GaugeMetricFamily("worldcast_device_worker_alive", "1 if the device worker runs",
                                 value=1.0 if m.worker.alive else 0.0)
+        adm = m.admission_decision()
+        yield GaugeMetricFamily("worldcast_admission_active_capacity",
+                                "Sessions the device carries generating at once, by the cost model",
+                                value=adm.active_capacity)
+        yield GaugeMetricFamily("worldcast_admission_overload_probability",
+                                "Share of time more sessions would generate than fit, if one more were admitted",
+                                value=adm.overload_probability)
+        yield GaugeMetricFamily("worldcast_admission_duty_prior",
+                                "Duty cycle charged to a session not yet measured", value=m.duty_prior.value(
+                                    m.measured_loads()))
         cost = GaugeMetricFamily("worldcast_cost_model_step_seconds", "Cost model: predicted step time",
                                  labels=["kind", "batch"])
         for (kind, batch), (sec, _n) in sorted(m.worker.scheduler.cost.snapshot().items()):

@@ -177,5 +177,6 @@ class TinyWorldModel(WorldModel):
         self, x0: torch.Tensor, prev: torch.Tensor, cond: ChunkConditioning, cache: KVView
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         zeros = torch.zeros(x0.shape[:2], device=x0.device)
-        _, kv = self.net(x0, prev[:, None], zeros, cond.action, cond.prompt, cache.kv, self._bias(cond, cache))
+        _, kv = self.net(x0, prev[:, None], zeros, cond.action, cond.prompt, cache.kv, self._bias(cond, cache),
+                         kv_only=True)
         return kv

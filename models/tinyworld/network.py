@@ -208,6 +208,8 @@ class Block(nn.Module):
         cond: torch.Tensor,
         past_kv: tuple[torch.Tensor, torch.Tensor] | None,
         bias: torch.Tensor | FrameAgeBias,
+        *,
+        kv_only: bool = False,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """One block.
 
@@ -216,6 +218,8 @@ class Block(nn.Module):
             cond: (B, F, D) per-frame conditioning.
             past_kv: cached (K, V), each (B, H, L, hd), or None.
             bias: (B, H, F*T, L + F*T) attention bias, dense or lazy (see `frame_age_bias`).
+            kv_only: compute only this block's keys and values (x is returned unchanged);
+                for the last block of a commit pass, whose output nothing reads.
 
         Returns:
             the new x (B, F, T, D) and this block's own (K, V), each (B, H, F*T, hd),
@@ -223,6 +227,11 @@ class Block(nn.Module):
         """
         B, Fr, T, D = x.shape
         H, hd = self.cfg.heads, self.cfg.head_dim
+        if kv_only:
+            s1, c1 = self.ada(F.silu(cond))[:, :, None].chunk(6, dim=-1)[:2]
+            h = self.norm1(x) * (1 + c1) + s1
+            _, k, v = self.qkv(h).reshape(B, Fr * T, 3, H, hd).permute(2, 0, 3, 1, 4)
+            return x, (k, v)
         s1, c1, g1, s2, c2, g2 = self.ada(F.silu(cond))[:, :, None].chunk(6, dim=-1)  # (B, F, 1, D) each
         h = self.norm1(x) * (1 + c1) + s1
         q, k, v = self.qkv(h).reshape(B, Fr * T, 3, H, hd).permute(2, 0, 3, 1, 4)  # (B, H, F*T, hd)
@@ -296,7 +305,9 @@ class TinyWorldDenoiser(nn.Module):
         prompt: torch.Tensor,
         past_kv: list[tuple[torch.Tensor, torch.Tensor]] | None,
         bias: torch.Tensor | FrameAgeBias,
-    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        *,
+        kv_only: bool = False,
+    ) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Predict clean latents of F frames and return their keys and values.
 
         Args:
@@ -307,10 +318,12 @@ class TinyWorldDenoiser(nn.Module):
             prompt: (B, F, prompt_dim) prompt embeddings (unit norm).
             past_kv: per layer cached (K, V), each (B, H, L, hd), or None.
             bias: (B, H, F*T, L + F*T) from `frame_age_bias`.
+            kv_only: return only the keys and values (x0 is None): a commit pass. The last
+                block then computes just its K/V projection and the output head is skipped.
 
         Returns:
-            x0: (B, F, C, h, w) predicted clean latents, and per layer the
-            (K, V) of these F frames, each (B, H, F*T, hd).
+            x0: (B, F, C, h, w) predicted clean latents (None when `kv_only`), and per
+            layer the (K, V) of these F frames, each (B, H, F*T, hd).
         """
         cfg = self.cfg
         B, Fr = x_t.shape[:2]
@@ -324,9 +337,12 @@ class TinyWorldDenoiser(nn.Module):
             + self.p_proj(prompt)
         )  # (B, F, D)
         new_kv = []
+        last = len(self.blocks) - 1
         for i, blk in enumerate(self.blocks):
-            x, kv = blk(x, cond, past_kv[i] if past_kv is not None else None, bias)
+            x, kv = blk(x, cond, past_kv[i] if past_kv is not None else None, bias, kv_only=kv_only and i == last)
             new_kv.append(kv)
+        if kv_only:
+            return None, new_kv
         sh, sc = self.ada_out(F.silu(cond))[:, :, None].chunk(2, dim=-1)
         delta = self.out(self.norm(x) * (1 + sc) + sh)  # (B, F, T, token_dim)
         x0_tok = pv_tok + delta

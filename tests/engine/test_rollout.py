@@ -45,7 +45,37 @@ def test_chunk_emits_frames_only_at_commit(model) -> None:  # type: ignore[no-un
     r.step()
     frames = r.finalize(0.01)
     assert [f.frame_index for f in frames] == [1] and frames[0].present_at_s == 0.05
-    assert set(frames[0].timings_ms) == {"queue", "denoise", "commit", "decode"}
+    assert set(frames[0].timings_ms) == {"queue", "denoise", "decode"}
+
+
+def test_frames_are_emitted_before_the_commit_forward(model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    pool = KVPool(model.spec.kv, budget_bytes=model.spec.kv.bytes_per_session() * 4)
+    a, b = make_rollout(model, "a", pool), make_rollout(model, "b", pool, seed=1)
+    for r in (a, b):
+        r.init(0.0)
+        r.begin_chunk(0.0, 0.05)
+        r.step()
+        r.step()
+    log: list[str] = []
+    real_commit = model.commit
+
+    def commit(*args, **kw):  # type: ignore[no-untyped-def]
+        log.append("commit")
+        if len(log) == 2:  # the batched commit forward fails once the frames are out
+            raise RuntimeError("injected commit failure")
+        return real_commit(*args, **kw)
+
+    monkeypatch.setattr(model, "commit", commit)
+    before = [state_of(r) for r in (a, b)]
+    with pytest.raises(RuntimeError, match="injected"):
+        finalize_batch([a, b], 0.01, emit=lambda fs: log.append("emit " + ",".join(f.session_id for f in fs)))
+    assert log == ["emit a,b", "commit"]
+    for r, st in zip((a, b), before, strict=True):  # nothing applied: the chunk is still staged
+        assert r.staged is not None and r.next_frame == st[4] and torch.equal(r.pool.snapshot(r.slot)[0], st[0])
+    # re-run alone (as StepRunner does after a batch failure): committed, nothing decoded or emitted twice
+    frames = finalize_batch([a], 0.02, emit=lambda fs: log.append("emit again"))
+    assert log == ["emit a,b", "commit", "commit"] and [f.session_id for f in frames] == ["a"]
+    assert a.staged is None and a.next_frame == 2 and b.staged is not None
 
 
 def test_aborted_chunk_leaves_session_byte_identical(model) -> None:  # type: ignore[no-untyped-def]

@@ -85,6 +85,24 @@ def test_parallel_training_forward_equals_cached_inference() -> None:
     assert len(cache.frames) == CFG.sink_frames + CFG.window_frames
 
 
+@torch.no_grad()
+def test_commit_pass_computes_the_same_keys_and_values_without_the_output() -> None:
+    torch.manual_seed(1)
+    net = TinyWorldDenoiser(CFG).eval()
+    for p in net.parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+    C, h = CFG.latent_channels, CFG.latent_size
+    args = (torch.randn(2, 1, C, h, h), torch.randn(2, 1, C, h, h), torch.zeros(2, 1), torch.randn(2, 1, 8),
+            torch.randn(2, 1, CFG.prompt_dim))
+    q = torch.zeros(2, CFG.tokens_per_frame, dtype=torch.long)
+    bias = frame_age_bias(q, q, torch.ones_like(q, dtype=torch.bool), cfg=CFG)
+    x0, full = net(*args, None, bias)
+    none, kv_only = net(*args, None, bias, kv_only=True)
+    assert x0 is not None and none is None and len(kv_only) == CFG.layers
+    for (k1, v1), (k2, v2) in zip(full, kv_only, strict=True):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
 def test_untrained_denoiser_copies_the_previous_frame() -> None:
     net = TinyWorldDenoiser(CFG)
     z = torch.randn(2, 1, CFG.latent_channels, CFG.latent_size, CFG.latent_size)

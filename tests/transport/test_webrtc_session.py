@@ -34,7 +34,7 @@ async def test_video_flows_with_increasing_pts_and_metadata(live_server) -> None
         assert frames[-1].time_base.denominator == 90_000
         ev = await c.wait_event(lambda m: m.get("event") == "frame")
         assert {"frame_index", "pts", "action_seq", "epoch", "lateness_ms", "timings_ms"} <= set(ev)
-        assert {"queue", "denoise", "commit", "decode"} <= set(ev["timings_ms"])
+        assert set(ev["timings_ms"]) == {"queue", "denoise", "decode"}  # the commit forward follows publication
 
 
 async def test_pressed_key_is_applied_and_picture_moves(live_server) -> None:  # type: ignore[no-untyped-def]

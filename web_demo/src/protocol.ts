@@ -95,7 +95,7 @@ export interface FrameEvent {
   pts: number; // 90 kHz RTP clock
   action_seq: number; // seq of the last action applied in this frame (-1: none yet)
   epoch: number; // flush epoch the frame was generated under
-  timings_ms: { queue: number; denoise: number; commit: number }; // server stage times of its chunk
+  timings_ms: { queue: number; denoise: number; decode: number }; // server stage times of its chunk, up to publication
 }
 
 export interface StateEvent {

@@ -16,7 +16,7 @@ export interface Stats {
   lagMs: number | null; // action->frame: mean over the seqs N a frame newly covers of (frame event
   //                       arrival - send time of seq N), i.e. first frame with action_seq >= N
   lagMaxMs: number | null; // the largest of those (the oldest seq covered)
-  timingsMs: { queue: number; denoise: number; commit: number } | null; // server stages, last frame
+  timingsMs: { queue: number; denoise: number; decode: number } | null; // server stages, last frame
   videoFrames: number; // frames presented by the <video> element (requestVideoFrameCallback)
   rejected: number; // action_rejected events
   errors: string[]; // server error and rejection messages, newest last
@@ -106,7 +106,7 @@ export class StatsTracker {
       `frames     ${s.framesReceived} (video ${s.videoFrames}) #${s.lastFrameIndex} epoch ${s.epoch}`,
       `action seq applied ${s.lastAppliedSeq} / sent ${s.lastSentSeq}` + (s.rejected ? ` (${s.rejected} rejected)` : ""),
       `action→frame ${ms(s.lagMs)} (max ${ms(s.lagMaxMs)})`,
-      t ? `server ms  queue ${ms1(t.queue)} denoise ${ms1(t.denoise)} commit ${ms1(t.commit)}` : "server ms  -",
+      t ? `server ms  queue ${ms1(t.queue)} denoise ${ms1(t.denoise)} decode ${ms1(t.decode)}` : "server ms  -",
     ].join("\n");
   }
 }

@@ -1,0 +1,87 @@
+"""ScriptedConditioner: a `Conditioner` driven by code instead of a user.
+
+For the device worker's warm-up, the benchmarks and the tests: actions come
+from a fixed vector or a callable (a key schedule), the session wants
+frames while `active` (or while a callable says so), and `fault` injects a
+failure into its steps. A real session's conditioner is
+`sessions/session.py`'s `Session`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from worldcast.engine.rollout import ChunkInputs
+from worldcast.models.spec import WorldModelSpec
+
+
+class ScriptedConditioner:
+    """A thread-safe scripted conditioner.
+
+    Args:
+        spec: the model's spec (action and prompt sizes).
+        action: float32 (A,) action vector for every frame, or a callable returning one per
+            chunk (called on the device thread); default: zeros (no key held).
+        prompt: float32 (P,) prompt embedding; default: zeros.
+        wants: whether the session generates now (called on the device thread);
+            default: the `active` attribute.
+
+    Attributes:
+        active: generating while True (when `wants` is not given).
+        epoch: flush epoch; bump it (`flush`, `cancel`) to make a staged chunk stale.
+        seq: action seq reported with every chunk.
+        fault: None, "raise" (sampling raises RuntimeError) or "nan" (a NaN prompt poisons the step).
+        samples: chunks sampled so far.
+    """
+
+    def __init__(
+        self,
+        spec: WorldModelSpec,
+        *,
+        action: np.ndarray | Callable[[], np.ndarray] | None = None,
+        prompt: np.ndarray | None = None,
+        wants: Callable[[], bool] | None = None,
+    ) -> None:
+        self._action = action if action is not None else np.zeros(spec.actions.dim, np.float32)
+        self.prompt = prompt if prompt is not None else np.zeros(spec.prompt_dim, np.float32)
+        self._wants = wants
+        self.active = True
+        self.epoch = 0
+        self.seq = -1
+        self.fault: str | None = None
+        self.samples = 0
+        self.lock = threading.Lock()
+
+    def sample_chunk(self, frames: int) -> ChunkInputs:
+        with self.lock:
+            self.samples += 1
+            if self.fault == "raise":
+                raise RuntimeError("injected failure")
+            a = self._action() if callable(self._action) else self._action
+            prompt = np.full_like(self.prompt, np.nan) if self.fault == "nan" else self.prompt
+            return ChunkInputs(actions=np.repeat(np.asarray(a, np.float32)[None], frames, 0), prompt=prompt,
+                               action_seq=self.seq, epoch=self.epoch)
+
+    def current_epoch(self) -> int:
+        with self.lock:
+            return self.epoch
+
+    def wants_frames(self) -> bool:
+        if self._wants is not None:
+            return self._wants()
+        with self.lock:
+            return self.active
+
+    def flush(self) -> None:
+        """Make any staged chunk stale, as the `flush` RPC does."""
+        with self.lock:
+            self.epoch += 1
+
+    def cancel(self) -> None:
+        """Stale the staged chunk and stop generating, as `Session.cancel` does."""
+        with self.lock:
+            self.epoch += 1
+            self.active = False
