@@ -245,7 +245,7 @@ def finalize_batch(
     todo = [i for i, s in enumerate(st) if s.frames is None]  # type: ignore[union-attr]
     if todo:
         t0 = time.perf_counter()
-        images = m.decode(x0[todo]).cpu().numpy()  # (b, F, H, W, 3)
+        images = m.decode(x0 if len(todo) == len(st) else x0[todo]).cpu().numpy()  # (b, F, H, W, 3); no copy when all
         decode_s = time.perf_counter() - t0
         period = float(m.spec.frame_period)
         fresh: list[FrameOut] = []
