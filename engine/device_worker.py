@@ -45,6 +45,7 @@ from worldcast.engine.rollout import ChunkRollout, Conditioner, denoise_batch, f
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.step_scheduler import Phase, SchedulerConfig, StepScheduler
+from worldcast.engine.threads import ThreadChoice, available_cores, choose_threads, eligible_threads
 from worldcast.models.base import WorldModel
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class EngineConfig:
 
     kv_budget_bytes: int = 256 * 1024 * 1024  #: KV pool budget, bytes
     max_batch: int = 8  #: most sessions per batched step (1 = no batching)
-    torch_threads: int | None = None  #: intra-op CPU threads for torch (None: torch's default)
+    torch_threads: int | None = None  #: intra-op CPU threads for torch (None: chosen by measurement at warm-up)
+    reserved_cores: int = 1  #: cores left to the event loop, video encoders and prompt encoder when choosing threads
     idle_poll_s: float = 0.05  #: longest sleep when nothing is ready, s (sessions also wake the worker)
     step_timeout_s: float = 2.0  #: a step (or one session's part of it) longer than this is a timeout, s
     stall_factor: float = 5.0  #: a step running for this many timeouts marks the worker stalled
@@ -199,13 +201,61 @@ class DeviceWorker:
         self._thread: threading.Thread | None = None
         self.steps_run = 0
         self.last_error: str | None = None
+        #: the intra-op thread count in use and how it was chosen (set by `choose_threads`)
+        self.thread_choice: ThreadChoice | None = None
         #: called on the worker thread after every executed step (metrics)
         self.on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None
 
     # -- calibration ---------------------------------------------------------------------------
 
+    def _time_chunk(self, rollouts: list[ChunkRollout], *, observe: bool) -> float:
+        """Run one chunk of `rollouts` as one batch; returns its duration, s (observed into the cost model)."""
+        spec = self.model.spec
+        t_chunk = time.perf_counter()
+        for r in rollouts:
+            r.begin_chunk(0.0, 0.0)
+        for _ in range(spec.denoising_steps):
+            t0 = time.perf_counter()
+            denoise_batch(rollouts)
+            if observe:
+                self.scheduler.cost.observe("denoise", len(rollouts), time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        finalize_batch(rollouts, 0.0)
+        if observe:
+            self.scheduler.cost.observe("commit", len(rollouts), time.perf_counter() - t0)
+        return time.perf_counter() - t_chunk
+
+    def choose_threads(self) -> ThreadChoice:
+        """Set torch's intra-op thread count: the configured one, else the fastest by measurement.
+
+        On a CPU device each candidate count (1..cores) runs timed batch-1 chunks and
+        the fastest of those leaving `EngineConfig.reserved_cores` free is kept (see
+        `engine/threads.py`); on an accelerator the CPU only launches work, and the
+        eligible count is used without timing. Runs on the calling thread, before `start`.
+        """
+        cores = available_cores()
+        eligible = eligible_threads(cores, self.config.reserved_cores)
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+            choice = ThreadChoice(threads=self.config.torch_threads, chunk_s={}, eligible=eligible, measured=False)
+        elif self.model.device.type != "cpu":
+            torch.set_num_threads(eligible)
+            choice = ThreadChoice(threads=eligible, chunk_s={}, eligible=eligible, measured=False)
+        else:
+            r = ChunkRollout("__threads", self.model, self.pool, ScriptedConditioner(self.model.spec), seed=0)
+            try:
+                r.init(0.0)
+                choice = choose_threads(lambda: self._time_chunk([r], observe=False), cores=cores,
+                                        reserved_cores=self.config.reserved_cores)
+            finally:
+                r.close()
+        self.thread_choice = choice
+        logger.info("DeviceWorker: %s", choice.describe())
+        return choice
+
     def warmup(self, *, chunks: int = 3) -> None:
-        """Measure step costs before serving: a few chunks at each batch size from 1 to 4 (or the pool's limit).
+        """Choose the thread count (`choose_threads`), then measure step costs before serving:
+        a few chunks at each batch size from 1 to 4 (or the pool's limit).
 
         Runs on the calling thread; call before `start`. Fills the cost model
         that admission and chunk start times rely on. Each batch size first
@@ -215,6 +265,7 @@ class DeviceWorker:
         size next runs, which under admission may be never.
         """
         assert self._thread is None, "warmup before start"
+        self.choose_threads()
         spec = self.model.spec
         for batch in range(1, max(1, min(self.config.max_batch, self.pool.free_slots, 4)) + 1):
             rs = [ChunkRollout(f"__warmup{i}", self.model, self.pool, ScriptedConditioner(spec), seed=i)
@@ -223,17 +274,7 @@ class DeviceWorker:
                 for r in rs:
                     r.init(0.0)
                 for chunk in range(chunks + 1):
-                    for r in rs:
-                        r.begin_chunk(0.0, 0.0)
-                    for _ in range(spec.denoising_steps):
-                        t0 = time.perf_counter()
-                        denoise_batch(rs)
-                        if chunk:
-                            self.scheduler.cost.observe("denoise", batch, time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    finalize_batch(rs, 0.0)
-                    if chunk:
-                        self.scheduler.cost.observe("commit", batch, time.perf_counter() - t0)
+                    self._time_chunk(rs, observe=chunk > 0)
             finally:
                 for r in rs:
                     r.close()
@@ -338,7 +379,9 @@ class DeviceWorker:
                 self.scheduler.restart_chunk(sid, now_s)
 
     def _loop(self) -> None:
-        if self.config.torch_threads:
+        if self.thread_choice is not None:
+            torch.set_num_threads(self.thread_choice.threads)
+        elif self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
         logger.info("DeviceWorker: started on %s", self.model.device)
         try:

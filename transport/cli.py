@@ -29,7 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--video-scale", type=int, default=4, help="integer upscale of the published video")
     s.add_argument("--max-batch", type=int, default=8, help="sessions per batched step (1 = no batching)")
     s.add_argument("--kv-budget-mib", type=int, default=256, help="KV pool budget, MiB")
-    s.add_argument("--threads", type=int, default=None, help="torch intra-op threads on the device worker")
+    s.add_argument("--threads", type=int, default=None, help="torch intra-op threads on the device worker (default: the fastest of those leaving "
+                        "--reserved-cores free, measured at start-up)")
+    s.add_argument("--reserved-cores", type=int, default=1,
+                   help="cores left to the event loop and video encoders when choosing threads (default 1)")
     s.add_argument("--max-sessions", type=int, default=16, help="hard cap on open sessions")
     s.add_argument("--admission", choices=[p.value for p in AdmissionPolicy], default="duty-cycle",
                    help="admission policy (default duty-cycle)")
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
             ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
             static_dir=args.static_dir,
             engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
-                                torch_threads=args.threads),
+                                torch_threads=args.threads, reserved_cores=args.reserved_cores),
             sessions=SessionConfig(
                 idle_after_s=args.idle_after,
                 admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,

@@ -44,6 +44,16 @@ class _LiveCollector(Collector):
                                 value=m.worker.scheduler.queue_depth)
         yield GaugeMetricFamily("worldcast_device_worker_alive", "1 if the device worker runs",
                                 value=1.0 if m.worker.alive else 0.0)
+        choice = m.worker.thread_choice
+        if choice is not None:
+            yield GaugeMetricFamily("worldcast_device_threads", "Torch intra-op threads of the device worker",
+                                    value=choice.threads)
+            per = GaugeMetricFamily("worldcast_device_thread_chunk_seconds",
+                                    "Warm-up chunk time measured under each candidate thread count",
+                                    labels=["threads"])
+            for n, sec in sorted(choice.chunk_s.items()):
+                per.add_metric([str(n)], sec)
+            yield per
         adm = m.admission_decision()
         yield GaugeMetricFamily("worldcast_admission_active_capacity",
                                 "Sessions the device carries generating at once, by the cost model",

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from tests.fakes import ScriptedConditioner
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
@@ -211,3 +212,37 @@ def test_a_step_stuck_on_the_device_marks_the_worker_stalled(strict_worker, monk
     release.set()
     wait_for(lambda: w.stalled_s == 0.0)
     assert w.alive
+
+
+def test_warmup_chooses_the_thread_count_by_timing_every_candidate(model) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.engine.threads import available_cores, eligible_threads
+
+    before = torch.get_num_threads()
+    rec = Recorder()
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * 2, max_batch=1),
+                     on_frames=rec.on_frames, on_error=rec.on_error)
+    try:
+        choice = w.choose_threads()
+        cores = available_cores()
+        assert choice.measured
+        assert set(choice.chunk_s) == set(range(1, min(cores, 8) + 1)) or len(choice.chunk_s) == 8
+        assert all(s > 0 for s in choice.chunk_s.values())
+        assert 1 <= choice.threads <= eligible_threads(cores, 1)
+        eligible = {n: s for n, s in choice.chunk_s.items() if n <= choice.eligible}
+        assert choice.chunk_s[choice.threads] == min(eligible.values())
+        assert torch.get_num_threads() == choice.threads
+        assert w.pool.free_slots == w.pool.num_slots, "the timing session's slot is returned"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_configured_threads_are_used_without_timing(model) -> None:  # type: ignore[no-untyped-def]
+    before = torch.get_num_threads()
+    rec = Recorder()
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * 2, torch_threads=1),
+                     on_frames=rec.on_frames, on_error=rec.on_error)
+    try:
+        choice = w.choose_threads()
+        assert (choice.threads, choice.measured, choice.chunk_s) == (1, False, {})
+    finally:
+        torch.set_num_threads(before)
