@@ -215,7 +215,12 @@ def decide(
     if config.policy == AdmissionPolicy.STATIC:
         return out(True, "under the session limit")
     if not admitted:  # an idle device serves one session, however slowly, rather than none
-        return out(True, "device idle")
+        return out(True, "device idle" if active_capacity else
+                   "device idle (degraded: its measured chunk time exceeds the chunk budget, so it serves "
+                   "one session at a time, below real time)")
+    if active_capacity == 0:
+        return out(False, "device degraded: its measured chunk time exceeds the chunk budget even for one "
+                          "session, so it serves one session at a time")
     if config.policy == AdmissionPolicy.ALWAYS_ON:
         if len(duties) > active_capacity:
             return out(False, f"{len(duties)} sessions generating at once exceed the device's "

@@ -72,7 +72,7 @@ class _Collector:
 def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: int,
              threads: int | None) -> DeviceWorker:
     """A warmed-up, started device worker serving sessions s0..s{N-1}, reporting to `col`."""
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * (sessions + 4),
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * (sessions + 4),
                                          max_batch=max_batch, torch_threads=threads),
                      on_frames=col.on_frames, on_error=col.on_error)
     w.on_step = col.on_step
@@ -143,6 +143,8 @@ def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int
     per = [sum(1 for f in window if f[0] == f"s{i}") / (t1 - t0) for i in range(sessions)]
     mean = statistics.mean(per) if per else 0.0
     on_time = [f[2] - f[1] < period for f in window]
+    with col.lock:
+        batches = [len(ids) for start, ids in col.steps if t0 <= start < t1]
     return {
         "max_batch": max_batch,
         "sessions": sessions,
@@ -150,6 +152,7 @@ def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int
         "per_session_fps_mean": mean,
         "per_session_fps_spread": (max(abs(p - mean) for p in per) / mean) if mean else float("nan"),
         "on_time_share": float(np.mean(on_time)) if on_time else float("nan"),
+        "mean_step_batch": float(np.mean(batches)) if batches else float("nan"),
         "step_costs_ms": {f"{k}@{b}": round(v * 1e3, 2) for (k, b), (v, _) in w.scheduler.cost.snapshot().items()},
     }
 

@@ -47,6 +47,10 @@ class CostModel:
         b = lower[-1] if lower else upper[0]
         return self._ema[(kind, b)] * batch / b if lower else self._ema[(kind, b)]
 
+    def copy(self) -> CostModel:
+        """An independent copy (for readers on other threads)."""
+        return CostModel(prior_s=self.prior_s, alpha=self.alpha, _ema=dict(self._ema), _count=dict(self._count))
+
     def snapshot(self) -> dict[tuple[str, int], tuple[float, int]]:
         """{(kind, batch): (ema seconds, observations)} for metrics."""
         return {k: (v, self._count[k]) for k, v in self._ema.items()}

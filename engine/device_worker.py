@@ -25,6 +25,14 @@ Failure policy (`StepRunner`):
   forward (so that forward is off the motion-to-photon path); if that
   forward then fails, the frames are already out and the session ends with
   an error as above.
+
+One owner for engine state: the worker thread alone allocates and frees
+state slots, adds and removes rollouts and scheduler entries (one removal
+path, `_remove`, for a session that left, failed or was closed), and
+updates the cost model. Other threads (the event loop: admission,
+`/metrics`) call `add_session` / `remove_session` (queued under a lock,
+with slots reserved so admission never over-commits) and read `snapshot`,
+an immutable `EngineSnapshot` the worker publishes after every change.
 """
 
 from __future__ import annotations
@@ -33,19 +41,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from worldcast.engine.admission import active_capacity
 from worldcast.engine.cost_model import CostModel
-from worldcast.engine.errors import KVPoolExhausted
-from worldcast.engine.kv_pool import KVPool
-from worldcast.engine.rollout import ChunkRollout, Conditioner, denoise_batch, finalize_batch
+from worldcast.engine.errors import StatePoolExhausted
+from worldcast.engine.rollout import BatchCache, ChunkRollout, Conditioner, denoise_batch, finalize_batch
 from worldcast.engine.scripted import ScriptedConditioner
-from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
+from worldcast.engine.state_pool import StatePool
+from worldcast.engine.step_output import FrameOut, StepKind, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.step_scheduler import Phase, SchedulerConfig, StepScheduler
 from worldcast.engine.threads import ThreadChoice, available_cores, choose_threads, eligible_threads
+from worldcast.engine.timing import DeviceTimer
 from worldcast.models.base import WorldModel
 
 logger = logging.getLogger(__name__)
@@ -55,19 +64,51 @@ logger = logging.getLogger(__name__)
 class EngineConfig:
     """Settings of one device's engine."""
 
-    kv_budget_bytes: int = 256 * 1024 * 1024  #: KV pool budget, bytes
+    kv_budget_bytes: int = 256 * 1024 * 1024  #: state pool budget (KV rings and every other declared state), bytes
     max_batch: int = 8  #: most sessions per batched step (1 = no batching)
     torch_threads: int | None = None  #: intra-op CPU threads for torch (None: chosen by measurement at warm-up)
     reserved_cores: int = 1  #: cores left to the event loop, video encoders and prompt encoder when choosing threads
     idle_poll_s: float = 0.05  #: longest sleep when nothing is ready, s (sessions also wake the worker)
     step_timeout_s: float = 2.0  #: a step (or one session's part of it) longer than this is a timeout, s
     stall_factor: float = 5.0  #: a step running for this many timeouts marks the worker stalled
+    target_utilization: float = 0.85  #: share of a chunk period a batched chunk may take (capacity, degraded)
 
     def __post_init__(self) -> None:
         if self.kv_budget_bytes <= 0:
             raise ValueError("kv_budget_bytes must be positive")
         if self.step_timeout_s <= 0:
             raise ValueError("step_timeout_s must be positive")
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """A consistent picture of the engine, published by the worker thread for other threads to read.
+
+    Attributes:
+        slots_total: state pool slots.
+        slots_used: slots held by sessions.
+        slot_bytes: bytes of one session's whole declared state.
+        queue_depth: sessions with a step ready or a chunk staged.
+        sessions: session id -> {"phase", "frames", "late_frames"} (the scheduler's view).
+        cost: a copy of the cost model.
+        steps_run: steps executed.
+    """
+
+    slots_total: int
+    slots_used: int
+    slot_bytes: int
+    queue_depth: int = 0
+    sessions: dict[str, dict[str, float]] = field(default_factory=dict)
+    cost: CostModel = field(default_factory=CostModel)
+    steps_run: int = 0
+
+    @property
+    def used_bytes(self) -> int:
+        return self.slots_used * self.slot_bytes
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.slots_total * self.slot_bytes
 
 
 class _SessionTimeout(Exception):
@@ -86,13 +127,19 @@ class StepRunner:
         timeout_s: step timeout, s (see the module docstring for the policy).
         emit: publishes a commit step's frames as soon as they are decoded, before the
             KV-writing forward (None: they are returned in `StepRunnerOutput.frames`).
+        timer: measures each group's device time (None: one for the rollouts' device).
+        perf_clock: the wall clock timeouts are measured on, s (injectable for tests).
     """
 
     def __init__(self, rollouts: dict[str, ChunkRollout], *, timeout_s: float = 2.0,
-                 emit: Callable[[list[FrameOut]], None] | None = None) -> None:
+                 emit: Callable[[list[FrameOut]], None] | None = None, timer: DeviceTimer | None = None,
+                 perf_clock: Callable[[], float] = time.perf_counter) -> None:
         self.rollouts = rollouts
+        self.perf_clock = perf_clock
         self.timeout_s = timeout_s
         self.emit = emit
+        self.timer = timer
+        self.cache = BatchCache()
         self.suspects: set[str] = set()  #: sessions of an overrunning batch; they run alone until cleared
 
     def _run(self, plan: StepSchedulerOutput, ids: list[str], now_s: float) -> list[FrameOut]:
@@ -102,36 +149,42 @@ class StepRunner:
         if plan.kind == "denoise":
             for r in rs:
                 if r.staged is None:
-                    t0 = time.perf_counter()
+                    t0 = self.perf_clock()
                     r.begin_chunk(now_s, plan.deadlines_s[r.session_id])
-                    if (dt := time.perf_counter() - t0) > self.timeout_s:
+                    if (dt := self.perf_clock() - t0) > self.timeout_s:
                         r.abort_chunk()
                         raise _SessionTimeout(r.session_id, f"sampling conditioning took {dt * 1e3:.0f} ms, "
                                               f"over the {self.timeout_s * 1e3:.0f} ms step timeout")
-            denoise_batch(rs)
+            denoise_batch(rs, self.cache)
             return []
-        frames = finalize_batch(rs, now_s, emit=self.emit)
+        frames = finalize_batch(rs, now_s, emit=self.emit, cache=self.cache)
         return [] if self.emit is not None else frames
 
     def _run_group(self, plan: StepSchedulerOutput, ids: list[str], now_s: float,
-                   failed: dict[str, str]) -> list[FrameOut]:
+                   failed: dict[str, str], timer: DeviceTimer) -> list[FrameOut]:
         """Run `ids` as one batch; on failure, each alone. Records failures in `failed`."""
-        t0 = time.perf_counter()
+        assert plan.kind is not None
+        rerun = plan.kind == "commit" and any(
+            (st := self.rollouts[sid].staged) is not None and st.frames is not None for sid in ids)
+        t0 = self.perf_clock()
+        token = timer.start()
         try:
             frames = self._run(plan, ids, now_s)
         except _SessionTimeout as e:
             failed[e.session_id] = f"{plan.kind} step timed out: {e}"
             rest = [sid for sid in ids if sid != e.session_id]
-            return self._run_group(plan, rest, now_s, failed) if rest else []
+            return self._run_group(plan, rest, now_s, failed, timer) if rest else []
         except Exception as e:  # noqa: BLE001 - any step error is isolated below
             if len(ids) == 1:
                 logger.warning("Session(%s): %s step failed: %r", ids[0], plan.kind, e)
                 failed[ids[0]] = f"{plan.kind} step failed: {e}"
                 return []
-            return [f for sid in ids for f in self._run_group(plan, [sid], now_s, failed)]
-        dt = time.perf_counter() - t0
+            return [f for sid in ids for f in self._run_group(plan, [sid], now_s, failed, timer)]
+        dt = self.perf_clock() - t0
         if dt <= self.timeout_s:
             self.suspects.difference_update(ids)
+            if not rerun:  # a clean run of exactly this batch (a re-run commit skips its decode: no measure)
+                timer.stop(token, plan.kind, len(ids))
             return frames
         if len(ids) == 1 and ids[0] in self.suspects:
             self.suspects.discard(ids[0])
@@ -147,24 +200,34 @@ class StepRunner:
         """Run one planned step: suspects alone, the rest as one batch."""
         t0 = time.perf_counter()
         ids = [sid for sid in plan.session_ids if sid in self.rollouts]
+        timer = self.timer or DeviceTimer(next(iter(self.rollouts.values())).model.device if self.rollouts
+                                          else torch.device("cpu"))
+        self.timer = timer
         failed: dict[str, str] = {}
         groups = [[sid] for sid in ids if sid in self.suspects]
         if rest := [sid for sid in ids if sid not in self.suspects]:
             groups.append(rest)
-        frames = [f for g in groups for f in self._run_group(plan, g, now_s, failed)]
+        frames = [f for g in groups for f in self._run_group(plan, g, now_s, failed, timer)]
         frames = [f for f in frames if f.session_id not in failed]
-        return StepRunnerOutput(step_time_s=time.perf_counter() - t0, frames=frames, failed=failed)
+        by_session: dict[str, int] = {}
+        for f in frames:
+            by_session[f.session_id] = by_session.get(f.session_id, 0) + 1
+        samples: list[tuple[StepKind, int, float]] = [(k, b, s) for k, b, s in timer.poll()]  # type: ignore[misc]
+        return StepRunnerOutput(step_time_s=time.perf_counter() - t0, frames=frames, failed=failed,
+                                cost_samples=samples, frames_by_session=by_session)
 
 
 class DeviceWorker:
-    """Owns the model's device: a KV pool, a scheduler and the thread that runs steps.
+    """Owns the model's device: a state pool, a scheduler and the thread that runs steps.
 
     Args:
         model: the world model (on its device).
         config: engine settings.
         on_frames: called from the worker thread with each step's frames.
         on_error: called from the worker thread with (session_id, reason) when a session fails.
-        clock: monotonic clock in seconds (injectable for tests).
+        clock: monotonic clock in seconds: deadlines and presentation times (injectable for tests).
+        perf_clock: monotonic clock in seconds that step timeouts and the stall watchdog measure
+            (injectable, so tests can simulate an overrun without sleeping).
     """
 
     def __init__(
@@ -175,28 +238,35 @@ class DeviceWorker:
         on_frames: Callable[[list[FrameOut]], None],
         on_error: Callable[[str, str], None],
         clock: Callable[[], float] = time.monotonic,
+        perf_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
         self.config = config
         spec = model.spec
-        self.pool = KVPool(spec.kv, budget_bytes=config.kv_budget_bytes, device=model.device)
+        self.pool = StatePool(spec.states, budget_bytes=config.kv_budget_bytes, device=model.device)
+        first = spec.chunk_pixel_frames(spec.initial_latent_frames)
         self.scheduler = StepScheduler(
             SchedulerConfig(
                 frame_period_s=float(spec.frame_period),
                 frames_per_chunk=spec.frames_per_chunk,
                 denoising_steps=spec.denoising_steps,
                 max_batch=config.max_batch,
+                first_chunk_frames=first if first != spec.frames_per_chunk else None,
             ),
             CostModel(),
         )
         self.rollouts: dict[str, ChunkRollout] = {}
-        self.runner = StepRunner(self.rollouts, timeout_s=config.step_timeout_s, emit=self._emit)
+        self.timer = DeviceTimer(model.device)
+        self.perf_clock = perf_clock
+        self.runner = StepRunner(self.rollouts, timeout_s=config.step_timeout_s, emit=self._emit, timer=self.timer,
+                                 perf_clock=perf_clock)
         self._step_started: float | None = None  #: monotonic start of the step in flight (watchdog)
         self.on_frames, self.on_error, self.clock = on_frames, on_error, clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending_add: list[ChunkRollout] = []
         self._pending_remove: list[str] = []
+        self._reserved = 0  #: slots promised to queued adds (under `_lock`)
         self._stop = False
         self._thread: threading.Thread | None = None
         self.steps_run = 0
@@ -205,24 +275,30 @@ class DeviceWorker:
         self.thread_choice: ThreadChoice | None = None
         #: called on the worker thread after every executed step (metrics)
         self.on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None
+        self.snapshot = EngineSnapshot(self.pool.num_slots, 0, self.pool.slot_bytes)
+        self._publish()
 
     # -- calibration ---------------------------------------------------------------------------
 
     def _time_chunk(self, rollouts: list[ChunkRollout], *, observe: bool) -> float:
         """Run one chunk of `rollouts` as one batch; returns its duration, s (observed into the cost model)."""
         spec = self.model.spec
+        cache = BatchCache()
+        timer = DeviceTimer(self.model.device)
         t_chunk = time.perf_counter()
         for r in rollouts:
             r.begin_chunk(0.0, 0.0)
         for _ in range(spec.denoising_steps):
-            t0 = time.perf_counter()
-            denoise_batch(rollouts)
-            if observe:
-                self.scheduler.cost.observe("denoise", len(rollouts), time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        finalize_batch(rollouts, 0.0)
+            token = timer.start()
+            denoise_batch(rollouts, cache)
+            timer.stop(token, "denoise", len(rollouts))
+        token = timer.start()
+        finalize_batch(rollouts, 0.0, cache=cache)
+        timer.stop(token, "commit", len(rollouts))
+        samples = timer.drain()
         if observe:
-            self.scheduler.cost.observe("commit", len(rollouts), time.perf_counter() - t0)
+            for kind, batch, seconds in samples:
+                self.scheduler.cost.observe(kind, batch, seconds)
         return time.perf_counter() - t_chunk
 
     def choose_threads(self) -> ThreadChoice:
@@ -278,16 +354,34 @@ class DeviceWorker:
             finally:
                 for r in rs:
                     r.close()
-        logger.info("DeviceWorker: warmed up; chunk time %.1f ms at batch 1",
-                    self.scheduler.chunk_time_s(1) * 1e3)
+        self._publish()
+        cap = self.active_capacity(self.config.target_utilization)
+        logger.info("DeviceWorker: warmed up; chunk time %.1f ms at batch 1 (chunk period %.1f ms); carries %d "
+                    "session(s) generating at once%s", self.scheduler.chunk_time_s(1) * 1e3,
+                    float(spec.chunk_period) * 1e3, cap,
+                    "" if cap else " -- DEGRADED: one session at a time, below real time")
 
     def active_capacity(self, target_utilization: float) -> int:
         """Most sessions that can generate at once with a batched chunk taking at most
-        `target_utilization` of a chunk period, by the measured step costs (see `admission.active_capacity`)."""
+        `target_utilization` of a chunk period, by the measured step costs (see `admission.active_capacity`).
+
+        Reads the published snapshot's copy of the cost model: safe from any thread.
+        """
         spec = self.model.spec
-        return active_capacity(self.scheduler.chunk_time_s, chunk_period_s=float(spec.frame_period) *
-                               spec.frames_per_chunk, target_utilization=target_utilization,
+        cost = self.snapshot.cost
+        c = self.scheduler.config
+
+        def chunk_time_s(batch: int) -> float:
+            return c.denoising_steps * cost.predict("denoise", batch) + cost.predict("commit", batch)
+
+        return active_capacity(chunk_time_s, chunk_period_s=float(spec.chunk_period),
+                               target_utilization=target_utilization,
                                max_batch=min(self.config.max_batch, self.pool.num_slots))
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the measured costs say the device cannot carry even one session in real time."""
+        return self.active_capacity(self.config.target_utilization) == 0
 
     # -- control (any thread) -------------------------------------------------------------
 
@@ -314,21 +408,27 @@ class DeviceWorker:
         started = self._step_started
         if started is None:
             return 0.0
-        over = time.monotonic() - started - self.config.stall_factor * self.config.step_timeout_s
+        over = self.perf_clock() - started - self.config.stall_factor * self.config.step_timeout_s
         return max(0.0, over)
 
+    @property
+    def free_slots(self) -> int:
+        """State slots neither held nor promised to a queued session (any thread)."""
+        with self._lock:
+            return self.pool.num_slots - self.pool.used_slots - self._reserved
+
     def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int) -> None:
-        """Reserve a KV slot and start generating for `session_id`.
+        """Reserve a state slot and start generating for `session_id` (the worker allocates it).
 
         Raises:
-            KVPoolExhausted: no free slot.
+            StatePoolExhausted: no free slot.
         """
         with self._wake:
-            if self.pool.free_slots < 1:
-                raise KVPoolExhausted(f"all {self.pool.num_slots} KV slots in use")
-            r = ChunkRollout(session_id, self.model, self.pool, conditioner, seed=seed)
-            r.slot = self.pool.allocate(session_id)
-            self._pending_add.append(r)
+            if self.pool.num_slots - self.pool.used_slots - self._reserved < 1:
+                raise StatePoolExhausted(f"all {self.pool.num_slots} state slots in use "
+                                         f"({self.pool.slot_bytes} B of declared state per session)")
+            self._reserved += 1
+            self._pending_add.append(ChunkRollout(session_id, self.model, self.pool, conditioner, seed=seed))
             self._wake.notify_all()
 
     def remove_session(self, session_id: str) -> None:
@@ -349,20 +449,39 @@ class DeviceWorker:
         if frames:
             self.on_frames(frames)
 
+    def _publish(self) -> None:
+        """Publish a consistent `EngineSnapshot` (worker thread, or before it starts)."""
+        self.snapshot = EngineSnapshot(
+            slots_total=self.pool.num_slots, slots_used=self.pool.used_slots, slot_bytes=self.pool.slot_bytes,
+            queue_depth=self.scheduler.queue_depth, sessions=self.scheduler.stats(),
+            cost=self.scheduler.cost.copy(), steps_run=self.steps_run)
+
+    def _remove(self, session_id: str) -> None:
+        """The one way a session leaves the engine: rollout, scheduler entry, suspect mark, slot."""
+        r = self.rollouts.pop(session_id, None)
+        self.scheduler.remove(session_id)
+        self.runner.suspects.discard(session_id)
+        if r is not None:
+            r.close()
+        else:
+            self.pool.free(session_id)
+
     def _apply_pending(self) -> None:
         with self._lock:
             adds, self._pending_add = self._pending_add, []
             removes, self._pending_remove = self._pending_remove, []
+            if not adds and not removes:
+                return
             for r in adds:
+                self._reserved -= 1
+                if r.session_id in removes:  # closed before it started
+                    continue
+                r.slot = self.pool.allocate(r.session_id)  # reserved: cannot be exhausted
                 self.rollouts[r.session_id] = r
                 self.scheduler.add(r.session_id)
             for sid in removes:
-                r = self.rollouts.pop(sid, None)
-                self.scheduler.remove(sid)
-                if r is not None:
-                    r.close()
-                else:
-                    self.pool.free(sid)
+                self._remove(sid)
+        self._publish()
 
     def _poll_sessions(self, now_s: float) -> None:
         for sid, r in self.rollouts.items():
@@ -401,20 +520,19 @@ class DeviceWorker:
                         if not self._stop and not self._pending_add and not self._pending_remove:
                             self._wake.wait(timeout)
                     continue
-                self._step_started = time.monotonic()
+                self._step_started = self.perf_clock()
                 try:
                     result = self.runner.execute(plan, now)
                 finally:
                     self._step_started = None
                 self.steps_run += 1
                 self.scheduler.update_from_output(plan, result, self.clock())
+                for sid, reason in result.failed.items():
+                    self._remove(sid)
+                    self.on_error(sid, reason)
+                self._publish()
                 if self.on_step is not None:
                     self.on_step(plan, result)
-                for sid, reason in result.failed.items():
-                    r = self.rollouts.pop(sid, None)
-                    if r is not None:
-                        r.close()
-                    self.on_error(sid, reason)
                 if result.frames:
                     self.on_frames(result.frames)
         except BaseException as e:  # noqa: BLE001 - a dead worker is reported through /readyz

@@ -7,8 +7,12 @@ class EngineError(Exception):
     """Base class of engine errors."""
 
 
-class KVPoolExhausted(EngineError):
-    """No free KV slot within the pool's byte budget."""
+class StatePoolExhausted(EngineError):
+    """No free state slot within the pool's byte budget (a session needs all of its declared state)."""
+
+
+#: The older name (the pool once held only KV caches).
+KVPoolExhausted = StatePoolExhausted
 
 
 class StepFailed(EngineError):

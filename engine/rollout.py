@@ -1,22 +1,35 @@
 """ChunkRollout: the runtime-owned loop state of one session's video.
 
-A session's rollout is `init` (commit the first frame), then for each chunk:
+A session's rollout is `init` (commit its initial latent frames, if the
+model starts from a picture, and its prompt's caches), then for each chunk:
 `begin_chunk` (sample the freshest actions and prompt, draw noise), one
 `step` per denoising step, and `finalize` (decode and emit the frames, then
-commit the chunk's keys and values to the KV pool). Everything a chunk changes is staged in
-`StagedChunk` until `finalize`; `abort_chunk` drops it and leaves the
-session's persistent state (KV slot, last latent, frame counter)
-byte-identical to before the chunk began.
+the commit pass that writes the chunk's state). Everything a chunk changes
+is staged in `StagedChunk` until `finalize` applies it to the session's
+slot of the `StatePool` as one transaction; `abort_chunk` drops it and
+leaves every kind of the session's state byte-identical.
+
+A prompt change is its own transaction: before the first step of the next
+chunk the model re-caches (`WorldModel.set_prompt`; LongLive's recache) and
+the result is applied at once, so a later abort of that chunk keeps the new
+prompt.
+
+Latent and pixel frames: a chunk of `latent_frames_per_chunk` latent frames
+decodes to `spec.chunk_pixel_frames(first_latent)` pixel frames, each
+published with its own presentation time (one frame period apart).
 
 The batched forms `denoise_batch` and `finalize_batch` run one step for
 several sessions in one forward; `step` and `finalize` are the batch-of-one
-case.
+case. A `BatchCache` keeps per-chunk batch inputs (conditioning, slot
+indices, the batch's latents) across the steps of a chunk, so a step
+uploads nothing and stacks nothing while the batch is unchanged.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -25,9 +38,9 @@ import numpy as np
 import torch
 
 from worldcast.engine.errors import StepFailed
-from worldcast.engine.kv_pool import KVPool
+from worldcast.engine.state_pool import PoolView, StatePool
 from worldcast.engine.step_output import FrameOut
-from worldcast.models.base import ChunkConditioning, WorldModel, rectified_flow_update
+from worldcast.models.base import ChunkConditioning, StateUpdates, WorldModel, select_rows
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +50,19 @@ class ChunkInputs:
     """Conditioning sampled at the start of a chunk.
 
     Attributes:
-        actions: float32 (F, A) action vector per frame.
-        prompt: float32 (P,) prompt embedding.
+        actions: float32 (F_pix, A) action vector per pixel frame of the chunk.
+        prompt: float32 (*spec.prompt_shape) prompt encoding.
         action_seq: seq of the newest action included (-1: none).
         epoch: the session's flush epoch when sampled.
+        prompt_version: bumped by the session on every prompt change (a model with a prompt
+            cache re-caches when it differs from the one committed).
     """
 
     actions: np.ndarray
     prompt: np.ndarray
     action_seq: int
     epoch: int
+    prompt_version: int = 0
 
 
 class Conditioner(Protocol):
@@ -56,7 +72,7 @@ class Conditioner(Protocol):
     """
 
     def sample_chunk(self, frames: int) -> ChunkInputs:
-        """The freshest actions for the next `frames` frames and the current prompt."""
+        """The freshest actions for the next `frames` pixel frames and the current prompt."""
         ...
 
     def current_epoch(self) -> int:
@@ -70,77 +86,101 @@ class Conditioner(Protocol):
 
 @dataclass
 class StagedChunk:
-    """A chunk in flight; nothing here touches the session until commit."""
+    """A chunk in flight; nothing here touches the session's state until commit."""
 
+    serial: int  #: the rollout's chunk counter (identifies the chunk in a `BatchCache`)
     x_t: torch.Tensor  #: (F, C, h, w) current noisy latents
     inputs: ChunkInputs  #: conditioning sampled at chunk start
-    action: torch.Tensor  #: (F, A) on device
-    prompt: torch.Tensor  #: (F, P) on device
-    frame_indices: list[int]  #: absolute indices of the chunk's frames
-    deadline_s: float  #: presentation time of the first frame, s (monotonic)
+    action: torch.Tensor  #: (F, A') per-latent-frame actions on the device
+    prompt: torch.Tensor  #: (*prompt_shape) on the device
+    latent_indices: list[int]  #: absolute latent index of each of the chunk's F frames
+    pixel_indices: list[int]  #: absolute index of each pixel frame the chunk decodes to
+    deadline_s: float  #: presentation time of the first pixel frame, s (monotonic)
     began_s: float  #: when the chunk began, s (monotonic)
+    needs_prompt_switch: bool = False  #: re-cache for a new prompt before the first step
     step: int = 0  #: denoising steps done
-    x0: torch.Tensor | None = None  #: (F, C, h, w) latest clean prediction
-    denoise_s: float = 0.0  #: device time spent on its denoising steps, s
+    denoise_s: float = 0.0  #: time spent on its denoising steps, s
     frames: list[FrameOut] | None = None  #: decoded frames, once `finalize_batch` has decoded (and emitted) them
+    decode_updates: StateUpdates = field(default_factory=dict)  #: the decoder's staged state changes
 
 
 @dataclass
 class ChunkRollout:
-    """Loop state of one session: KV slot, last committed latent, frame counter, staged chunk."""
+    """Loop state of one session: its state slot, latent-frame counter, prompt version, staged chunk."""
 
     session_id: str
     model: WorldModel
-    pool: KVPool
+    pool: StatePool
     conditioner: Conditioner
     seed: int = 0
     slot: int = -1
-    prev: torch.Tensor | None = None  #: (C, h, w) last committed latent
-    next_frame: int = 0  #: absolute index of the next frame to generate
+    next_latent: int = 0  #: absolute index of the next latent frame to generate
+    prompt_version: int = -1  #: version of the prompt the session's caches were built for
     staged: StagedChunk | None = None
-    generator: torch.Generator = field(default_factory=torch.Generator)
+    generator: torch.Generator | None = None
+    _serial: int = 0
 
     def __post_init__(self) -> None:
+        if self.generator is None:
+            self.generator = torch.Generator(device=self.model.device)
         self.generator.manual_seed(self.seed)
 
     # -- lifecycle -----------------------------------------------------------------
 
+    def view(self) -> PoolView:
+        return self.pool.view((self.slot,))
+
     def init(self, now_s: float) -> list[FrameOut]:
-        """Allocate the KV slot (if not yet held) and commit the initial frame (index 0).
+        """Allocate the state slot (if not yet held) and commit the initial latent frames and prompt caches.
 
         Returns:
-            the initial frame, presented now.
+            the initial pixel frames (none for a model that starts from noise), presented now.
 
         Raises:
-            KVPoolExhausted: no free slot.
+            StatePoolExhausted: no free slot.
         """
         if self.slot < 0:
             self.slot = self.pool.allocate(self.session_id)
-        m = self.model
-        inputs = self.conditioner.sample_chunk(1)
-        image = m.initial_frame(seed=self.seed, prompt_embedding=inputs.prompt)
-        z = m.encode_frames(torch.from_numpy(image)[None, None])  # (1, 1, C, h, w)
-        cond = self._cond([inputs.actions[:1] * 0], [inputs.prompt], [[0]])
-        kv = m.commit(z, z[:, 0], cond, self.pool.view([self.slot]))
-        self.pool.append(self.slot, [0], [(k[0], v[0]) for k, v in kv])
-        self.prev = z[0, 0]
-        self.next_frame = 1
-        return [FrameOut(self.session_id, 0, image, now_s, -1, inputs.epoch)]
+        m, spec = self.model, self.model.spec
+        n_lat = spec.initial_latent_frames
+        n_pix = spec.pixel_start(n_lat)
+        inputs = self.conditioner.sample_chunk(max(1, n_pix))
+        image = m.initial_frames(seed=self.seed, prompt=inputs.prompt)  # (n_pix, H, W, 3)
+        dev = m.device
+        cond = ChunkConditioning(
+            action=torch.zeros((1, n_lat, spec.actions.dim), dtype=torch.float32, device=dev),
+            prompt=torch.as_tensor(np.asarray(inputs.prompt, dtype=np.float32), device=dev)[None],
+            frame_index=torch.arange(n_lat, dtype=torch.int64, device=dev)[None],
+        )
+        view = self.view()
+        updates = m.init_state(torch.from_numpy(np.ascontiguousarray(image)).to(dev)[None], cond, view)
+        self.pool.apply(view, updates)
+        self.next_latent = n_lat
+        self.prompt_version = inputs.prompt_version
+        return [FrameOut(self.session_id, i, image[i], now_s, -1, inputs.epoch) for i in range(n_pix)]
 
     def begin_chunk(self, now_s: float, deadline_s: float) -> None:
         """Stage a new chunk with the freshest conditioning and fresh noise."""
-        F = self.model.spec.frames_per_chunk
-        inputs = self.conditioner.sample_chunk(F)
-        noise = torch.randn((F, *self.model.spec.latent_shape), generator=self.generator).to(self.model.device)
+        m, spec = self.model, self.model.spec
+        F = spec.latent_frames_per_chunk
+        first = self.next_latent
+        p0 = spec.pixel_start(first)
+        n_pix = spec.chunk_pixel_frames(first)
+        inputs = self.conditioner.sample_chunk(n_pix)
+        acts = m.group_actions(np.asarray(inputs.actions, dtype=np.float32), first_latent=first)
+        noise = torch.randn((F, *spec.latent_shape), generator=self.generator, device=m.device)
+        self._serial += 1
         self.staged = StagedChunk(
+            serial=self._serial,
             x_t=noise,
             inputs=inputs,
-            action=torch.from_numpy(np.ascontiguousarray(inputs.actions, dtype=np.float32)).to(self.model.device),
-            prompt=torch.from_numpy(np.asarray(inputs.prompt, dtype=np.float32)).to(self.model.device)[None]
-            .expand(F, -1),
-            frame_indices=list(range(self.next_frame, self.next_frame + F)),
+            action=torch.from_numpy(np.ascontiguousarray(acts, dtype=np.float32)).to(m.device),
+            prompt=torch.from_numpy(np.ascontiguousarray(inputs.prompt, dtype=np.float32)).to(m.device),
+            latent_indices=list(range(first, first + F)),
+            pixel_indices=list(range(p0, p0 + n_pix)),
             deadline_s=deadline_s,
             began_s=now_s,
+            needs_prompt_switch=inputs.prompt_version != self.prompt_version,
         )
 
     def abort_chunk(self) -> None:
@@ -148,7 +188,7 @@ class ChunkRollout:
         self.staged = None
 
     def close(self) -> None:
-        """Free the KV slot (idempotent)."""
+        """Free the state slot (idempotent)."""
         self.staged = None
         self.pool.free(self.session_id)
         self.slot = -1
@@ -167,110 +207,207 @@ class ChunkRollout:
         """Commit the staged chunk and return its frames."""
         return finalize_batch([self], now_s)
 
-    # -- helpers -----------------------------------------------------------------------------
 
-    def _cond(self, actions: list, prompts: list, frames: list[list[int]]) -> ChunkConditioning:
-        dev = self.model.device
-        a = torch.as_tensor(np.stack(actions), dtype=torch.float32, device=dev)
-        p = torch.as_tensor(np.stack(prompts), dtype=torch.float32, device=dev)[:, None].expand(-1, a.shape[1], -1)
-        return ChunkConditioning(action=a, prompt=p, frame_index=torch.tensor(frames, device=dev))
+# -- batches -------------------------------------------------------------------------------------
 
 
-def _batch_cond(rollouts: list[ChunkRollout]) -> ChunkConditioning:
-    st = [r.staged for r in rollouts]
-    assert all(s is not None for s in st), "every rollout in a batch needs a staged chunk"
-    return ChunkConditioning(
-        action=torch.stack([s.action for s in st]),  # type: ignore[union-attr]
-        prompt=torch.stack([s.prompt for s in st]),  # type: ignore[union-attr]
-        frame_index=torch.tensor([s.frame_indices for s in st], device=rollouts[0].model.device),  # type: ignore[union-attr]
-    )
+@dataclass
+class _Batch:
+    """Per-chunk inputs of one batch of rollouts, reused by every step while the batch is unchanged."""
+
+    cond: ChunkConditioning
+    view: PoolView
+    x: torch.Tensor | None = None  #: (B, F, C, h, w) the batch's current latents (rows are the staged x_t)
 
 
-def _check_finite(rollouts: list[ChunkRollout], x: torch.Tensor) -> None:
-    bad = ~torch.isfinite(x.flatten(1)).all(dim=1)
-    if bool(bad.any()):
-        ids = [r.session_id for r, b in zip(rollouts, bad.tolist(), strict=True) if b]
-        raise StepFailed(f"non-finite latents in sessions {ids}")
+class BatchCache:
+    """Per-chunk batch inputs, keyed by the batch's (session, chunk) pairs; a few batches kept.
+
+    Built once per chunk and batch composition: the stacked conditioning, the
+    slot index tensor, the model's per-chunk memo (attention masks), and the
+    batch's latents, which the steps update in place of re-stacking.
+    """
+
+    def __init__(self, capacity: int = 4) -> None:
+        self.capacity = capacity
+        self._batches: OrderedDict[tuple[tuple[str, int], ...], _Batch] = OrderedDict()
+        self._timesteps: dict[tuple[str, tuple[float, ...]], torch.Tensor] = {}
+
+    def timesteps(self, model: WorldModel) -> torch.Tensor:
+        """float32 (S + 1,) the spec's flow times then 0, on the model's device (uploaded once)."""
+        key = (str(model.device), model.spec.timesteps)
+        if key not in self._timesteps:
+            self._timesteps[key] = torch.tensor([*model.spec.timesteps, 0.0], dtype=torch.float32,
+                                                device=model.device)
+        return self._timesteps[key]
+
+    def get(self, rollouts: list[ChunkRollout]) -> _Batch:
+        st = [r.staged for r in rollouts]
+        assert all(s is not None for s in st), "every rollout in a batch needs a staged chunk"
+        key = tuple((r.session_id, s.serial) for r, s in zip(rollouts, st, strict=True))  # type: ignore[union-attr]
+        b = self._batches.get(key)
+        if b is None:
+            m = rollouts[0].model
+            dev = m.device
+            cond = ChunkConditioning(
+                action=torch.stack([s.action for s in st]),  # type: ignore[union-attr]
+                prompt=torch.stack([s.prompt for s in st]),  # type: ignore[union-attr]
+                frame_index=torch.tensor([s.latent_indices for s in st], dtype=torch.int64, device=dev),  # type: ignore[union-attr]
+            )
+            b = _Batch(cond=cond, view=rollouts[0].pool.view(tuple(r.slot for r in rollouts)))
+            self._batches[key] = b
+            while len(self._batches) > self.capacity:
+                self._batches.popitem(last=False)
+        else:
+            self._batches.move_to_end(key)
+        return b
+
+    def clear(self) -> None:
+        self._batches.clear()
 
 
-def denoise_batch(rollouts: list[ChunkRollout]) -> None:
-    """One denoising step for each rollout, in one batched forward.
+def _latents(batch: _Batch, st: list[StagedChunk]) -> torch.Tensor:
+    """The batch's current latents: its own tensor while every row is still the staged x_t."""
+    x = batch.x
+    if x is not None and all(s.x_t.data_ptr() == x[i].data_ptr() for i, s in enumerate(st)):
+        return x
+    return torch.stack([s.x_t for s in st])
 
-    Each rollout's chunk may be at a different step (flow times are per sample).
+
+def _noise_fn(rollouts: list[ChunkRollout], shape: tuple[int, ...]) -> Callable[[], torch.Tensor]:
+    def draw() -> torch.Tensor:
+        return torch.stack([torch.randn(shape, generator=r.generator, device=r.model.device) for r in rollouts])
+    return draw
+
+
+def switch_prompt(r: ChunkRollout) -> None:
+    """Re-cache `r`'s state for the prompt of its staged chunk, and apply it at once (its own transaction).
 
     Raises:
-        StepFailed: the output of some session is NaN/Inf (nothing is updated).
+        whatever the model's `set_prompt` raises (nothing is applied then).
     """
+    s = r.staged
+    assert s is not None
+    m = r.model
+    cond = ChunkConditioning(action=s.action[None], prompt=s.prompt[None],
+                             frame_index=torch.tensor([s.latent_indices], dtype=torch.int64, device=m.device))
+    view = r.view()
+    updates = m.set_prompt(cond, view)
+    r.pool.apply(view, updates)
+    r.prompt_version = s.inputs.prompt_version
+    s.needs_prompt_switch = False
+
+
+def denoise_batch(rollouts: list[ChunkRollout], cache: BatchCache | None = None) -> None:
+    """One denoising step for each rollout, in one batched forward (after any pending prompt re-cache).
+
+    Each rollout's chunk may be at a different step (flow times are per sample).
+    Nothing here syncs the host with the device; non-finite values are caught
+    once per chunk, in `finalize_batch`.
+    """
+    for r in rollouts:
+        if r.staged is not None and r.staged.needs_prompt_switch:
+            switch_prompt(r)
+    cache = cache or BatchCache()
     m = rollouts[0].model
-    ts = m.spec.timesteps
-    st = [r.staged for r in rollouts]
-    x_t = torch.stack([s.x_t for s in st])  # type: ignore[union-attr]  (B, F, C, h, w)
-    prev = torch.stack([r.prev for r in rollouts])  # type: ignore[misc]  (B, C, h, w)
-    t = torch.tensor([ts[s.step] for s in st], device=m.device)  # type: ignore[union-attr]
-    t_next = torch.tensor([ts[s.step + 1] if s.step + 1 < len(ts) else 0.0 for s in st], device=m.device)  # type: ignore[union-attr]
-    cache = rollouts[0].pool.view([r.slot for r in rollouts])
+    st: list[StagedChunk] = [r.staged for r in rollouts]  # type: ignore[misc]
+    batch = cache.get(rollouts)
+    ts = cache.timesteps(m)
+    steps = [s.step for s in st]
+    if all(k == steps[0] for k in steps):  # lock step (the usual case): views of the uploaded table
+        t, t_next = ts[steps[0]].expand(len(st)), ts[steps[0] + 1].expand(len(st))
+    else:
+        idx = torch.tensor(steps, dtype=torch.int64).to(m.device, non_blocking=True)
+        t, t_next = ts[idx], ts[idx + 1]
     t0 = time.perf_counter()
-    x0 = m.denoise(x_t, prev, t, _batch_cond(rollouts), cache)
-    x_next = rectified_flow_update(x_t, x0, t, t_next)
-    _check_finite(rollouts, x_next)
+    x_t = _latents(batch, st)
+    x0 = m.denoise(x_t, t, batch.cond, batch.view)
+    x_next = m.sampler_step(x_t, x0, t, t_next, _noise_fn(rollouts, tuple(x_t.shape[1:])))
     dt = time.perf_counter() - t0
+    batch.x = x_next
     for i, s in enumerate(st):
-        s.x_t, s.x0 = x_next[i], x0[i]  # type: ignore[union-attr]
-        s.step += 1  # type: ignore[union-attr]
-        s.denoise_s += dt  # type: ignore[union-attr]
+        s.x_t = x_next[i]
+        s.step += 1
+        s.denoise_s += dt
 
 
 def finalize_batch(
-    rollouts: list[ChunkRollout], now_s: float, emit: Callable[[list[FrameOut]], None] | None = None
+    rollouts: list[ChunkRollout], now_s: float, emit: Callable[[list[FrameOut]], None] | None = None,
+    cache: BatchCache | None = None,
 ) -> list[FrameOut]:
-    """Finish each rollout's chunk: decode its frames, then commit (KV append, last latent, frame counter).
+    """Finish each rollout's chunk: decode its frames, then commit (apply the chunk's state changes).
 
     Frames are decoded before the commit forward and handed to `emit` at
-    once, so the KV-writing forward is off the motion-to-photon path. A
-    chunk whose frames were emitted keeps them (`StagedChunk.frames`): if
-    the commit fails and the batch is re-run per session, nothing is
-    decoded or emitted twice. Session state changes only after every
-    forward of the batch has succeeded.
+    once, so the state-writing forward is off the motion-to-photon path. A
+    chunk whose frames were emitted keeps them (`StagedChunk.frames`) and its
+    decoder's staged state: if the commit fails and the batch is re-run per
+    session, nothing is decoded or emitted twice. Session state changes only
+    after every forward of the batch has succeeded.
+
+    Non-finite latents are checked here, once per chunk, with the host copy of
+    the decoded frames (the one sync of a chunk).
 
     Args:
         emit: called with the newly decoded frames before the commit forward (None: only returned).
 
     Returns:
         the frames of all committed chunks, in batch order.
+
+    Raises:
+        StepFailed: some session's chunk is NaN/Inf (nothing is emitted or applied).
     """
+    cache = cache or BatchCache()
     m = rollouts[0].model
-    st = [r.staged for r in rollouts]
-    assert all(s is not None and s.step == m.spec.denoising_steps for s in st), "finalize before last step"
-    x0 = torch.stack([s.x_t for s in st])  # type: ignore[union-attr]  (B, F, C, h, w): x_t at t=0 is x0
-    todo = [i for i, s in enumerate(st) if s.frames is None]  # type: ignore[union-attr]
+    spec = m.spec
+    st: list[StagedChunk] = [r.staged for r in rollouts]  # type: ignore[misc]
+    assert all(s is not None and s.step == spec.denoising_steps for s in st), "finalize before last step"
+    batch = cache.get(rollouts)
+    x0 = _latents(batch, st)  # (B, F, C, h, w): x_t at t=0 is x0
+    todo = [i for i, s in enumerate(st) if s.frames is None]
     if todo:
+        all_rows = len(todo) == len(st)
+        sub = x0 if all_rows else x0[todo]
+        sub_cond = batch.cond if all_rows else _rows_cond(batch.cond, todo)
+        sub_view = batch.view if all_rows else rollouts[0].pool.view(tuple(rollouts[i].slot for i in todo))
+        finite = torch.isfinite(sub.flatten(1)).all(dim=1)
         t0 = time.perf_counter()
-        images = m.decode(x0 if len(todo) == len(st) else x0[todo]).cpu().numpy()  # (b, F, H, W, 3); no copy when all
+        images, dec_updates = m.decode(sub, sub_cond, sub_view)
+        host = [im.cpu().numpy() for im in images]  # the chunk's one host sync
         decode_s = time.perf_counter() - t0
-        period = float(m.spec.frame_period)
+        bad = [rollouts[todo[j]].session_id for j, ok in enumerate(finite.cpu().tolist()) if not ok]
+        if bad:
+            raise StepFailed(f"non-finite latents in sessions {bad}")
+        period = float(spec.frame_period)
         fresh: list[FrameOut] = []
         for j, i in enumerate(todo):
             r, s = rollouts[i], st[i]
-            assert s is not None
+            if host[j].shape[0] != len(s.pixel_indices):
+                raise StepFailed(f"{type(m).__name__}.decode gave {host[j].shape[0]} frames for a chunk of "
+                                 f"{len(s.pixel_indices)} pixel frames")
             timings = {
                 "queue": max(0.0, (now_s - s.began_s) - s.denoise_s) * 1e3,  # waiting between its steps
                 "denoise": s.denoise_s * 1e3,
                 "decode": decode_s * 1e3,
             }
-            s.frames = [FrameOut(r.session_id, idx, images[j, f], s.deadline_s + f * period, s.inputs.action_seq,
-                                 s.inputs.epoch, dict(timings)) for f, idx in enumerate(s.frame_indices)]
+            s.frames = [FrameOut(r.session_id, idx, host[j][f], s.deadline_s + f * period, s.inputs.action_seq,
+                                 s.inputs.epoch, dict(timings)) for f, idx in enumerate(s.pixel_indices)]
+            s.decode_updates = select_rows(dec_updates, [j]) if dec_updates else {}
             fresh += s.frames
         if emit is not None:
             emit(fresh)
-    prev = torch.stack([r.prev for r in rollouts])  # type: ignore[misc]
-    kv = m.commit(x0, prev, _batch_cond(rollouts), rollouts[0].pool.view([r.slot for r in rollouts]))
-    # Everything computed: now apply, session by session.
+    updates = m.commit(x0, batch.cond, batch.view)
+    # Everything computed: now apply, as one transaction per batch.
+    rollouts[0].pool.apply(batch.view, updates)
     frames: list[FrameOut] = []
-    for i, (r, s) in enumerate(zip(rollouts, st, strict=True)):
-        assert s is not None and s.frames is not None
-        r.pool.append(r.slot, s.frame_indices, [(k[i], v[i]) for k, v in kv])
-        r.prev = x0[i, -1]
-        r.next_frame = s.frame_indices[-1] + 1
+    for r, s in zip(rollouts, st, strict=True):
+        assert s.frames is not None
+        if s.decode_updates:
+            r.pool.apply(r.view(), s.decode_updates)
+        r.next_latent = s.latent_indices[-1] + 1
         r.staged = None
         frames += s.frames
     return frames
+
+
+def _rows_cond(cond: ChunkConditioning, rows: list[int]) -> ChunkConditioning:
+    return ChunkConditioning(action=cond.action[rows], prompt=cond.prompt[rows], frame_index=cond.frame_index[rows])

@@ -46,7 +46,8 @@ class ScriptedConditioner:
         wants: Callable[[], bool] | None = None,
     ) -> None:
         self._action = action if action is not None else np.zeros(spec.actions.dim, np.float32)
-        self.prompt = prompt if prompt is not None else np.zeros(spec.prompt_dim, np.float32)
+        self.prompt = prompt if prompt is not None else np.zeros(spec.prompt_shape, np.float32)
+        self.prompt_version = 0  #: bump with a new `prompt` to make a prompt-caching model re-cache
         self._wants = wants
         self.active = True
         self.epoch = 0
@@ -63,7 +64,7 @@ class ScriptedConditioner:
             a = self._action() if callable(self._action) else self._action
             prompt = np.full_like(self.prompt, np.nan) if self.fault == "nan" else self.prompt
             return ChunkInputs(actions=np.repeat(np.asarray(a, np.float32)[None], frames, 0), prompt=prompt,
-                               action_seq=self.seq, epoch=self.epoch)
+                               action_seq=self.seq, epoch=self.epoch, prompt_version=self.prompt_version)
 
     def current_epoch(self) -> int:
         with self.lock:

@@ -12,7 +12,7 @@ from typing import Literal
 
 import numpy as np
 
-#: Kinds of step: "init" commits a session's first frame; "denoise" runs one
+#: Kinds of step: "init" commits a session's initial latent frames and prompt caches; "denoise" runs one
 #: denoising step of the current chunk; "commit" decodes a finished chunk's
 #: frames, publishes them, then appends the chunk to the KV cache.
 StepKind = Literal["init", "denoise", "commit"]
@@ -66,9 +66,15 @@ class FrameOut:
 class StepRunnerOutput:
     """What executing one `StepSchedulerOutput` produced."""
 
-    step_time_s: float  #: wall time of the step on the device, s
+    step_time_s: float  #: wall time of the step on the host, s
     frames: list[FrameOut]  #: frames of chunks committed by this step (not yet published)
     failed: dict[str, str]  #: session id -> reason, for sessions whose step failed (others unaffected)
+    #: (kind, batch size, seconds) of each batch that ran cleanly, as it actually ran (a batch split
+    #: after a failure reports its parts; a failed or overrunning group reports nothing); device time
+    #: on an accelerator (CUDA events, reported once complete, possibly a later step), else wall time
+    cost_samples: list[tuple[StepKind, int, float]] = field(default_factory=list)
+    #: pixel frames produced per session (init steps; commit steps may emit before returning)
+    frames_by_session: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def make_empty(cls) -> StepRunnerOutput:

@@ -54,9 +54,10 @@ class Phase(enum.IntEnum):
 class SchedulerConfig:
     """StepScheduler settings."""
 
-    frame_period_s: float  #: seconds per frame (1 / fps)
-    frames_per_chunk: int  #: frames per chunk
+    frame_period_s: float  #: seconds per pixel frame (1 / fps)
+    frames_per_chunk: int  #: pixel frames per chunk (a steady-state chunk)
     denoising_steps: int  #: denoising steps per chunk
+    first_chunk_frames: int | None = None  #: pixel frames of a session's first chunk (None: frames_per_chunk)
     max_batch: int = 8  #: most sessions in one batched step; 1 disables batching
     safety: float = 1.3  #: multiplier on the predicted chunk time when choosing a start time
     margin_s: float = 0.005  #: extra lead time before a deadline, s
@@ -67,6 +68,14 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_batch < 1:
             raise ValueError("max_batch must be >= 1")
+        if self.frames_per_chunk < 1 or (self.first_chunk_frames is not None and self.first_chunk_frames < 1):
+            raise ValueError("chunks must hold at least one pixel frame")
+
+    def chunk_frames(self, chunks_done: int) -> int:
+        """Pixel frames of a session's chunk after `chunks_done` committed chunks."""
+        if chunks_done == 0 and self.first_chunk_frames is not None:
+            return self.first_chunk_frames
+        return self.frames_per_chunk
 
 
 @dataclass
@@ -75,8 +84,22 @@ class _Entry:
     step: int = 0  #: denoising steps done in the staged chunk
     deadline_s: float = 0.0  #: presentation time of the next (or current) chunk's first frame
     start_at_s: float = 0.0  #: when the next chunk should begin
-    frames: int = 0  #: frames emitted
+    frames: int = 0  #: pixel frames emitted
+    chunks: int = 0  #: chunks committed
     late_frames: int = 0  #: frames committed after their presentation time + one period
+
+
+@dataclass(frozen=True)
+class SessionSchedule:
+    """A read-only copy of one session's schedule (see `StepScheduler.schedule_of`)."""
+
+    phase: Phase
+    step: int  #: denoising steps done in the staged chunk
+    deadline_s: float  #: presentation time of the next (or current) chunk's first frame, s
+    start_at_s: float  #: when the next chunk should begin, s
+    frames: int  #: pixel frames emitted
+    chunks: int  #: chunks committed
+    late_frames: int  #: frames committed more than one frame period after their presentation time
 
 
 @dataclass
@@ -105,6 +128,11 @@ class StepScheduler:
 
     def steps_done(self, session_id: str) -> int:
         return self._entries[session_id].step
+
+    def schedule_of(self, session_id: str) -> SessionSchedule:
+        """A copy of the session's schedule (raises KeyError for an unknown session)."""
+        e = self._entries[session_id]
+        return SessionSchedule(e.phase, e.step, e.deadline_s, e.start_at_s, e.frames, e.chunks, e.late_frames)
 
     def set_active(self, session_id: str, active: bool, now_s: float) -> bool:
         """Start or stop generating for a session.
@@ -210,23 +238,24 @@ class StepScheduler:
         if plan.kind is None:
             return
         ok = [sid for sid in plan.session_ids if sid not in result.failed and sid in self._entries]
-        if ok and not result.failed:  # a step with a failure or retry is no measure of the device
-            self.cost.observe(plan.kind, len(plan.session_ids), result.step_time_s)
+        for kind, batch, seconds in result.cost_samples:  # each group as it actually ran
+            self.cost.observe(kind, batch, seconds)
         c = self.config
-        period = c.frame_period_s * c.frames_per_chunk
         for sid in ok:
             e = self._entries[sid]
             if plan.kind == "init":
-                e.frames += 1
+                e.frames += result.frames_by_session.get(sid, 0)
                 self._rebase(e, now_s, start_now=False)
             elif plan.kind == "denoise":
                 e.phase = Phase.RUNNING
                 e.step += 1
             else:  # commit
-                e.frames += c.frames_per_chunk
+                n = c.chunk_frames(e.chunks)
+                e.chunks += 1
+                e.frames += n
                 if now_s > e.deadline_s + c.frame_period_s:
-                    e.late_frames += c.frames_per_chunk
-                e.deadline_s += period
+                    e.late_frames += n
+                e.deadline_s += n * c.frame_period_s
                 e.step = 0
                 e.phase = Phase.WAITING
                 if now_s > e.deadline_s + c.max_lateness_frames * c.frame_period_s:

@@ -1,13 +1,10 @@
-"""Attention over a query chunk and a ragged, cached key/value set.
+"""Attention over explicit keys and values with an additive bias (training and offline rollouts).
 
-`attention` is the one entry point every model uses. The bias carries both
-per-session validity (ragged cache lengths, -inf on empty slots) and
-relative-position terms; it is either a dense float tensor or a
-`FrameAgeBias` (frame-age ALiBi over a rolling window with sinks, see
-`kernels/frame_attention.py`). On a CUDA device with Triton a
-`FrameAgeBias` runs the fused kernel, which evaluates the bias per key
-block and never materialises it; everywhere else (and as the reference)
-it is PyTorch's scaled-dot-product attention with the dense bias.
+The bias carries validity (-inf masks) and relative-position terms; it is a
+dense float tensor or a `FrameAgeBias` (frame-age ALiBi over a rolling
+window with sinks, `kernels/frame_attention.py`), materialised once per
+forward. Serving reads cached keys in place from the engine's pool through
+`kernels/ring_attention.py` instead.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from worldcast.kernels.frame_attention import FrameAgeBias, frame_age_attention, triton_enabled
+from worldcast.kernels.frame_attention import FrameAgeBias
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -42,7 +39,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     always sees itself), or the result row is NaN.
     """
     if isinstance(bias, FrameAgeBias):
-        if q.is_cuda and triton_enabled(q.device):
-            return frame_age_attention(q, k, v, bias)
         bias = bias.dense()
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))

@@ -1,108 +1,236 @@
-"""The world-model interface the engine drives.
+"""The world-model interface the engine drives, and the state updates models return.
 
-A `WorldModel` is stateless across sessions: every call takes the session
-state it needs (latents, cache views) as arguments, batched over sessions.
-The engine owns the caches and the loop; see `engine/rollout.py`.
+A `WorldModel` holds no per-session state. Every call gets a batch of
+sessions' declared state (`StateView`, read in place from the engine's
+pool) and returns what the call would change as `StateUpdate`s; the engine
+stages those and applies them when the chunk commits, so a failed or
+cancelled chunk never advances a session.
+
+One session's life, as the engine drives it (`engine/rollout.py`):
+    init_state            commit the initial latent frames (if any) and the prompt's caches
+    per chunk:
+      [set_prompt]        when the prompt changed: re-cache (its own transaction)
+      denoise + sampler_step, once per timestep
+      decode              frames out (and the decoder's own state)
+      commit              the pass at `spec.commit_timestep` that writes the chunk's KV
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from worldcast.models.spec import WorldModelSpec
 
+# -- state updates (returned by the model, applied by the engine) -------------------------------
+
 
 @dataclass
-class KVView:
-    """A batch of sessions' cached keys and values, as the model reads them.
+class RingWrite:
+    """New keys and values of an `AttentionRingSpec` state, for latent frames `frames`.
 
     Attributes:
-        kv: per layer (K, V), each (B, H, L, hd); L is the cache capacity in
-            tokens (empty slots are marked by `k_valid`).
-        k_frame: int64 (B, L) absolute frame index of each cached token.
-        k_valid: bool (B, L) whether the slot holds a committed token.
+        frames: int64 (B, F) absolute latent frame of each written frame (host or device).
+        k, v: per layer (B, F * tokens_per_frame, heads, head_dim), frame-major tokens.
     """
 
-    kv: list[tuple[torch.Tensor, torch.Tensor]]
-    k_frame: torch.Tensor
-    k_valid: torch.Tensor
+    frames: torch.Tensor
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+
+@dataclass
+class FrameWrite:
+    """New entries of a `FrameRingSpec` state for latent frames `frames`: data (B, F, *frame_shape)."""
+
+    frames: torch.Tensor
+    data: torch.Tensor
+
+
+@dataclass
+class Replace:
+    """A `TensorStateSpec` state's new value, whole: data (B, *shape)."""
+
+    data: torch.Tensor
+
+
+StateUpdate = RingWrite | FrameWrite | Replace
+#: {state name: its update}; states not named are unchanged.
+StateUpdates = dict[str, StateUpdate]
+
+
+def select_rows(updates: StateUpdates, rows: list[int]) -> StateUpdates:
+    """The updates of batch rows `rows` only (views where the rows are one contiguous run)."""
+    def take(x: torch.Tensor) -> torch.Tensor:
+        if rows == list(range(rows[0], rows[-1] + 1)):
+            return x[rows[0]:rows[-1] + 1]
+        return x[rows]
+
+    out: StateUpdates = {}
+    for name, u in updates.items():
+        if isinstance(u, RingWrite):
+            out[name] = RingWrite(take(u.frames), [take(k) for k in u.k], [take(v) for v in u.v])
+        elif isinstance(u, FrameWrite):
+            out[name] = FrameWrite(take(u.frames), take(u.data))
+        else:
+            out[name] = Replace(take(u.data))
+    return out
+
+
+# -- what the model reads -------------------------------------------------------------------------
+
+
+class StateView(Protocol):
+    """A batch of sessions' declared state, as the engine's pool lends it to a model call.
+
+    Attention rings are read in place (`ring` gives the pool's own tensors and
+    the batch's slots); other state is handed over per batch.
+    """
+
+    @property
+    def batch(self) -> int:
+        """B, sessions in the batch."""
+        ...
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """int64 (B,) each session's slot on the device."""
+        ...
+
+    @property
+    def slots_host(self) -> tuple[int, ...]:
+        """The same slots on the host."""
+        ...
+
+    def ring(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """An `AttentionRingSpec` state of every slot: (k, v, frame) with k, v
+        (S, layers, L, heads, head_dim) and frame int64 (S, P), the pool's own tensors (index them with
+        `slots`; never write to them)."""
+        ...
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A `TensorStateSpec` state of the batch: (B, *shape) (a view for one session, else a gathered copy)."""
+        ...
+
+    def frames(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A `FrameRingSpec` state of the batch: (data (B, P, *frame_shape), frame int64 (B, P))."""
+        ...
 
 
 @dataclass
 class ChunkConditioning:
-    """Conditioning of one chunk of a batch of sessions.
+    """Conditioning of one chunk of a batch of sessions (built once per chunk, reused by every step).
 
     Attributes:
-        action: float32 (B, F, A) action vectors, one per frame.
-        prompt: float32 (B, F, P) prompt embeddings, one per frame.
-        frame_index: int64 (B, F) absolute index of each frame in its session.
+        action: float32 (B, F, A) action vectors per latent frame (grouped by `WorldModel.group_actions`).
+        prompt: float32 (B, *spec.prompt_shape) each session's prompt encoding.
+        frame_index: int64 (B, F) absolute latent frame index of each of the chunk's frames.
+        memo: per-chunk values a model derives once and reuses across steps (e.g. attention masks);
+            valid while the batch and the chunk are unchanged.
     """
 
     action: torch.Tensor
     prompt: torch.Tensor
     frame_index: torch.Tensor
+    memo: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        return int(self.frame_index.shape[0])
+
+
+#: Draws fresh Gaussian noise shaped like the batch's latents, each session from its own generator.
+NoiseFn = Callable[[], torch.Tensor]
 
 
 class WorldModel(abc.ABC):
-    """A causal video world model: batched denoise, commit, decode.
+    """A causal video world model: batched denoise, sampler step, decode, commit; no session state.
 
-    Subclasses set `spec` and implement the methods below. Latents are
-    float32 (B, F, C, h, w) with (C, h, w) = spec.latent_shape.
+    Subclasses set `spec` and `device` and implement the abstract methods.
+    Latents are (B, F, C, h, w) with (C, h, w) = spec.latent_shape, F latent frames.
     """
 
     spec: WorldModelSpec
     device: torch.device
 
+    # -- conditioning (event loop or device thread) ------------------------------------------
+
     @abc.abstractmethod
     def encode_prompt(self, text: str) -> np.ndarray:
-        """Prompt text -> float32 (spec.prompt_dim,) embedding."""
+        """Prompt text -> float32 (*spec.prompt_shape) encoding. May be slow; never called on the device thread."""
 
     @abc.abstractmethod
     def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
-        """Held keys and accumulated mouse counts -> float32 (spec.actions.dim,)."""
+        """Held keys and mouse counts of one pixel frame -> float32 (spec.actions.dim,)."""
+
+    def group_actions(self, actions: np.ndarray, *, first_latent: int) -> np.ndarray:
+        """Per-pixel-frame actions (F_pix, A) of a chunk -> per-latent-frame actions (F_lat, A').
+
+        The default takes the last pixel frame's action of each latent frame.
+        """
+        spec = self.spec
+        ends = [spec.pixel_start(first_latent + i + 1) - spec.pixel_start(first_latent) - 1
+                for i in range(spec.latent_frames_per_chunk)]
+        return actions[ends]
 
     @abc.abstractmethod
-    def initial_frame(self, *, seed: int, prompt_embedding: np.ndarray) -> np.ndarray:
-        """The first frame a session starts from: uint8 (H, W, 3) RGB."""
+    def initial_frames(self, *, seed: int, prompt: np.ndarray) -> np.ndarray:
+        """The picture a session starts from: uint8 (spec.pixel_start(spec.initial_latent_frames), H, W, 3)
+        RGB pixel frames (none when `initial_latent_frames` is 0)."""
+
+    # -- device work (device thread) -----------------------------------------------------------
 
     @abc.abstractmethod
-    def encode_frames(self, frames: torch.Tensor) -> torch.Tensor:
-        """uint8 (B, F, H, W, 3) -> latents (B, F, C, h, w)."""
+    def init_state(self, frames: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
+        """A new session's first updates: its initial latent frames and prompt caches.
+
+        Args:
+            frames: uint8 (B, n, H, W, 3) the initial pixel frames (n may be 0).
+            cond: conditioning of the initial latent frames (frame_index (B, initial_latent_frames)).
+            state: the new sessions' (empty) state.
+        """
+
+    def set_prompt(self, cond: ChunkConditioning, state: StateView) -> StateUpdates:
+        """Re-cache for a new prompt (`cond.prompt`) before the next chunk (`cond.frame_index`).
+
+        Models whose prompt is ordinary per-chunk conditioning need nothing (the default).
+        """
+        return {}
 
     @abc.abstractmethod
-    def denoise(
-        self, x_t: torch.Tensor, prev: torch.Tensor, t: torch.Tensor, cond: ChunkConditioning, cache: KVView
-    ) -> torch.Tensor:
+    def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
         """One denoising step's prediction of the clean chunk.
 
         Args:
             x_t: (B, F, C, h, w) noisy latents at flow time `t`.
-            prev: (B, C, h, w) last committed latent of each session.
-            t: float32 (B,) flow time of each session's step.
-            cond: the chunk's conditioning.
-            cache: the sessions' KV caches.
+            t: float32 (B,) each session's flow time in (0, 1].
 
         Returns:
-            (B, F, C, h, w) predicted clean latents.
+            (B, F, C, h, w) predicted clean latents x0.
         """
 
-    @abc.abstractmethod
-    def commit(
-        self, x0: torch.Tensor, prev: torch.Tensor, cond: ChunkConditioning, cache: KVView
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Keys and values of a finished chunk, for the engine to append.
+    def sampler_step(self, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor,
+                     noise: NoiseFn) -> torch.Tensor:
+        """The sampler's move from flow time t to t_next (t_next = 0 after the last step returns x0).
 
-        Returns:
-            per layer (K, V), each (B, H, F*T, hd).
+        The default is the deterministic rectified-flow step (`rectified_flow_update`).
         """
+        return rectified_flow_update(x_t, x0, t, t_next)
 
     @abc.abstractmethod
-    def decode(self, x0: torch.Tensor) -> torch.Tensor:
-        """Latents (B, F, C, h, w) -> uint8 frames (B, F, H, W, 3) RGB."""
+    def decode(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> tuple[list[torch.Tensor],
+                                                                                         StateUpdates]:
+        """Latents (B, F, C, h, w) -> per session uint8 (F_pix_b, H, W, 3) RGB pixel frames, and the
+        decoder's own state updates (e.g. its causal-conv cache)."""
+
+    @abc.abstractmethod
+    def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
+        """The pass at `spec.commit_timestep` over the finished chunk: what it writes to the session's state."""
 
 
 def rectified_flow_update(x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor) -> torch.Tensor:
@@ -121,3 +249,36 @@ def rectified_flow_update(x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, 
     t_next = t_next.reshape(shape)
     eps = (x_t - (1 - t) * x0) / t
     return (1 - t_next) * x0 + t_next * eps
+
+
+def renoise_update(x0: torch.Tensor, t_next: torch.Tensor, noise: NoiseFn) -> torch.Tensor:
+    """Self-Forcing's stochastic step: re-noise the clean prediction to t_next with fresh noise.
+
+    x_{t_next} = (1 - t_next) x0 + t_next eps', eps' ~ N(0, I) drawn anew
+    (Huang et al. 2025, "Self Forcing", `pipeline/causal_inference.py`:
+    `scheduler.add_noise(x0, randn, t_next)`). t_next = 0 returns x0 exactly (noise is
+    still drawn, so a session's generator advances the same way whatever its step).
+
+    Args:
+        x0: (B, ...) predicted clean latents; t_next: float32 (B,) flow times.
+        noise: draws (B, ...) fresh noise from each session's own generator.
+    """
+    shape = (-1,) + (1,) * (x0.dim() - 1)
+    tn = t_next.reshape(shape).to(x0.dtype)
+    return (1 - tn) * x0 + tn * noise()
+
+
+def shifted_flow_times(steps: list[float], *, shift: float, num_train_timesteps: int = 1000) -> tuple[float, ...]:
+    """Flow times of denoising steps given on the 0..1000 training scale, warped by a time shift.
+
+    sigma' = shift * sigma / (1 + (shift - 1) * sigma), sigma = step / 1000
+    (the flow-matching schedule shift of SD3, Esser et al. 2024, eq. 23, as
+    Wan's `FlowMatchScheduler` applies it; Self-Forcing's `warp_denoising_step`
+    reads the same table at 1000 - step). [1000, 750, 500, 250] with shift 5
+    gives [1, 0.9375, 0.8333.., 0.625] (x 1000: [1000, 937.5, 833.3, 625]).
+    """
+    out = []
+    for s in steps:
+        sigma = s / num_train_timesteps
+        out.append(shift * sigma / (1 + (shift - 1) * sigma))
+    return tuple(out)

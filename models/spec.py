@@ -1,58 +1,172 @@
-"""The contract between a world model and the engine: its declared geometry.
+"""The contract between a world model and the engine: its declared geometry and per-session state.
 
 A model declares everything the engine needs to plan memory and time up
-front, in a `WorldModelSpec`; it holds no per-session state of its own.
+front, in a `WorldModelSpec`: frame size and rate, how latent frames map to
+pixel frames, the denoising timesteps, the action and prompt shapes, and
+every kind of per-session state it needs (`StateSpec`s, each by name,
+shape and dtype, in the spirit of vLLM's `KVCacheSpec` family:
+`vllm/v1/kv_cache_interface.py`). The engine allocates all of a session's
+state in one slot of a pool at admission, stages what a chunk changes and
+commits or drops it as one transaction; the model holds none of it.
+
+Kinds of state:
+- `AttentionRingSpec`: a self-attention KV cache over latent frames, kept
+  as `sink_frames` attention-sink frames (the session's first frames, kept
+  forever; Xiao et al. 2023, StreamingLLM) plus a ring of the last
+  `window_frames` committed frames (a rolling window; LongLive's
+  `sink_size` / `local_attn_size`).
+- `FrameRingSpec`: any other per-latent-frame tensor kept on the same
+  sink + window positions (e.g. committed latents a prompt switch re-runs).
+- `TensorStateSpec`: a fixed-size tensor replaced whole (a decoder's
+  causal-conv cache, a previous latent, a cross-attention cache).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+import torch
+
+
+def _dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def ring_capacity(sink_frames: int, window_frames: int) -> int:
+    """Frame positions of a sink + rolling-window ring."""
+    return sink_frames + window_frames
+
+
+def ring_position(frame: int, *, sink_frames: int, window_frames: int) -> int:
+    """Position of absolute latent frame `frame` in a sink + rolling-window ring.
+
+    Frames below `sink_frames` keep their own position forever; later frames
+    cycle through the `window_frames` positions after them, each overwriting
+    the frame `window_frames` older. Nothing moves on eviction, so a session
+    runs indefinitely in fixed memory.
+    """
+    if frame < 0:
+        raise ValueError(f"frame index {frame} must be >= 0")
+    if frame < sink_frames:
+        return frame
+    return sink_frames + (frame - sink_frames) % window_frames
+
 
 @dataclass(frozen=True)
-class KVGeometry:
-    """Shape of one session's KV cache.
+class StateSpec:
+    """One kind of per-session state, by name. Subclasses say which tensors it holds."""
 
-    The cache holds `sink_frames` attention-sink frames (the session's first
-    frames, kept forever) plus a rolling window of the last `window_frames`
-    committed frames, each `tokens_per_frame` tokens, for `layers` layers of
-    `heads` heads of `head_dim` values, keys and values both.
+    name: str  #: unique within the model
+
+    def tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per-session tensors: {tensor name: (shape, dtype)} (the pool adds a leading slot axis)."""
+        raise NotImplementedError
+
+    def bytes_per_session(self) -> int:
+        """Bytes of all of one session's tensors of this state."""
+        return sum(math.prod(shape) * _dtype_bytes(dt) for shape, dt in self.tensors().values())
+
+
+@dataclass(frozen=True)
+class AttentionRingSpec(StateSpec):
+    """A self-attention KV cache over latent frames: sink frames plus a rolling window.
+
+    Tensors (per session): "k", "v" float (layers, P * tokens_per_frame, heads, head_dim) in
+    flash-attn's cache layout (tokens before heads; `flash_attn_with_kvcache`), and "frame"
+    int64 (P,) the absolute latent frame held at each position (-1: empty); P = sink + window.
+
+    Attention rule (see `kernels/attention.py`): a query of a chunk that starts at latent
+    frame c0 sees every frame of its own chunk, committed frames c0 - window <= j < c0,
+    and committed sink frames j < sink_frames.
     """
 
-    layers: int  #: transformer layers with a cache
-    heads: int  #: attention heads per layer
-    head_dim: int  #: values per head
-    tokens_per_frame: int  #: key tokens per frame
-    window_frames: int  #: rolling-window frames
-    sink_frames: int  #: attention-sink frames
+    layers: int = 1  #: transformer layers with a cache
+    heads: int = 1  #: key/value heads per layer
+    head_dim: int = 1  #: values per head
+    tokens_per_frame: int = 1  #: key tokens per latent frame
+    window_frames: int = 1  #: committed frames in the rolling window
+    sink_frames: int = 0  #: attention-sink frames, kept forever
+    dtype: torch.dtype = torch.float32  #: cache dtype (bfloat16 on a GPU)
 
     def __post_init__(self) -> None:
         for name in ("layers", "heads", "head_dim", "tokens_per_frame", "window_frames"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"KVGeometry.{name} must be positive")
+                raise ValueError(f"AttentionRingSpec.{name} must be positive")
         if self.sink_frames < 0:
-            raise ValueError("KVGeometry.sink_frames must be >= 0")
+            raise ValueError("AttentionRingSpec.sink_frames must be >= 0")
 
     @property
     def capacity_frames(self) -> int:
-        """Frames held at most: sink plus window."""
-        return self.sink_frames + self.window_frames
+        """Frame positions: sink plus window."""
+        return ring_capacity(self.sink_frames, self.window_frames)
 
     @property
     def capacity_tokens(self) -> int:
         return self.capacity_frames * self.tokens_per_frame
 
-    def bytes_per_session(self, dtype_bytes: int = 4) -> int:
-        """Bytes of K and V for one session at full capacity."""
-        return 2 * self.layers * self.heads * self.capacity_tokens * self.head_dim * dtype_bytes
+    def position(self, frame: int) -> int:
+        """Ring position of absolute latent frame `frame`."""
+        return ring_position(frame, sink_frames=self.sink_frames, window_frames=self.window_frames)
+
+    def tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        kv = (self.layers, self.capacity_tokens, self.heads, self.head_dim)
+        return {"k": (kv, self.dtype), "v": (kv, self.dtype), "frame": ((self.capacity_frames,), torch.int64)}
+
+
+@dataclass(frozen=True)
+class FrameRingSpec(StateSpec):
+    """A per-latent-frame tensor on sink + rolling-window positions (same rule as `AttentionRingSpec`).
+
+    Tensors: "data" (P, *frame_shape), "frame" int64 (P,) (-1: empty).
+    """
+
+    frame_shape: tuple[int, ...] = ()  #: shape of one frame's entry
+    window_frames: int = 1  #: committed frames in the rolling window
+    sink_frames: int = 0  #: frames kept forever
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.window_frames <= 0 or self.sink_frames < 0:
+            raise ValueError("FrameRingSpec needs window_frames > 0 and sink_frames >= 0")
+
+    @property
+    def capacity_frames(self) -> int:
+        return ring_capacity(self.sink_frames, self.window_frames)
+
+    def position(self, frame: int) -> int:
+        return ring_position(frame, sink_frames=self.sink_frames, window_frames=self.window_frames)
+
+    def tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"data": ((self.capacity_frames, *self.frame_shape), self.dtype),
+                "frame": ((self.capacity_frames,), torch.int64)}
+
+
+@dataclass(frozen=True)
+class TensorStateSpec(StateSpec):
+    """A fixed-size tensor replaced whole by an update (decoder cache, last latent, ...).
+
+    Tensors: "data" (*shape).
+    """
+
+    shape: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.float32
+
+    def tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"data": (self.shape, self.dtype)}
+
+
+@dataclass(frozen=True)
+class PromptCacheSpec(TensorStateSpec):
+    """A cross-attention cache computed from the prompt: replaced (re-cached) on every prompt change."""
 
 
 @dataclass(frozen=True)
 class ActionSpace:
     """Keyboard keys and mouse axes a model understands.
 
-    `dim` is the length of the model's action vector.
+    `dim` is the length of the model's action vector per pixel frame.
     """
 
     keys: tuple[str, ...]  #: key names, e.g. ("w", "a", "s", "d", "space", "shift")
@@ -64,36 +178,97 @@ class ActionSpace:
 class WorldModelSpec:
     """Geometry of a causal video world model, declared up front.
 
-    Latents of one frame are `latent_shape` = (C, h, w). A chunk is
-    `frames_per_chunk` frames denoised together over `timesteps` (descending
-    flow times; one denoising step per entry), then committed to the KV cache.
+    A chunk is `latent_frames_per_chunk` latent frames denoised together over
+    `timesteps` (descending flow times; one denoising step each), then
+    committed to the session's state by a pass at `commit_timestep` (the
+    "context noise"; 0 = clean). Latent frame i decodes to
+    `first_latent_pixel_frames` pixel frames if i == 0, else
+    `pixel_frames_per_latent` (the causal Wan VAE: 1, then 4). A session's
+    `init` step commits its first `initial_latent_frames` latent frames from
+    an initial picture (0: the first chunk starts from noise).
     """
 
-    name: str  #: model family and size, e.g. "tinyworld-2m"
+    name: str  #: model family and size, e.g. "tinyworld-w192l5"
     frame_height: int  #: pixels
     frame_width: int  #: pixels
-    fps: int  #: frames per second of generated video (Hz)
-    frames_per_chunk: int  #: frames generated together
+    fps: int  #: pixel frames per second of generated video (Hz)
+    latent_frames_per_chunk: int  #: latent frames generated together
     timesteps: tuple[float, ...]  #: flow times of the denoising steps, descending in (0, 1]
-    latent_shape: tuple[int, int, int]  #: (C, h, w) of one frame's latent
-    kv: KVGeometry  #: KV-cache geometry
+    latent_shape: tuple[int, int, int]  #: (C, h, w) of one latent frame
+    states: tuple[StateSpec, ...]  #: every kind of per-session state, by name
     actions: ActionSpace  #: action space
-    prompt_dim: int  #: prompt embedding length
+    prompt_shape: tuple[int, ...]  #: shape of one prompt's encoding (an embedding, or tokens x dim)
     default_prompt: str  #: prompt used when a session gives none
+    pixel_frames_per_latent: int = 1  #: pixel frames each latent frame decodes to (after the first)
+    first_latent_pixel_frames: int = 1  #: pixel frames latent frame 0 decodes to
+    initial_latent_frames: int = 1  #: latent frames the init step commits from an initial picture
+    commit_timestep: float = 0.0  #: flow time of the pass that writes a finished chunk's state
 
     def __post_init__(self) -> None:
-        if self.fps <= 0 or self.frames_per_chunk <= 0:
-            raise ValueError("fps and frames_per_chunk must be positive")
+        if self.fps <= 0 or self.latent_frames_per_chunk <= 0:
+            raise ValueError("fps and latent_frames_per_chunk must be positive")
+        if self.pixel_frames_per_latent <= 0 or self.first_latent_pixel_frames <= 0:
+            raise ValueError("pixel frames per latent frame must be positive")
+        if self.initial_latent_frames < 0:
+            raise ValueError("initial_latent_frames must be >= 0")
         if not self.timesteps or any(not 0 < t <= 1 for t in self.timesteps):
             raise ValueError("timesteps must be non-empty, each in (0, 1]")
         if list(self.timesteps) != sorted(self.timesteps, reverse=True):
             raise ValueError("timesteps must be descending")
+        if not 0 <= self.commit_timestep < self.timesteps[-1]:
+            raise ValueError("commit_timestep must lie in [0, last timestep)")
+        names = [s.name for s in self.states]
+        if len(set(names)) != len(names):
+            raise ValueError(f"state names must be unique: {names}")
+
+    # -- time ----------------------------------------------------------------------------
 
     @property
     def frame_period(self) -> Fraction:
-        """Seconds between frames, exact."""
+        """Seconds between pixel frames, exact."""
         return Fraction(1, self.fps)
 
     @property
     def denoising_steps(self) -> int:
         return len(self.timesteps)
+
+    def pixel_start(self, latent: int) -> int:
+        """Index of the first pixel frame latent frame `latent` decodes to."""
+        if latent <= 0:
+            return 0
+        return self.first_latent_pixel_frames + (latent - 1) * self.pixel_frames_per_latent
+
+    def pixel_count(self, latent: int) -> int:
+        """Pixel frames latent frame `latent` decodes to."""
+        return self.first_latent_pixel_frames if latent == 0 else self.pixel_frames_per_latent
+
+    def chunk_pixel_frames(self, first_latent: int) -> int:
+        """Pixel frames of the chunk whose first latent frame is `first_latent`."""
+        return self.pixel_start(first_latent + self.latent_frames_per_chunk) - self.pixel_start(first_latent)
+
+    @property
+    def frames_per_chunk(self) -> int:
+        """Pixel frames of a chunk after the first (the steady-state chunk)."""
+        return self.latent_frames_per_chunk * self.pixel_frames_per_latent
+
+    @property
+    def chunk_period(self) -> Fraction:
+        """Seconds of video one steady-state chunk covers, exact."""
+        return self.frames_per_chunk * self.frame_period
+
+    # -- state -----------------------------------------------------------------------------
+
+    def state(self, name: str) -> StateSpec:
+        """The declared state called `name`.
+
+        Raises:
+            KeyError: the model declares no such state.
+        """
+        for s in self.states:
+            if s.name == name:
+                return s
+        raise KeyError(f"{self.name} declares no state {name!r}; it has {[s.name for s in self.states]}")
+
+    def state_bytes_per_session(self) -> int:
+        """Bytes of all of one session's declared state (what admission charges)."""
+        return sum(s.bytes_per_session() for s in self.states)

@@ -137,6 +137,7 @@ class SessionManager:
             raise CapacityExhausted(str(e)) from e
         self.sessions[sid] = session
         session.on("state", lambda s, st: self.worker.wake())
+        session.on("control", lambda s, op: self.worker.wake())  # flush, cancel, resume act at the next step
         logger.info("Session(%s): created (prompt of %d chars, seed %d)", sid, len(text), session.seed)
         return session
 
@@ -155,7 +156,7 @@ class SessionManager:
             adm,
             admitted=measured + [SessionLoad(duty_cycle=prior, observed_s=0.0)] * self._creating,
             active_capacity=self.worker.active_capacity(adm.target_utilization),
-            kv_free_slots=self.worker.pool.free_slots,
+            kv_free_slots=self.worker.free_slots,
             prior_duty=prior,
         )
 

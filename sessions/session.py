@@ -104,7 +104,7 @@ class FrameSink(Protocol):
 
 
 #: Session events; callbacks are synchronous and get (session, payload).
-SessionEvent = Literal["state", "frame", "error"]
+SessionEvent = Literal["state", "frame", "error", "control"]
 
 
 class Session:
@@ -156,6 +156,7 @@ class Session:
         self._lock = threading.Lock()
         self._prompt = prompt
         self._prompt_embedding = prompt_embedding
+        self._prompt_version = 0  #: bumped on every prompt change (models with a prompt cache re-cache)
         self._epoch = 0
         self._paused = False
         self._cancelled = False
@@ -172,7 +173,9 @@ class Session:
         """Subscribe to an event; returns an unsubscribe function.
 
         Events: "state" (payload: SessionState), "frame" (payload: VideoFrame,
-        after delivery to sinks), "error" (payload: str reason).
+        after delivery to sinks), "error" (payload: str reason), "control" (payload: the
+        operation, "flush" | "cancel" | "pause" | "resume" | "set_prompt": the engine should
+        look at the session now).
 
         Raises:
             TypeError: `callback` is a coroutine function (callbacks must be synchronous).
@@ -209,7 +212,8 @@ class Session:
         s = self.actions.sample(frames)
         vecs = np.stack([self.model.encode_action(k, m) for k, m in zip(s.keys, s.mouse, strict=True)])
         with self._lock:
-            return ChunkInputs(actions=vecs, prompt=self._prompt_embedding, action_seq=s.seq, epoch=self._epoch)
+            return ChunkInputs(actions=vecs, prompt=self._prompt_embedding, action_seq=s.seq, epoch=self._epoch,
+                               prompt_version=self._prompt_version)
 
     def current_epoch(self) -> int:
         with self._lock:
@@ -259,6 +263,8 @@ class Session:
         self._check_open()
         with self._lock:
             self._prompt, self._prompt_embedding = text, embedding
+            self._prompt_version += 1
+        self._emit("control", "set_prompt")
 
     def flush(self) -> int:
         """Drop queued and in-flight frames under stale conditioning; restart the chunk.
@@ -273,6 +279,7 @@ class Session:
         for s in self._sinks:
             s.clear()
         self.activate()
+        self._emit("control", "flush")
         return epoch
 
     def cancel(self) -> int:
@@ -289,6 +296,7 @@ class Session:
         self._touch_duty()
         for s in self._sinks:
             s.clear()
+        self._emit("control", "cancel")
         return epoch
 
     def pause(self) -> None:
@@ -297,6 +305,7 @@ class Session:
         with self._lock:
             self._paused = True
         self._touch_duty()
+        self._emit("control", "pause")
 
     def resume(self) -> None:
         """Undo `pause` and `cancel`; generation restarts with the freshest actions."""
@@ -306,6 +315,7 @@ class Session:
             self._cancelled = False
         self._touch_duty()
         self.activate()
+        self._emit("control", "resume")
 
     @property
     def paused(self) -> bool:

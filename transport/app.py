@@ -189,7 +189,11 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     async def readyz(request: Request) -> JSONResponse:
         manager: SessionManager = request.app.state.manager
         if manager.ready:
-            return JSONResponse({"status": "ready", "model": manager.model.spec.name})
+            body: dict[str, Any] = {"status": "ready", "model": manager.model.spec.name}
+            if manager.worker.degraded:  # still serves, one session at a time: say so
+                body |= {"degraded": True, "reason": "the measured chunk time exceeds the chunk budget even for "
+                         "one session: one session at a time, below real time"}
+            return JSONResponse(body)
         w = manager.worker
         reason = (w.last_error or "device worker stopped") if not w.alive else (
             f"device step running {w.stalled_s + w.config.stall_factor * w.config.step_timeout_s:.1f} s (stalled)")

@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--video-scale", type=int, default=4, help="integer upscale of the published video")
     s.add_argument("--max-batch", type=int, default=8, help="sessions per batched step (1 = no batching)")
     s.add_argument("--kv-budget-mib", type=int, default=256, help="KV pool budget, MiB")
-    s.add_argument("--threads", type=int, default=None, help="torch intra-op threads on the device worker (default: the fastest of those leaving "
+    s.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads on the device worker (default: the fastest of those leaving "
                         "--reserved-cores free, measured at start-up)")
     s.add_argument("--reserved-cores", type=int, default=1,
                    help="cores left to the event loop and video encoders when choosing threads (default 1)")

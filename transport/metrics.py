@@ -35,15 +35,19 @@ class _LiveCollector(Collector):
         for k, v in counts.items():
             states.add_metric([k], v)
         yield states
-        pool = m.worker.pool
-        kv = GaugeMetricFamily("worldcast_kv_pool_bytes", "KV pool bytes", labels=["kind"])
-        kv.add_metric(["used"], pool.used_bytes)
-        kv.add_metric(["budget"], pool.budget_bytes)
+        snap = m.worker.snapshot  # published by the device thread: consistent, never mutated
+        kv = GaugeMetricFamily("worldcast_kv_pool_bytes", "State pool bytes (KV rings and all other declared "
+                               "per-session state)", labels=["kind"])
+        kv.add_metric(["used"], snap.used_bytes)
+        kv.add_metric(["budget"], snap.budget_bytes)
         yield kv
         yield GaugeMetricFamily("worldcast_scheduler_queue_depth", "Sessions with a step ready or a chunk staged",
-                                value=m.worker.scheduler.queue_depth)
+                                value=snap.queue_depth)
         yield GaugeMetricFamily("worldcast_device_worker_alive", "1 if the device worker runs",
                                 value=1.0 if m.worker.alive else 0.0)
+        yield GaugeMetricFamily("worldcast_device_degraded", "1 if the measured costs say the device cannot carry "
+                                "one session in real time (it then serves one session at a time)",
+                                value=1.0 if m.worker.degraded else 0.0)
         choice = m.worker.thread_choice
         if choice is not None:
             yield GaugeMetricFamily("worldcast_device_threads", "Torch intra-op threads of the device worker",
@@ -66,7 +70,7 @@ class _LiveCollector(Collector):
                                     m.measured_loads()))
         cost = GaugeMetricFamily("worldcast_cost_model_step_seconds", "Cost model: predicted step time",
                                  labels=["kind", "batch"])
-        for (kind, batch), (sec, _n) in sorted(m.worker.scheduler.cost.snapshot().items()):
+        for (kind, batch), (sec, _n) in sorted(snap.cost.snapshot().items()):
             cost.add_metric([kind, str(batch)], sec)
         yield cost
         frames = CounterMetricFamily("worldcast_session_frames", "Frames delivered per session",
@@ -75,7 +79,7 @@ class _LiveCollector(Collector):
                                    "after their presentation time, per session", labels=["session"])
         duty = GaugeMetricFamily("worldcast_session_duty_cycle", "Measured share of time generating",
                                  labels=["session"])
-        stats = m.worker.scheduler.stats()
+        stats = snap.sessions
         for sid, s in list(m.sessions.items()):
             frames.add_metric([sid], s.frames_delivered)
             late.add_metric([sid], stats.get(sid, {}).get("late_frames", 0.0))

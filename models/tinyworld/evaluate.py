@@ -77,7 +77,7 @@ def generate(model: TinyWorldModel, frames0: np.ndarray, actions: np.ndarray, pr
         z0 = model.encode_frames(f0)[:, 0]
         z = rollout_latents(model.net, z0, torch.from_numpy(actions[i : i + batch]),
                             torch.from_numpy(prompts[i : i + batch]), timesteps=TIMESTEPS, generator=g)
-        outs.append(model.decode(z).numpy())
+        outs.append(model.decode_latents(z).numpy())
     return np.concatenate(outs)
 
 
@@ -141,7 +141,7 @@ def eval_stability(model: TinyWorldModel, n_frames: int, rng: np.random.Generato
     means, stds, finite = [], [], True
     for z in frames:
         finite &= bool(torch.isfinite(z).all())
-        fr = model.decode(z[:, None])[0, 0].numpy().astype(np.float32)
+        fr = model.decode_latents(z[:, None])[0, 0].numpy().astype(np.float32)
         means.append(fr.mean())
         stds.append(fr.std())
     means_a, stds_a = np.array(means), np.array(stds)
@@ -159,11 +159,11 @@ def eval_speed(model: TinyWorldModel, frames: int = 60) -> dict[str, float]:
     out = {}
     for b in (1, 4):
         z0 = torch.randn(b, *model.spec.latent_shape)
-        a, p = torch.zeros(b, frames + 1, world.ACTION_DIM), torch.zeros(b, frames + 1, model.spec.prompt_dim)
+        a, p = torch.zeros(b, frames + 1, world.ACTION_DIM), torch.zeros(b, frames + 1, model.spec.prompt_shape[0])
         rollout_latents(model.net, z0, a[:, :4], p[:, :4], timesteps=TIMESTEPS)  # warm-up
         t = time.perf_counter()
         z = rollout_latents(model.net, z0, a, p, timesteps=TIMESTEPS)
-        model.decode(z)
+        model.decode_latents(z)
         out[f"frames_per_s_{b}_session{'s' if b > 1 else ''}"] = b * frames / (time.perf_counter() - t)
     return out
 

@@ -10,15 +10,15 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from worldcast.kernels.frame_attention import FrameAgeBias
-from worldcast.models.base import ChunkConditioning, KVView, WorldModel
-from worldcast.models.spec import ActionSpace, KVGeometry, WorldModelSpec
+from worldcast.kernels.ring_attention import RingBatch, ring_attention
+from worldcast.models.base import ChunkConditioning, Replace, RingWrite, StateUpdates, StateView, WorldModel
+from worldcast.models.spec import ActionSpace, AttentionRingSpec, TensorStateSpec, WorldModelSpec
 from worldcast.models.tinyworld import world
 from worldcast.models.tinyworld.network import (
     FrameAutoencoder,
     TinyWorldConfig,
     TinyWorldDenoiser,
-    frame_age_bias_lazy,
+    alibi_slopes,
 )
 from worldcast.models.tinyworld.prompts import PromptEncoder
 
@@ -33,26 +33,31 @@ FPS = 20
 TIMESTEPS = (1.0, 0.5)
 
 
-def make_spec(cfg: TinyWorldConfig) -> WorldModelSpec:
-    """The declared geometry of TinyWorld with config `cfg`."""
+def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> WorldModelSpec:
+    """The declared geometry and per-session state of TinyWorld with config `cfg`.
+
+    State: "kv", the self-attention ring (sink + rolling window of frames), and
+    "prev", the last committed latent (each frame is predicted as a change to it).
+    One latent frame per pixel frame, one per chunk; the init step commits the
+    initial picture as latent frame 0.
+    """
+    latent = (cfg.latent_channels, cfg.latent_size, cfg.latent_size)
     return WorldModelSpec(
         name=f"tinyworld-w{cfg.width}l{cfg.layers}",
         frame_height=cfg.frame_size,
         frame_width=cfg.frame_size,
         fps=FPS,
-        frames_per_chunk=1,
+        latent_frames_per_chunk=1,
         timesteps=TIMESTEPS,
-        latent_shape=(cfg.latent_channels, cfg.latent_size, cfg.latent_size),
-        kv=KVGeometry(
-            layers=cfg.layers,
-            heads=cfg.heads,
-            head_dim=cfg.head_dim,
-            tokens_per_frame=cfg.tokens_per_frame,
-            window_frames=cfg.window_frames,
-            sink_frames=cfg.sink_frames,
+        latent_shape=latent,
+        states=(
+            AttentionRingSpec("kv", layers=cfg.layers, heads=cfg.heads, head_dim=cfg.head_dim,
+                              tokens_per_frame=cfg.tokens_per_frame, window_frames=cfg.window_frames,
+                              sink_frames=cfg.sink_frames, dtype=dtype),
+            TensorStateSpec("prev", shape=latent, dtype=dtype),
         ),
         actions=ActionSpace(keys=world.KEYS, mouse_axes=2, dim=world.ACTION_DIM),
-        prompt_dim=cfg.prompt_dim,
+        prompt_shape=(cfg.prompt_dim,),
         default_prompt="a green meadow",
     )
 
@@ -97,6 +102,7 @@ class TinyWorldModel(WorldModel):
         self.spec = make_spec(cfg)
         self.prompts = prompt_encoder or PromptEncoder()
         self._maps: dict[int, world.WorldMap] = {}
+        self._slopes: torch.Tensor | None = None  #: ALiBi slopes on the device (a constant)
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, device: str | torch.device = "cpu") -> TinyWorldModel:
@@ -132,12 +138,13 @@ class TinyWorldModel(WorldModel):
         """The simulator theme whose captions lie nearest to `prompt_embedding` (cosine)."""
         return world.THEMES[int(np.argmax(self.theme_prompts @ prompt_embedding))]
 
-    def initial_frame(self, *, seed: int, prompt_embedding: np.ndarray) -> np.ndarray:
+    def initial_frames(self, *, seed: int, prompt: np.ndarray) -> np.ndarray:
+        """uint8 (1, 64, 64, 3): the simulator's view at the origin of world `seed`, in the prompt's theme."""
         if seed not in self._maps:
             if len(self._maps) > 64:
                 self._maps.clear()
             self._maps[seed] = world.WorldMap.generate(seed)
-        return world.render_view(self._maps[seed], self.theme_for(prompt_embedding), 0, 0, view=self.cfg.frame_size)
+        return world.render_view(self._maps[seed], self.theme_for(prompt), 0, 0, view=self.cfg.frame_size)[None]
 
     # -- frames <-> latents ---------------------------------------------------------------
 
@@ -148,35 +155,61 @@ class TinyWorldModel(WorldModel):
         return self.ae.encode(img).reshape(B, Fr, *self.spec.latent_shape)
 
     @torch.no_grad()
-    def decode(self, x0: torch.Tensor) -> torch.Tensor:
+    def decode_latents(self, x0: torch.Tensor) -> torch.Tensor:
+        """Latents (B, F, C, h, w) -> uint8 (B, F, H, W, 3) RGB frames."""
         B, Fr = x0.shape[:2]
         img = self.ae.decode(x0.flatten(0, 1)).clamp(0, 1)
         img = (img * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1)
         return img.reshape(B, Fr, *img.shape[1:])
 
+    @torch.no_grad()
+    def decode(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> tuple[list[torch.Tensor],
+                                                                                         StateUpdates]:
+        """Decode each latent frame to one pixel frame; the autoencoder keeps no state."""
+        return list(self.decode_latents(x0).unbind(0)), {}
+
     # -- denoise / commit ------------------------------------------------------------------
 
-    def _bias(self, cond: ChunkConditioning, cache: KVView) -> FrameAgeBias:
-        T = self.cfg.tokens_per_frame
-        q_frame = cond.frame_index.repeat_interleave(T, dim=1)  # (B, F*T)
-        k_frame = torch.cat([cache.k_frame, q_frame], dim=1)
-        k_valid = torch.cat([cache.k_valid, torch.ones_like(q_frame, dtype=torch.bool)], dim=1)
-        return frame_age_bias_lazy(q_frame, k_frame, k_valid, cfg=self.cfg)
+    def _attend(self, cond: ChunkConditioning, state: StateView):  # type: ignore[no-untyped-def]
+        """The pass's self-attention over the sessions' rings, read in place (built once per chunk)."""
+        attend = cond.memo.get("attend")
+        if attend is None:
+            k_pool, v_pool, ring_frame = state.ring("kv")
+            if self._slopes is None or self._slopes.device != k_pool.device:
+                self._slopes = alibi_slopes(self.cfg.heads).to(k_pool.device)
+            batch = RingBatch(ring_frame, state.slots, state.slots_host, cond.frame_index,
+                              self.cfg.tokens_per_frame, self.cfg.window_frames, self.cfg.sink_frames, self._slopes)
+
+            def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return ring_attention(q, k, v, k_pool[:, layer], v_pool[:, layer], batch)
+
+            cond.memo["attend"] = attend
+        return attend
+
+    def _prompt(self, cond: ChunkConditioning, frames: int) -> torch.Tensor:
+        return cond.prompt[:, None].expand(-1, frames, -1)  # (B, F, P)
 
     @torch.no_grad()
-    def denoise(
-        self, x_t: torch.Tensor, prev: torch.Tensor, t: torch.Tensor, cond: ChunkConditioning, cache: KVView
-    ) -> torch.Tensor:
+    def init_state(self, frames: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
+        """Commit the initial picture as latent frame 0: its keys and values, and it as `prev`."""
+        z = self.encode_frames(frames)  # (B, 1, C, h, w)
+        zeros = torch.zeros(z.shape[:2], device=z.device)
+        _, kv = self.net(z, z, zeros, cond.action, self._prompt(cond, 1), self._attend(cond, state), kv_only=True)
+        return {"kv": RingWrite(cond.frame_index, [k for k, _ in kv], [v for _, v in kv]), "prev": Replace(z[:, -1])}
+
+    @torch.no_grad()
+    def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
         assert x_t.shape[1] == 1, "TinyWorld generates one frame per chunk"
+        prev = state.tensor("prev")[:, None]  # (B, 1, C, h, w)
         tt = t[:, None].expand(-1, x_t.shape[1])
-        x0, _ = self.net(x_t, prev[:, None], tt, cond.action, cond.prompt, cache.kv, self._bias(cond, cache))
+        x0, _ = self.net(x_t, prev, tt, cond.action, self._prompt(cond, x_t.shape[1]), self._attend(cond, state))
         return x0
 
     @torch.no_grad()
-    def commit(
-        self, x0: torch.Tensor, prev: torch.Tensor, cond: ChunkConditioning, cache: KVView
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
+        """The clean pass at flow time 0: the chunk's keys and values, and its last latent as `prev`."""
+        prev = state.tensor("prev")[:, None]
         zeros = torch.zeros(x0.shape[:2], device=x0.device)
-        _, kv = self.net(x0, prev[:, None], zeros, cond.action, cond.prompt, cache.kv, self._bias(cond, cache),
+        _, kv = self.net(x0, prev, zeros, cond.action, self._prompt(cond, x0.shape[1]), self._attend(cond, state),
                          kv_only=True)
-        return kv
+        return {"kv": RingWrite(cond.frame_index, [k for k, _ in kv], [v for _, v in kv]), "prev": Replace(x0[:, -1])}

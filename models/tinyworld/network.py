@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -172,6 +173,42 @@ def frame_age_bias_lazy(
 
 
 # -----------------------------------------------------------------------------
+# How a block's self-attention reaches its keys
+
+
+class Attend(Protocol):
+    """A forward pass's self-attention: the chunk's queries against cached keys plus its own.
+
+    Called once per block with that block's `layer` index and the chunk's own
+    q, k, v, each (B, N, H, hd) with N = F*T; returns (B, N, H, hd). Serving
+    passes one that reads the engine's pool in place (`TinyWorldModel`);
+    training and offline rollouts pass a `DenseAttention`.
+    """
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+class DenseAttention:
+    """Self-attention over explicit past keys plus the chunk's own, with a dense (or lazy) bias.
+
+    Args:
+        past_kv: per layer cached (K, V), each (B, L, H, hd), or None (no cache).
+        bias: (B, H, N, L + N) additive bias (see `frame_age_bias`), or its lazy form.
+    """
+
+    def __init__(self, past_kv: list[tuple[torch.Tensor, torch.Tensor]] | None,
+                 bias: torch.Tensor | FrameAgeBias) -> None:
+        self.past_kv, self.bias = past_kv, bias
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.past_kv is not None:
+            pk, pv = self.past_kv[layer]
+            k, v = torch.cat([pk, k], dim=1), torch.cat([pv, v], dim=1)
+        y = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.bias)  # (B, H, N, hd)
+        return y.transpose(1, 2)
+
+
+# -----------------------------------------------------------------------------
 # Transformer
 
 
@@ -206,8 +243,8 @@ class Block(nn.Module):
         self,
         x: torch.Tensor,
         cond: torch.Tensor,
-        past_kv: tuple[torch.Tensor, torch.Tensor] | None,
-        bias: torch.Tensor | FrameAgeBias,
+        attend: Attend,
+        layer: int,
         *,
         kv_only: bool = False,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -216,13 +253,13 @@ class Block(nn.Module):
         Args:
             x: (B, F, T, D) tokens of F frames.
             cond: (B, F, D) per-frame conditioning.
-            past_kv: cached (K, V), each (B, H, L, hd), or None.
-            bias: (B, H, F*T, L + F*T) attention bias, dense or lazy (see `frame_age_bias`).
+            attend: the pass's self-attention (cached keys plus these frames' own).
+            layer: this block's index (which cached layer `attend` reads).
             kv_only: compute only this block's keys and values (x is returned unchanged);
                 for the last block of a commit pass, whose output nothing reads.
 
         Returns:
-            the new x (B, F, T, D) and this block's own (K, V), each (B, H, F*T, hd),
+            the new x (B, F, T, D) and this block's own (K, V), each (B, F*T, H, hd),
             for the caller to cache.
         """
         B, Fr, T, D = x.shape
@@ -230,24 +267,20 @@ class Block(nn.Module):
         if kv_only:
             s1, c1 = self.ada(F.silu(cond))[:, :, None].chunk(6, dim=-1)[:2]
             h = self.norm1(x) * (1 + c1) + s1
-            _, k, v = self.qkv(h).reshape(B, Fr * T, 3, H, hd).permute(2, 0, 3, 1, 4)
+            _, k, v = self.qkv(h).reshape(B, Fr * T, 3, H, hd).unbind(2)
             return x, (k, v)
         s1, c1, g1, s2, c2, g2 = self.ada(F.silu(cond))[:, :, None].chunk(6, dim=-1)  # (B, F, 1, D) each
         h = self.norm1(x) * (1 + c1) + s1
-        q, k, v = self.qkv(h).reshape(B, Fr * T, 3, H, hd).permute(2, 0, 3, 1, 4)  # (B, H, F*T, hd)
-        own = (k, v)
-        if past_kv is not None:
-            k = torch.cat([past_kv[0], k], dim=2)
-            v = torch.cat([past_kv[1], v], dim=2)
-        y = attention(q, k, v, bias)  # (B, H, F*T, hd)
-        y = y.transpose(1, 2).reshape(B, Fr, T, D)
+        q, k, v = self.qkv(h).reshape(B, Fr * T, 3, H, hd).unbind(2)  # (B, F*T, H, hd) views
+        y = attend(layer, q, k, v)  # (B, F*T, H, hd)
+        y = y.reshape(B, Fr, T, D)
         x = x + g1 * self.proj(y)
         h = self.norm2(x) * (1 + c2) + s2
         g = self.cfg.grid
         h = self.fc1(h).reshape(B * Fr, g, g, -1).permute(0, 3, 1, 2)  # (B*F, hidden, g, g)
         h = F.gelu(self.dw(h) + h).permute(0, 2, 3, 1).reshape(B, Fr, T, -1)
         x = x + g2 * self.fc2(h)
-        return x, own
+        return x, (k, v)
 
 
 class TinyWorldDenoiser(nn.Module):
@@ -303,8 +336,7 @@ class TinyWorldDenoiser(nn.Module):
         t: torch.Tensor,
         action: torch.Tensor,
         prompt: torch.Tensor,
-        past_kv: list[tuple[torch.Tensor, torch.Tensor]] | None,
-        bias: torch.Tensor | FrameAgeBias,
+        attend: Attend,
         *,
         kv_only: bool = False,
     ) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -316,14 +348,14 @@ class TinyWorldDenoiser(nn.Module):
             t: (B, F) flow time in [0, 1] (0 = clean, as in a commit pass).
             action: (B, F, action_dim) float32 action vectors.
             prompt: (B, F, prompt_dim) prompt embeddings (unit norm).
-            past_kv: per layer cached (K, V), each (B, H, L, hd), or None.
-            bias: (B, H, F*T, L + F*T) from `frame_age_bias`.
+            attend: the self-attention over cached keys (`DenseAttention(past_kv, bias)` offline,
+                the engine's pool when serving).
             kv_only: return only the keys and values (x0 is None): a commit pass. The last
                 block then computes just its K/V projection and the output head is skipped.
 
         Returns:
             x0: (B, F, C, h, w) predicted clean latents (None when `kv_only`), and per
-            layer the (K, V) of these F frames, each (B, H, F*T, hd).
+            layer the (K, V) of these F frames, each (B, F*T, H, hd).
         """
         cfg = self.cfg
         B, Fr = x_t.shape[:2]
@@ -339,7 +371,7 @@ class TinyWorldDenoiser(nn.Module):
         new_kv = []
         last = len(self.blocks) - 1
         for i, blk in enumerate(self.blocks):
-            x, kv = blk(x, cond, past_kv[i] if past_kv is not None else None, bias, kv_only=kv_only and i == last)
+            x, kv = blk(x, cond, attend, i, kv_only=kv_only and i == last)
             new_kv.append(kv)
         if kv_only:
             return None, new_kv

@@ -1,6 +1,6 @@
 """Offline batched rollouts of TinyWorld, for training and evaluation.
 
-The serving path uses the engine's ring-buffer KV pool (`engine/kv_pool.py`);
+The serving path uses the engine's ring-buffer state pool (`engine/state_pool.py`);
 this is the same algorithm over a plain list of per-frame keys and values,
 kept to the window plus sinks exactly as the pool does, so training,
 evaluation and serving see the same attention pattern.
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 
 from worldcast.models.base import rectified_flow_update
-from worldcast.models.tinyworld.network import TinyWorldConfig, TinyWorldDenoiser, frame_age_bias
+from worldcast.models.tinyworld.network import DenseAttention, TinyWorldConfig, TinyWorldDenoiser, frame_age_bias
 
 
 class ListKV:
@@ -30,10 +30,10 @@ class ListKV:
         self.frames = sinks + window
 
     def view(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        """Per layer concatenated (K, V) (B, H, L, hd) and the int64 (L,) frame index per token."""
+        """Per layer concatenated (K, V) (B, L, H, hd) and the int64 (L,) frame index per token."""
         T = self.cfg.tokens_per_frame
         kv = [
-            (torch.cat([f[1][i][0] for f in self.frames], 2), torch.cat([f[1][i][1] for f in self.frames], 2))
+            (torch.cat([f[1][i][0] for f in self.frames], 1), torch.cat([f[1][i][1] for f in self.frames], 1))
             for i in range(self.cfg.layers)
         ]
         idx = torch.tensor([f[0] for f in self.frames for _ in range(T)], dtype=torch.long)
@@ -60,7 +60,7 @@ def _step(
         kv, kf = None, q
     bias = frame_age_bias(q, kf, torch.ones_like(kf, dtype=torch.bool), cfg=cfg)
     tt = torch.full((B, 1), t)
-    return net(x[:, None], prev[:, None], tt, action[:, None], prompt[:, None], kv, bias)
+    return net(x[:, None], prev[:, None], tt, action[:, None], prompt[:, None], DenseAttention(kv, bias))
 
 
 @torch.no_grad()

@@ -32,7 +32,13 @@ from tqdm import tqdm
 
 from worldcast.models.tinyworld import world
 from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, TIMESTEPS, save_weights
-from worldcast.models.tinyworld.network import FrameAutoencoder, TinyWorldConfig, TinyWorldDenoiser, frame_age_bias
+from worldcast.models.tinyworld.network import (
+    DenseAttention,
+    FrameAutoencoder,
+    TinyWorldConfig,
+    TinyWorldDenoiser,
+    frame_age_bias,
+)
 from worldcast.models.tinyworld.prompts import TRAIN_CAPTIONS, PromptEncoder
 from worldcast.models.tinyworld.rollout import rollout_latents
 
@@ -236,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
             seq_p = torch.cat([pro, pro[:, 1:]], 1)
             for pg in opt.param_groups:
                 pg["lr"] = lr_at(k, args.tf_steps + args.rollout_steps, args.lr)
-            x0, _ = net(seq_x, seq_prev, seq_t, seq_a, seq_p, None, tf_bias)
+            x0, _ = net(seq_x, seq_prev, seq_t, seq_a, seq_p, DenseAttention(None, tf_bias))
             loss = F.mse_loss(x0[:, n:], z[:, 1:])
             opt.zero_grad(set_to_none=True)
             loss.backward()

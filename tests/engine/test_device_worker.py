@@ -44,7 +44,7 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
 @pytest.fixture
 def worker(model):  # type: ignore[no-untyped-def]
     rec = Recorder()
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * 3, max_batch=4,
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 3, max_batch=4,
                                          torch_threads=1), on_frames=rec.on_frames, on_error=rec.on_error)
     w.rec = rec  # type: ignore[attr-defined]
     w.start()
@@ -72,7 +72,7 @@ def test_pool_exhaustion_is_refused_up_front(worker) -> None:  # type: ignore[no
     with pytest.raises(KVPoolExhausted):
         worker.add_session("d", ScriptedConditioner(), seed=0)
     worker.remove_session("a")
-    wait_for(lambda: worker.pool.free_slots == 1)
+    wait_for(lambda: worker.free_slots == 1)
     worker.add_session("d", ScriptedConditioner(), seed=0)
 
 
@@ -121,11 +121,11 @@ def test_a_failing_session_ends_alone(worker, monkeypatch) -> None:  # type: ign
     assert "injected failure" in dict(rec.errors)["bad"]
     n = rec.count("good")
     wait_for(lambda: rec.count("good") >= n + 5)
-    assert "bad" not in worker.rollouts and worker.pool.free_slots == 2 and worker.alive
+    assert "bad" not in worker.rollouts and worker.free_slots == 2 and worker.alive
 
 
 def test_stopped_worker_reports_not_alive(model) -> None:  # type: ignore[no-untyped-def]
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session()),
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session()),
                      on_frames=lambda f: None, on_error=lambda s, r: None)
     w.start()
     assert w.alive
@@ -133,14 +133,36 @@ def test_stopped_worker_reports_not_alive(model) -> None:  # type: ignore[no-unt
     assert not w.alive
 
 
+class SteerableClock:
+    """The wall clock plus an offset a test adds to: an overrun is simulated by jumping it, not by sleeping."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self.lock:
+            return time.monotonic() + self.offset
+
+    def jump(self, seconds: float) -> None:
+        with self.lock:
+            self.offset += seconds
+
+
+#: The step timeout of `strict_worker`: far above any real step on a busy machine, so only the
+#: simulated overruns below cross it.
+TIMEOUT_S = 5.0
+
+
 @pytest.fixture
 def strict_worker(model):  # type: ignore[no-untyped-def]
-    """A worker with a short step timeout (real steps here take well under 100 ms)."""
+    """A worker whose timeouts are measured on a steerable clock."""
     rec = Recorder()
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * 3, max_batch=4,
-                                         torch_threads=1, step_timeout_s=0.25, stall_factor=2.0),
-                     on_frames=rec.on_frames, on_error=rec.on_error)
-    w.rec = rec  # type: ignore[attr-defined]
+    clock = SteerableClock()
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 3, max_batch=4,
+                                         torch_threads=1, step_timeout_s=TIMEOUT_S, stall_factor=2.0),
+                     on_frames=rec.on_frames, on_error=rec.on_error, perf_clock=clock)
+    w.rec, w.steer = rec, clock  # type: ignore[attr-defined]
     w.start()
     yield w
     w.stop()
@@ -155,7 +177,7 @@ def test_a_session_whose_conditioning_overruns_the_timeout_ends_alone(strict_wor
     real = slow.sample_chunk
 
     def stuck(frames: int):  # type: ignore[no-untyped-def]
-        time.sleep(0.4)
+        w.steer.jump(TIMEOUT_S * 1.5)  # sampling this session's conditioning "takes" 1.5 timeouts
         return real(frames)
 
     monkeypatch.setattr(slow, "sample_chunk", stuck)
@@ -176,12 +198,12 @@ def test_an_overrunning_batch_isolates_its_sessions_and_ends_the_slow_one(strict
     real = dw.denoise_batch
     batches: list[list[str]] = []
 
-    def slow_when_heavy(rs):  # type: ignore[no-untyped-def]
+    def slow_when_heavy(rs, cache=None):  # type: ignore[no-untyped-def]
         ids = [r.session_id for r in rs]
         batches.append(ids)
         if "heavy" in ids:
-            time.sleep(0.35)  # the forward overruns whenever this session is in it
-        return real(rs)
+            w.steer.jump(TIMEOUT_S * 1.2)  # the forward "overruns" whenever this session is in it
+        return real(rs, cache)
 
     monkeypatch.setattr(dw, "denoise_batch", slow_when_heavy)
     wait_for(lambda: any(sid == "heavy" for sid, _ in rec.errors))
@@ -200,18 +222,21 @@ def test_a_step_stuck_on_the_device_marks_the_worker_stalled(strict_worker, monk
     w.add_session("a", ScriptedConditioner(), seed=0)
     wait_for(lambda: w.rec.count("a") >= 2)
     assert w.stalled_s == 0.0
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
     real = dw.denoise_batch
 
-    def hang(rs):  # type: ignore[no-untyped-def]
-        release.wait(10)
-        return real(rs)
+    def hang(rs, cache=None):  # type: ignore[no-untyped-def]
+        entered.set()
+        release.wait(30)
+        return real(rs, cache)
 
     monkeypatch.setattr(dw, "denoise_batch", hang)
-    wait_for(lambda: w.stalled_s > 0, timeout_s=10)  # past stall_factor * timeout = 0.5 s
+    assert entered.wait(30)
+    assert w.stalled_s == 0.0  # running, but not yet for stall_factor timeouts
+    w.steer.jump(TIMEOUT_S * 2.5)
+    assert w.stalled_s > 0  # past stall_factor * timeout
     release.set()
     wait_for(lambda: w.stalled_s == 0.0)
-    assert w.alive
 
 
 def test_warmup_chooses_the_thread_count_by_timing_every_candidate(model) -> None:  # type: ignore[no-untyped-def]
@@ -219,7 +244,7 @@ def test_warmup_chooses_the_thread_count_by_timing_every_candidate(model) -> Non
 
     before = torch.get_num_threads()
     rec = Recorder()
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * 2, max_batch=1),
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 2, max_batch=1),
                      on_frames=rec.on_frames, on_error=rec.on_error)
     try:
         choice = w.choose_threads()
@@ -239,7 +264,7 @@ def test_warmup_chooses_the_thread_count_by_timing_every_candidate(model) -> Non
 def test_configured_threads_are_used_without_timing(model) -> None:  # type: ignore[no-untyped-def]
     before = torch.get_num_threads()
     rec = Recorder()
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.kv.bytes_per_session() * 2, torch_threads=1),
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 2, torch_threads=1),
                      on_frames=rec.on_frames, on_error=rec.on_error)
     try:
         choice = w.choose_threads()

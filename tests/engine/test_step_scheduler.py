@@ -9,14 +9,14 @@ from worldcast.engine.step_scheduler import Phase, SchedulerConfig, StepSchedule
 PERIOD = 0.05
 
 
-def make(max_batch: int = 4, steps: int = 2) -> StepScheduler:
+def make(max_batch: int = 4, steps: int = 2, **config) -> StepScheduler:  # type: ignore[no-untyped-def]
     cost = CostModel()
     for b in range(1, 9):  # a known device: 5 ms per denoise step, 4 ms per commit, flat in batch
         cost.observe("denoise", b, 0.005)
         cost.observe("commit", b, 0.004)
         cost.observe("init", b, 0.004)
-    return StepScheduler(SchedulerConfig(frame_period_s=PERIOD, frames_per_chunk=1, denoising_steps=steps,
-                                         max_batch=max_batch), cost)
+    return StepScheduler(SchedulerConfig(frame_period_s=PERIOD, frames_per_chunk=config.pop("frames_per_chunk", 1),
+                                         denoising_steps=steps, max_batch=max_batch, **config), cost)
 
 
 def ok(step_s: float = 0.005) -> StepRunnerOutput:
@@ -80,11 +80,14 @@ def test_ready_steps_batch_across_sessions_up_to_max_batch() -> None:
 
 def test_earliest_deadline_goes_first() -> None:
     s = make(max_batch=1)
-    s.add("late"), s.add("early")
+    s.add("z_early")
     run_until_empty(s, 0.0)
-    s._entries["late"].deadline_s, s._entries["early"].deadline_s = 5.0, 3.0  # noqa: SLF001
-    s._entries["late"].start_at_s = s._entries["early"].start_at_s = 0.0  # noqa: SLF001
-    assert s.schedule(1.0).session_ids == ["early"]
+    s.add("a_late")  # sorts first by name, but its first frame is due a second later
+    init = s.schedule(1.0)
+    assert (init.kind, init.session_ids) == ("init", ["a_late"])
+    s.update_from_output(init, ok(), 1.0)
+    assert s.schedule_of("a_late").deadline_s > s.schedule_of("z_early").deadline_s + 0.9
+    assert s.schedule(5.0).session_ids == ["z_early"]  # both overdue: the earlier deadline runs
 
 
 def test_late_session_is_rebased_instead_of_building_a_backlog() -> None:
@@ -95,7 +98,7 @@ def test_late_session_is_rebased_instead_of_building_a_backlog() -> None:
     for _ in range(2):  # denoise + commit, finishing 1 s late
         p = s.schedule(t)
         s.update_from_output(p, ok(), t + 1.0)
-    e = s._entries["a"]  # noqa: SLF001
+    e = s.schedule_of("a")
     assert e.late_frames == 1
     assert e.deadline_s > t + 1.0  # rebased to the future, not 20 frames behind
     assert s.schedule(t + 1.0).session_ids == ["a"]  # and starts at once
@@ -151,22 +154,22 @@ def test_config_rejects_zero_batch() -> None:
 
 
 def test_a_chunk_due_soon_joins_the_batch_now() -> None:
-    s = make(max_batch=4)
-    s.add("a"), s.add("b")
-    run_until_empty(s, 0.0)
-    ea, eb = s._entries["a"], s._entries["b"]  # noqa: SLF001
-    ea.start_at_s, ea.deadline_s = 1.0, 1.02
-    eb.start_at_s, eb.deadline_s = 1.0 + 0.4 * PERIOD, 1.02 + 0.4 * PERIOD  # due within half a frame
-    plan = s.schedule(1.0)
-    assert plan.session_ids == ["a", "b"] and plan.begin_chunk_ids == ["a", "b"]
-    eb.start_at_s = 1.0 + 0.9 * PERIOD  # not due soon enough
-    assert s.schedule(1.0).session_ids == ["a"]
+    for lag, joins in ((0.4, True), (0.9, False)):  # b's chunk is due `lag` frame periods after a's
+        s = make(max_batch=4, align_to_grid=False)
+        s.add("a")
+        run_until_empty(s, 0.0)
+        s.add("b")
+        run_until_empty(s, lag * PERIOD)
+        start = s.schedule_of("a").start_at_s
+        assert s.schedule_of("b").start_at_s == pytest.approx(start + lag * PERIOD, abs=1e-9)
+        plan = s.schedule(start)
+        assert plan.session_ids == (["a", "b"] if joins else ["a"]), f"lag {lag} periods"
+        assert plan.begin_chunk_ids == plan.session_ids
     unbatched = make(max_batch=1)
     unbatched.add("a")
     run_until_empty(unbatched, 0.0)
-    e = unbatched._entries["a"]  # noqa: SLF001
-    e.start_at_s = 1.0 + 0.1 * PERIOD
-    assert unbatched.schedule(1.0).is_empty  # without batching nothing starts early
+    early = unbatched.schedule_of("a").start_at_s - 0.1 * PERIOD
+    assert unbatched.schedule(early).is_empty  # without batching nothing starts early
 
 
 def test_sessions_added_out_of_phase_share_one_deadline_grid_and_batch() -> None:
@@ -175,13 +178,13 @@ def test_sessions_added_out_of_phase_share_one_deadline_grid_and_batch() -> None
     run_until_empty(s, 0.0)
     s.add("b")
     run_until_empty(s, 0.013)  # b's initial frame lands 13 ms (about a quarter period) later
-    ea, eb = s._entries["a"], s._entries["b"]  # noqa: SLF001
+    ea, eb = s.schedule_of("a"), s.schedule_of("b")
     offset = (eb.deadline_s - ea.deadline_s) / PERIOD
     assert offset == pytest.approx(round(offset), abs=1e-9)  # same phase
     # at a's start time both chunks are due within a frame, so they run as one batch from then on
     for _ in range(3):
-        t = min(ea.start_at_s, eb.start_at_s)
-        plans = run_until_empty(s, max(ea.start_at_s, eb.start_at_s, t))
+        ea, eb = s.schedule_of("a"), s.schedule_of("b")
+        plans = run_until_empty(s, max(ea.start_at_s, eb.start_at_s))
         assert plans and all(p.session_ids == ["a", "b"] for p in plans)
     unaligned = StepScheduler(SchedulerConfig(frame_period_s=PERIOD, frames_per_chunk=1, denoising_steps=2,
                                               align_to_grid=False), s.cost)
@@ -189,7 +192,7 @@ def test_sessions_added_out_of_phase_share_one_deadline_grid_and_batch() -> None
     run_until_empty(unaligned, 0.0)
     unaligned.add("b")
     run_until_empty(unaligned, 0.013)
-    ua, ub = unaligned._entries["a"], unaligned._entries["b"]  # noqa: SLF001
+    ua, ub = unaligned.schedule_of("a"), unaligned.schedule_of("b")
     assert (ub.deadline_s - ua.deadline_s) / PERIOD % 1 == pytest.approx(0.26, abs=1e-6)
 
 
@@ -197,9 +200,42 @@ def test_a_flush_starts_at_once_with_its_deadline_on_the_grid() -> None:
     s = make()
     s.add("a")
     run_until_empty(s, 0.0)
-    origin = s._entries["a"].deadline_s  # noqa: SLF001
+    origin = s.schedule_of("a").deadline_s
     s.restart_chunk("a", 0.137)
-    e = s._entries["a"]  # noqa: SLF001
+    e = s.schedule_of("a")
     assert e.start_at_s == 0.137
     assert ((e.deadline_s - origin) / PERIOD) == pytest.approx(round((e.deadline_s - origin) / PERIOD), abs=1e-9)
     assert e.deadline_s >= 0.137 + s.chunk_time_s(1)
+
+
+def test_a_longer_first_chunk_moves_the_next_deadline_by_its_own_pixel_frames() -> None:
+    """Causal Wan: the first chunk decodes to 9 pixel frames, later ones to 12."""
+    s = make(max_batch=1, steps=1, frames_per_chunk=12, first_chunk_frames=9)
+    s.add("a")
+    run_until_empty(s, 0.0)
+    d0 = s.schedule_of("a").deadline_s
+    t = s.schedule_of("a").start_at_s
+    for _ in range(2):  # denoise, commit
+        s.update_from_output(s.schedule(t), ok(), t)
+    e = s.schedule_of("a")
+    assert (e.frames, e.chunks) == (9, 1)
+    assert e.deadline_s == pytest.approx(d0 + 9 * PERIOD)
+    t = e.start_at_s
+    for _ in range(2):
+        s.update_from_output(s.schedule(t), ok(), t)
+    assert s.schedule_of("a").deadline_s == pytest.approx(d0 + 21 * PERIOD) and s.schedule_of("a").frames == 21
+
+
+def test_cost_samples_are_recorded_as_the_batches_actually_ran() -> None:
+    s = make(max_batch=4)
+    before = s.cost.snapshot()
+    s.add("a"), s.add("b")
+    run_until_empty(s, 0.0)
+    plan = s.schedule(5.0)
+    assert plan.session_ids == ["a", "b"]
+    # the batch of two failed and was re-run as two batches of one: no sample claims batch size 2
+    s.update_from_output(plan, StepRunnerOutput(step_time_s=0.5, frames=[], failed={},
+                                                cost_samples=[("denoise", 1, 0.007), ("denoise", 1, 0.009)]), 5.0)
+    after = s.cost.snapshot()
+    assert after[("denoise", 2)] == before[("denoise", 2)]
+    assert after[("denoise", 1)][1] == before[("denoise", 1)][1] + 2

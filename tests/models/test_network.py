@@ -4,6 +4,7 @@ import torch
 
 from worldcast.models.base import rectified_flow_update
 from worldcast.models.tinyworld.network import (
+    DenseAttention,
     FrameAutoencoder,
     TinyWorldConfig,
     TinyWorldDenoiser,
@@ -74,7 +75,7 @@ def test_parallel_training_forward_equals_cached_inference() -> None:
         torch.cat([act, act[:, 1:]], 1),
         torch.cat([pro, pro[:, 1:]], 1),
     )
-    x0_par, _ = net(*seq, None, teacher_forcing_bias(n, 1, CFG))
+    x0_par, _ = net(*seq, DenseAttention(None, teacher_forcing_bias(n, 1, CFG)))
     cache = ListKV(CFG)
     for i in range(n):
         if i > 0:
@@ -96,8 +97,8 @@ def test_commit_pass_computes_the_same_keys_and_values_without_the_output() -> N
             torch.randn(2, 1, CFG.prompt_dim))
     q = torch.zeros(2, CFG.tokens_per_frame, dtype=torch.long)
     bias = frame_age_bias(q, q, torch.ones_like(q, dtype=torch.bool), cfg=CFG)
-    x0, full = net(*args, None, bias)
-    none, kv_only = net(*args, None, bias, kv_only=True)
+    x0, full = net(*args, DenseAttention(None, bias))
+    none, kv_only = net(*args, DenseAttention(None, bias), kv_only=True)
     assert x0 is not None and none is None and len(kv_only) == CFG.layers
     for (k1, v1), (k2, v2) in zip(full, kv_only, strict=True):
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
@@ -108,9 +109,10 @@ def test_untrained_denoiser_copies_the_previous_frame() -> None:
     z = torch.randn(2, 1, CFG.latent_channels, CFG.latent_size, CFG.latent_size)
     q = torch.zeros(2, CFG.tokens_per_frame, dtype=torch.long)
     bias = frame_age_bias(q, q, torch.ones_like(q, dtype=torch.bool), cfg=CFG)
-    x0, kv = net(torch.randn_like(z), z, torch.ones(2, 1), torch.zeros(2, 1, 8), torch.zeros(2, 1, 384), None, bias)
+    x0, kv = net(torch.randn_like(z), z, torch.ones(2, 1), torch.zeros(2, 1, 8), torch.zeros(2, 1, 384),
+                 DenseAttention(None, bias))
     torch.testing.assert_close(x0, z)
-    assert len(kv) == CFG.layers and kv[0][0].shape == (2, CFG.heads, CFG.tokens_per_frame, CFG.head_dim)
+    assert len(kv) == CFG.layers and kv[0][0].shape == (2, CFG.tokens_per_frame, CFG.heads, CFG.head_dim)
 
 
 def test_autoencoder_shapes() -> None:
