@@ -3,6 +3,7 @@
     python -m worldcast.engine.bench --sessions 4 --seconds 15            # batching on vs off
     python -m worldcast.engine.bench --sessions 6 --seconds 15 --modes on  # one mode
     python -m worldcast.engine.bench --faults --sessions 1 --seconds 12     # cancel, exception, NaN
+    python -m worldcast.engine.bench --math                                 # GFLOP/s vs the matmul peak
 
 Each session is an always-active scripted conditioner (keys change every
 second). Per mode it reports total and per-session delivered frames/s, the
@@ -167,10 +168,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--faults", action="store_true", help="cancel, exception and NaN victims beside N sessions")
+    ap.add_argument("--math", action="store_true", help="a chunk's achieved GFLOP/s beside this machine's measured "
+                    "matmul peak, at batch 1 and 4 (engine/model_math.py)")
     args = ap.parse_args(argv)
     from worldcast.models.tinyworld import TinyWorldModel
 
     model = TinyWorldModel.from_pretrained()
+    if args.math:
+        from worldcast.engine.model_math import measure
+
+        torch.set_num_threads(args.threads or 1)
+        for b in (1, 4):
+            r = measure(model, batch=b)
+            print(f"batch {b}: {r['gflop_per_frame']:.3f} GFLOP/frame, chunk {r['chunk_ms']:.1f} ms, "
+                  f"{r['achieved_gflops']:.1f} GFLOP/s achieved vs {r['matmul_peak_gflops']:.1f} GFLOP/s matmul "
+                  f"peak = {r['share_of_peak']:.0%} ({r['threads']} thread(s))")
+            print(json.dumps({k: round(v, 4) for k, v in r.items()}))
+        return
     if args.faults:
         print(json.dumps(run_faults(model, sessions=args.sessions, seconds=args.seconds, threads=args.threads),
                          indent=2))

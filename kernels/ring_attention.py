@@ -173,27 +173,47 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ring: to
 
 def _ring_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ring: torch.Tensor,
                           v_ring: torch.Tensor, batch: RingBatch) -> torch.Tensor:
-    """The PyTorch path: per session, logits against views of its ring and of its own keys."""
+    """The PyTorch path: per session, logits against views of its ring and of its own keys.
+
+    Per session: ring logits = bias + scale * q k_ring^T in one `baddbmm` on views of the pool,
+    own logits likewise, a softmax over both parts computed in place, and the output as
+    P_ring v_ring + P_own v_own. The logit buffers are allocated once per chunk (kept on `batch`)
+    and reused by every step and layer.
+    """
     B, N, H, D = q.shape
-    F, T = batch.q_frame.shape[1], batch.tokens_per_frame
+    F = batch.q_frame.shape[1]
     scale = D ** -0.5
     acc = torch.promote_types(q.dtype, torch.float32)  # fp32 accumulation (fp64 stays fp64)
     ring_bias = batch.ring_bias(H, acc)
     own_bias = batch.own_bias(H, acc)
+    L = k_ring.shape[1]
+    bufs = batch._cache.get(key := f"bufs/{H}/{N}/{L}/{acc}")
+    if bufs is None:
+        bufs = batch._cache[key] = [(torch.empty((H, N, L), dtype=acc, device=q.device),
+                                     torch.empty((H, N, N), dtype=acc, device=q.device),
+                                     torch.empty((H, N, D), dtype=acc, device=q.device)) for _ in range(B)]
     out = torch.empty_like(q)
     for b, s in enumerate(batch.slots_host):
-        qh = q[b].permute(1, 0, 2).to(acc)  # (H, N, D)
+        lr, lo, y = bufs[b]  # type: ignore[index]
+        qh = q[b].transpose(0, 1).to(acc)  # (H, N, D), a view when q is already acc
         kr, vr = k_ring[s], v_ring[s]  # (L, H, D) views of the pool
-        lr = torch.matmul(qh, kr.permute(1, 2, 0).to(acc)) * scale  # (H, N, L)
-        lr = (lr.view(H, F, T, -1) + ring_bias[b]).view(H, N, -1)
-        lo = torch.matmul(qh, k[b].permute(1, 2, 0).to(acc)) * scale  # (H, N, N)
+        rb = ring_bias[b]  # (H|1, F, 1, L)
+        if F == 1:
+            torch.baddbmm(rb[:, 0], qh, kr.permute(1, 2, 0).to(acc), alpha=scale, out=lr)  # (H, N, L)
+        else:
+            torch.bmm(qh, kr.permute(1, 2, 0).to(acc), out=lr)
+            lr.view(H, F, -1, L).mul_(scale).add_(rb)
+        torch.bmm(qh, k[b].permute(1, 2, 0).to(acc), out=lo)  # (H, N, N)
+        lo.mul_(scale)
         if own_bias is not None:
-            lo = (lo.view(H, F, T, N) + own_bias[b]).view(H, N, N)
+            lo.view(H, F, -1, N).add_(own_bias[b])
         m = torch.maximum(lr.amax(-1, keepdim=True), lo.amax(-1, keepdim=True))  # own keys: always finite
-        pr, po = (lr - m).exp_(), (lo - m).exp_()
-        denom = pr.sum(-1, keepdim=True) + po.sum(-1, keepdim=True)
-        y = torch.matmul(pr, vr.permute(1, 0, 2).to(acc)) + torch.matmul(po, v[b].permute(1, 0, 2).to(acc))
-        out[b] = (y / denom).permute(1, 0, 2).to(q.dtype)
+        lr.sub_(m).exp_()
+        lo.sub_(m).exp_()
+        denom = lr.sum(-1, keepdim=True).add_(lo.sum(-1, keepdim=True))
+        torch.bmm(lr, vr.transpose(0, 1).to(acc), out=y)
+        y.baddbmm_(lo, v[b].transpose(0, 1).to(acc)).div_(denom)
+        out[b] = y.transpose(0, 1)
     return out
 
 

@@ -96,8 +96,12 @@ class TinyWorldModel(WorldModel):
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
-        self.ae = ae.to(self.device).eval()
+        # channels-last convolutions: the MLP's depthwise conv reads the token grid (B*F, g, g, hidden)
+        # as an NHWC view with no copy, and oneDNN runs NHWC convs without reordering their input
+        self.ae = ae.to(self.device).eval().to(memory_format=torch.channels_last)
         self.net = net.to(self.device).eval()
+        for blk in self.net.blocks:
+            blk.dw.to(memory_format=torch.channels_last)
         self.theme_prompts = theme_prompts.float().cpu().numpy()
         self.spec = make_spec(cfg)
         self.prompts = prompt_encoder or PromptEncoder()
@@ -158,7 +162,7 @@ class TinyWorldModel(WorldModel):
     def decode_latents(self, x0: torch.Tensor) -> torch.Tensor:
         """Latents (B, F, C, h, w) -> uint8 (B, F, H, W, 3) RGB frames."""
         B, Fr = x0.shape[:2]
-        img = self.ae.decode(x0.flatten(0, 1)).clamp(0, 1)
+        img = self.ae.decode(x0.flatten(0, 1).contiguous(memory_format=torch.channels_last)).clamp(0, 1)
         img = (img * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1)
         return img.reshape(B, Fr, *img.shape[1:])
 

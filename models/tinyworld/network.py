@@ -220,6 +220,11 @@ def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
+def _modulate(n: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN modulation n * (1 + scale) + shift, as two kernels (n + shift, then + n * scale) instead of three."""
+    return torch.add(n, shift).addcmul_(n, scale)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block with adaLN-Zero modulation and a conv MLP."""
 
@@ -266,20 +271,20 @@ class Block(nn.Module):
         H, hd = self.cfg.heads, self.cfg.head_dim
         if kv_only:
             s1, c1 = self.ada(F.silu(cond))[:, :, None].chunk(6, dim=-1)[:2]
-            h = self.norm1(x) * (1 + c1) + s1
+            h = _modulate(self.norm1(x), s1, c1)
             _, k, v = self.qkv(h).reshape(B, Fr * T, 3, H, hd).unbind(2)
             return x, (k, v)
         s1, c1, g1, s2, c2, g2 = self.ada(F.silu(cond))[:, :, None].chunk(6, dim=-1)  # (B, F, 1, D) each
-        h = self.norm1(x) * (1 + c1) + s1
+        h = _modulate(self.norm1(x), s1, c1)
         q, k, v = self.qkv(h).reshape(B, Fr * T, 3, H, hd).unbind(2)  # (B, F*T, H, hd) views
         y = attend(layer, q, k, v)  # (B, F*T, H, hd)
         y = y.reshape(B, Fr, T, D)
-        x = x + g1 * self.proj(y)
-        h = self.norm2(x) * (1 + c2) + s2
+        x = torch.addcmul(x, g1, self.proj(y))  # x + g1 * proj(y), one kernel
+        h = _modulate(self.norm2(x), s2, c2)
         g = self.cfg.grid
         h = self.fc1(h).reshape(B * Fr, g, g, -1).permute(0, 3, 1, 2)  # (B*F, hidden, g, g)
         h = F.gelu(self.dw(h) + h).permute(0, 2, 3, 1).reshape(B, Fr, T, -1)
-        x = x + g2 * self.fc2(h)
+        x = torch.addcmul(x, g2, self.fc2(h))
         return x, (k, v)
 
 
