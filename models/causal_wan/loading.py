@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 from worldcast.models.causal_wan.config import CausalWanConfig, WanVAEConfig
 from worldcast.models.causal_wan.dit import CausalWanDiT
+from worldcast.models.causal_wan.text import TextEncoder
 from worldcast.models.causal_wan.vae import WanVAEDecoder
 
 log = logging.getLogger(__name__)
@@ -249,3 +250,81 @@ def load_vae_diffusers(folder: str | Path, cfg: WanVAEConfig, *, dtype: torch.dt
     vae = WanVAEDecoder(cfg)
     load_state_strict(vae, state, what=f"{folder}/vae")
     return vae.to(dtype=dtype, device=device).eval()
+
+
+# -----------------------------------------------------------------------------
+# Everything a server needs
+
+
+@dataclass
+class CausalWanParts:
+    """A loaded causal Wan model: config, DiT, VAE decoder and prompt encoder (all stateless across sessions)."""
+
+    cfg: CausalWanConfig
+    dit: CausalWanDiT
+    vae: WanVAEDecoder
+    text: TextEncoder
+
+
+def load_parts(
+    weights: str | Path, *, cfg: CausalWanConfig | None = None, base_folder: str | Path | None = None,
+    ema: bool = False, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+) -> CausalWanParts:
+    """Load from a diffusers-format folder, or from a Self-Forcing-layout `.pt` plus a diffusers base folder.
+
+    Args:
+        weights: a diffusers folder (transformer/, vae/, text_encoder/, tokenizer/) or a `.pt`
+            (`generator` / `generator_ema`); a `.pt` takes its VAE and text encoder from `base_folder`
+            (e.g. Wan2.1-T2V-1.3B-Diffusers).
+        cfg: causal settings and sizes (default `wan_1_3b()`); network sizes are then read from
+            the folder's config.json files.
+        ema: take `generator_ema` from a `.pt`.
+        dtype: DiT and VAE weight dtype (bf16 on CUDA; see `CausalWanDiT.cast`). The text encoder
+            uses it too.
+
+    Raises:
+        WeightsError: a bad checkpoint (keys named). FileNotFoundError: a missing path.
+    """
+    from worldcast.models.causal_wan.config import wan_1_3b
+
+    path = Path(weights)
+    base = cfg or wan_1_3b()
+    if path.is_dir():
+        folder = path
+    elif path.is_file():
+        if base_folder is None:
+            raise WeightsError(f"{path} holds the DiT only: pass base_folder= for the VAE and text encoder")
+        folder = Path(base_folder)
+    else:
+        raise FileNotFoundError(path)
+    cfg = config_from_diffusers(folder, base)
+    if path.is_dir():
+        dit = load_dit_diffusers(folder, cfg, dtype=dtype, device=device)
+    else:
+        dit = load_dit_pt(path, cfg, ema=ema, dtype=dtype, device=device)
+    vae = load_vae_diffusers(folder, cfg.vae, dtype=dtype, device=device)
+    text = TextEncoder.from_pretrained(folder, text_len=cfg.text_len, dtype=dtype, device=device)
+    if text.dim != cfg.text_dim:
+        raise WeightsError(f"text encoder width {text.dim} != transformer text_dim {cfg.text_dim}")
+    log.info("causal-wan: loaded %s (%.3f B DiT parameters)", path, dit.num_params() / 1e9)
+    return CausalWanParts(cfg=cfg, dit=dit, vae=vae, text=text)
+
+
+def tiny_parts(
+    *, cfg: CausalWanConfig | None = None, seed: int = 0, dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> CausalWanParts:
+    """RANDOM-WEIGHT tiny model (`config.tiny()`): runs the whole path anywhere, makes noise-like video."""
+    from worldcast.models.causal_wan.config import tiny
+
+    cfg = cfg or tiny()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        dit = CausalWanDiT(cfg)
+        vae = WanVAEDecoder(cfg.vae)
+    text = TextEncoder.tiny_random(dim=cfg.text_dim, text_len=cfg.text_len, seed=seed)
+    log.warning("causal-wan:tiny has random weights: its video is noise-like")
+    return CausalWanParts(
+        cfg=cfg, dit=dit.cast(dtype).to(device).eval(), vae=vae.to(dtype=dtype, device=device).eval(),
+        text=TextEncoder(text.model.to(device), text.tokenizer, text_len=cfg.text_len),
+    )
