@@ -243,7 +243,7 @@ def tiny(**overrides: object) -> CausalWanConfig:
     """A random-weight config small enough for fp64 parity tests and live serving on a 2-core CPU.
 
     2 blocks of width 24 (2 heads of 12), 4 latent channels, a 4-stage VAE
-    decoder of base width 8 (so 8x8 latents decode to 64x64 pixels), a window
+    decoder of base width 4 (so 8x8 latents decode to 64x64 pixels), a window
     of 9 latent frames with 3 sinks, 16 text tokens of width 16. It makes
     noise-like video: nothing here is trained.
     """
@@ -251,7 +251,7 @@ def tiny(**overrides: object) -> CausalWanConfig:
         dim=24, ffn_dim=48, freq_dim=32, text_dim=16, heads=2, layers=2, in_channels=4, out_channels=4,
         text_len=16, local_attn_size=9, sink_size=3, frame_height=64, frame_width=64,
         vae=WanVAEConfig(
-            base_dim=8, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1,
+            base_dim=4, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1,
             latents_mean=(0.0, 0.0, 0.0, 0.0), latents_std=(1.0, 1.0, 1.0, 1.0),
         ),
     )  # fmt: skip

@@ -64,7 +64,31 @@ class CausalConv3d(nn.Conv3d):
             assert cache is not None, "a causal conv needs its cache"
             x = torch.cat([cache.take().to(x.dtype), x], dim=2)  # (B, C_in, 2 + T, H, W)
             cache.put(x[:, :, -CACHE_FRAMES:].contiguous())
+        if x.device.type == "cpu":
+            return conv3d_by_frames(x, self.weight, self.bias, self.pad_hw)
         return F.conv3d(x, self.weight, self.bias, padding=(0, *self.pad_hw))
+
+
+def conv3d_by_frames(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad_hw: tuple[int, ...]
+) -> torch.Tensor:
+    """`F.conv3d(x, weight, bias, padding=(0, *pad_hw))` (stride 1) as one 2D conv per temporal tap, summed.
+
+    The same sum of products, grouped by tap; on CPU PyTorch runs small 3D convs
+    through its slow reference kernel, and this is several times faster.
+    x (B, C, T, H, W), weight (C_out, C, k_t, k_h, k_w) -> (B, C_out, T - k_t + 1, H', W').
+    """
+    B, C, T, H, W = x.shape
+    kt = weight.shape[2]
+    t_out = T - kt + 1
+    frames = x.transpose(1, 2).contiguous()  # (B, T, C, H, W); a no-op when x came from here
+    out = None
+    for dt in range(kt):
+        xs = frames[:, dt : dt + t_out].reshape(B * t_out, C, H, W)
+        y = F.conv2d(xs, weight[:, :, dt], bias if dt == 0 else None, padding=tuple(pad_hw))
+        out = y if out is None else out + y
+    assert out is not None
+    return out.view(B, t_out, *out.shape[1:]).transpose(1, 2)
 
 
 class RMSNorm(nn.Module):
@@ -77,7 +101,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.to(acc_dtype(x.dtype))
-        y = (xf / xf.norm(dim=1, keepdim=True).clamp_min(1e-12)).to(x.dtype)
+        norm = (xf * xf).sum(dim=1, keepdim=True).sqrt()  # = ||x||_2 over channels (faster than .norm on CPU)
+        y = (xf / norm.clamp_min(1e-12)).to(x.dtype)
         return y * self.scale * self.gamma.to(x.dtype)
 
 
@@ -137,7 +162,7 @@ class Upsample(nn.Module):
                 x = y.view(B, 2, C, T, H, W).permute(0, 2, 3, 1, 4, 5).reshape(B, C, 2 * T, H, W)
         T = x.shape[2]
         y = x.permute(0, 2, 1, 3, 4).reshape(B * T, C, H, W)
-        y = y.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)  # nearest(-exact) 2x
+        y = F.interpolate(y, scale_factor=2.0, mode="nearest-exact")  # an exact copy in any dtype
         y = self.resample[1](y)
         return y.view(B, T, C // 2, 2 * H, 2 * W).permute(0, 2, 1, 3, 4)
 

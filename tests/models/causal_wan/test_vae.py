@@ -9,7 +9,7 @@ import torch
 
 from tests.models.causal_wan.refs import lifted_fp32_casts, max_err, randomize_
 from worldcast.models.causal_wan.config import WanVAEConfig, tiny
-from worldcast.models.causal_wan.vae import WanVAEDecoder, frames_to_uint8
+from worldcast.models.causal_wan.vae import WanVAEDecoder, conv3d_by_frames, frames_to_uint8
 
 MEAN = (0.3, -0.2, 0.1, 0.5)
 STD = (1.5, 0.7, 1.1, 2.0)
@@ -118,3 +118,14 @@ def test_uint8_frames() -> None:
     f = torch.tensor([-1.0, 0.0, 1.0, -0.999])
     assert frames_to_uint8(f).tolist() == [0, 128, 255, 0]
     assert tiny().pixel_frames(3, first_chunk=True) == 9 and tiny().pixel_frames(3, first_chunk=False) == 12
+
+
+@pytest.mark.parametrize("kernel, pad", [((3, 3, 3), (1, 1)), ((3, 1, 1), (0, 0)), ((1, 1, 1), (0, 0))])
+def test_cpu_conv_by_frames_equals_conv3d(kernel: tuple[int, int, int], pad: tuple[int, int]) -> None:
+    """The CPU path (one 2D conv per temporal tap) computes F.conv3d, which CUDA runs."""
+    g = torch.Generator().manual_seed(24)
+    x = torch.randn(2, 5, 6, 7, 9, generator=g, dtype=torch.float64)
+    w = torch.randn(4, 5, *kernel, generator=g, dtype=torch.float64)
+    b = torch.randn(4, generator=g, dtype=torch.float64)
+    want = torch.nn.functional.conv3d(x, w, b, padding=(0, *pad))
+    assert max_err(conv3d_by_frames(x, w, b, pad), want) <= 1e-12
