@@ -116,7 +116,7 @@ def session_bytes(cfg: CausalWanConfig, vae: WanVAEDecoder, height: int, width: 
 
 
 def run_batch(dit: CausalWanDiT, vae: WanVAEDecoder, batch: int, *, height: int, width: int, chunks: int,
-              device: torch.device) -> BatchResult:  # fmt: skip
+              device: torch.device, vae_frames_per_call: int | None = 1) -> BatchResult:  # fmt: skip
     """Warm up one chunk, then time `chunks` steady-state chunks of `batch` sessions."""
     cfg = dit.cfg
     h, w = cfg.latent_size(height, width)
@@ -155,7 +155,7 @@ def run_batch(dit: CausalWanDiT, vae: WanVAEDecoder, batch: int, *, height: int,
         ring.commit(dit(x0, tc, off, ckv, ring, kv_only=True).kv)
         if timer:
             timer.mark()
-        frames, cache = vae.decode_chunk(x0, cache, first_chunk=False)
+        frames, cache = vae.decode_chunk(x0, cache, first_chunk=False, frames_per_call=vae_frames_per_call)
         frames_to_uint8(frames)
         if timer:
             timer.mark()
@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -
     p.add_argument("--chunks", type=int, default=None, help="timed chunks per batch size (default 3; smoke 1)")
     p.add_argument("--local-attn-size", type=int, default=12, help="latent frames attended (LongLive: 12)")
     p.add_argument("--sink-size", type=int, default=3, help="sink latent frames (LongLive: 3)")
+    p.add_argument("--vae-frames-per-call", type=int, default=1, help="latent frames per decoder pass (memory)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     a = p.parse_args(argv)
 
@@ -224,7 +225,8 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -
         f"{'fps/session':>11} {'fps total':>9} {'peak GB':>8}")  # fmt: skip
     results = []
     for b in sizes:
-        r = run_batch(dit, vae, b, height=height, width=width, chunks=chunks, device=device)
+        r = run_batch(dit, vae, b, height=height, width=width, chunks=chunks, device=device,
+                      vae_frames_per_call=a.vae_frames_per_call)  # fmt: skip
         results.append(r)
         out(f"{r.batch:>5} {r.chunk_ms:>9.1f} {r.denoise_ms:>8.1f} {r.commit_ms:>7.1f} {r.decode_ms:>7.1f} "
             f"{r.pixel_fps_per_session:>11.2f} {r.pixel_fps_total:>9.2f} {r.peak_bytes / 1e9:>8.2f}")  # fmt: skip
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -
             json.dump({"device": dev_name, "dtype": str(dtype), "height": height, "width": width,
                        "config": {"local_attn_size": cfg.local_attn_size, "sink_size": cfg.sink_size,
                                   "timesteps": list(cfg.timesteps)},
-                       "state_bytes_per_session": state, "results": [asdict(r) for r in results]}, f, indent=2)  # fmt: skip
+                       "state_bytes_per_session": state,
+                       "results": [asdict(r) for r in results]}, f, indent=2)  # fmt: skip
     return results
 
 

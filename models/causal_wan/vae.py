@@ -289,7 +289,12 @@ class WanVAEDecoder(nn.Module):
 
     @torch.no_grad()
     def decode_chunk(
-        self, z: torch.Tensor, cache: list[torch.Tensor] | None, *, first_chunk: bool
+        self,
+        z: torch.Tensor,
+        cache: list[torch.Tensor] | None,
+        *,
+        first_chunk: bool,
+        frames_per_call: int | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Decode a chunk of latent frames of a batch of sessions, streaming.
 
@@ -303,6 +308,9 @@ class WanVAEDecoder(nn.Module):
                 `cache_spec`, batched); ignored (None is fine) when first_chunk.
             first_chunk: the sessions' first chunk: latent frame 0 decodes alone to
                 1 pixel frame, from a zero cache. Same for the whole batch.
+            frames_per_call: latent frames per decoder pass; None = all at once (fastest on CPU).
+                The result is the same; 1 (as diffusers decodes) bounds activation memory to
+                4 pixel frames per session, which the full decoder at 480x832 wants on a GPU.
 
         Returns:
             frames: float (B, T_pix, H, W, 3) RGB in [-1, 1] (clamped, as diffusers' decode),
@@ -336,9 +344,10 @@ class WanVAEDecoder(nn.Module):
             c0 = _Cache(cache)
             outs.append(self.decoder(x[:, :, :1], c0, first_frame=True))
             cache, x = c0.new, x[:, :, 1:]
-        if x.shape[2] > 0:
+        step = frames_per_call or max(1, x.shape[2])
+        for i in range(0, x.shape[2], step):
             c1 = _Cache(cache)
-            outs.append(self.decoder(x, c1, first_frame=False))
+            outs.append(self.decoder(x[:, :, i : i + step], c1, first_frame=False))
             cache = c1.new
         out = torch.cat(outs, dim=2).clamp(-1.0, 1.0)  # (B, 3, T_pix, H, W)
         return out.permute(0, 2, 3, 4, 1), cache

@@ -46,7 +46,8 @@ def _stream(ours: WanVAEDecoder, z: torch.Tensor, splits: list[int]) -> tuple[to
     cache, outs, caches, start = None, [], [], 0
     for i, n in enumerate(splits):
         before = [c.clone() for c in cache] if cache is not None else None
-        frames, new = ours.decode_chunk(z[:, :, start : start + n], cache, first_chunk=i == 0)
+        per_call = 1 if i % 2 else None  # both ways of running the decoder: frame by frame, whole chunk
+        frames, new = ours.decode_chunk(z[:, :, start : start + n], cache, first_chunk=i == 0, frames_per_call=per_call)
         if cache is not None and before is not None:
             assert all(torch.equal(a, b) for a, b in zip(cache, before)), "decode_chunk wrote into the old cache"
             assert all(a.data_ptr() != b.data_ptr() for a, b in zip(cache, new)), "new cache must be new tensors"
