@@ -3,6 +3,7 @@ load to identical outputs; missing, unexpected and misshapen keys are refused by
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -47,13 +48,35 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+#: diffusers -> original names, restated here independently of loading.DIT_KEY_TABLE (from Wan's
+#: wan/modules/model.py module names), so a wrong row there fails this test.
+_RENAMES = [
+    (r"\.attn1\.to_out\.0\.", ".self_attn.o."), (r"\.attn2\.to_out\.0\.", ".cross_attn.o."),
+    (r"\.attn1\.to_", ".self_attn."), (r"\.attn2\.to_", ".cross_attn."),
+    (r"\.attn1\.", ".self_attn."), (r"\.attn2\.", ".cross_attn."),
+    (r"^(blocks\.\d+)\.norm2\.", r"\1.norm3."), (r"\.ffn\.net\.0\.proj\.", ".ffn.0."), (r"\.ffn\.net\.2\.", ".ffn.2."),
+    (r"^(blocks\.\d+)\.scale_shift_table$", r"\1.modulation"), (r"^scale_shift_table$", "head.modulation"),
+    (r"^proj_out\.", "head.head."), (r"^condition_embedder\.time_proj\.", "time_projection.1."),
+    (r"^condition_embedder\.time_embedder\.linear_1\.", "time_embedding.0."),
+    (r"^condition_embedder\.time_embedder\.linear_2\.", "time_embedding.2."),
+    (r"^condition_embedder\.text_embedder\.linear_1\.", "text_embedding.0."),
+    (r"^condition_embedder\.text_embedder\.linear_2\.", "text_embedding.2."),
+]  # fmt: skip
+
+
+def _original_name(key: str) -> str:
+    for pattern, repl in _RENAMES:
+        key = re.sub(pattern, repl, key)
+    return key
+
+
 def _self_forcing_pt(folder: Path, path: Path, *, drop: str | None = None, extra: str | None = None) -> Path:
     """The same transformer weights in Self-Forcing's layout: {'generator': {'model.<original key>': ...}}."""
     from safetensors.torch import load_file
 
     state = {}
     for f in (folder / "transformer").glob("*.safetensors"):
-        state.update({"model." + diffusers_to_original(k): v for k, v in load_file(str(f)).items()})
+        state.update({"model." + _original_name(k): v for k, v in load_file(str(f)).items()})
     if drop:
         del state[drop]
     if extra:
