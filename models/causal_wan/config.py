@@ -201,7 +201,17 @@ class CausalWanConfig:
         return (h // self.patch[1]) * (w // self.patch[2])
 
     @property
-    def kv_window_frames(self) -> int:
+    def kv_recent_frames(self) -> int:
+        """Committed non-sink frames a chunk sees: local_attn_size - sink_size - frames_per_chunk.
+
+        This is the rolling window of the engine's sink + window ring (`models/spec.py`
+        `AttentionRingSpec.window_frames`): a chunk starting at c0 sees committed frames
+        [c0 - kv_recent_frames, c0) and the sinks [0, sink_size). Raises ValueError when global.
+        """
+        return self.kv_cache_frames - self.sink_size
+
+    @property
+    def kv_cache_frames(self) -> int:
         """Committed latent frames a session must keep (sinks included) so every later chunk sees its window.
 
         A chunk ending at latent frame e sees frames [0, sink) and

@@ -55,7 +55,7 @@ class DenseSelfAttention:
     Use: `begin_chunk(frame_offset, F)`, run the DiT (which calls `attend`),
     and after the commit pass `commit(kv)`, which appends the
     chunk's keys and evicts frames no later chunk can see. Memory stays
-    bounded by `cfg.kv_window_frames` frames per session when windowed.
+    bounded by `cfg.kv_cache_frames` frames per session when windowed.
 
     Attributes:
         k, v: per layer (B, L, H, hd) committed keys (after RoPE) and values, or None when empty.

@@ -46,7 +46,7 @@ class RingAttention:
                  device: torch.device) -> None:  # fmt: skip
         self.cfg = cfg
         self.T = tokens_per_frame
-        self.W = cfg.kv_window_frames * tokens_per_frame
+        self.W = cfg.kv_cache_frames * tokens_per_frame
         self.N = cfg.frames_per_chunk * tokens_per_frame
         self.sink = cfg.sink_size * tokens_per_frame
         shape = (batch, cfg.heads, self.W + self.N, cfg.head_dim)
@@ -110,7 +110,7 @@ class _Timer:
 def session_bytes(cfg: CausalWanConfig, vae: WanVAEDecoder, height: int, width: int, elem: int) -> dict[str, int]:
     """Per-session state bytes: KV window, cross-attention cache, decoder cache."""
     T = cfg.tokens_per_frame(height, width)
-    kv = 2 * cfg.layers * cfg.kv_window_frames * T * cfg.dim * elem
+    kv = 2 * cfg.layers * cfg.kv_cache_frames * T * cfg.dim * elem
     cross = 2 * cfg.layers * cfg.text_len * cfg.dim * elem
     return {"kv_window": kv, "cross_attn": cross, "decoder_cache": vae.cache_bytes(height, width)}
 
@@ -135,7 +135,7 @@ def run_batch(dit: CausalWanDiT, vae: WanVAEDecoder, batch: int, *, height: int,
 
     def chunk(index: int, timer: _Timer | None) -> None:
         nonlocal cache
-        off = torch.full((batch,), cfg.sink_size + cfg.kv_window_frames + index * Fn, dtype=torch.int64,
+        off = torch.full((batch,), cfg.sink_size + cfg.kv_cache_frames + index * Fn, dtype=torch.int64,
                          device=device)  # fmt: skip
         x = torch.randn(batch, cfg.in_channels, Fn, h, w, generator=g, device=device)
         x0 = x

@@ -28,9 +28,10 @@ def test_geometry_of_the_presets() -> None:
     assert cfg.rope_dims == (44, 42, 42)
     assert cfg.tokens_per_frame(480, 832) == 1560 and cfg.latent_size(480, 832) == (60, 104)
     assert cfg.pixel_frames(3, first_chunk=True) == 9 and cfg.pixel_frames(3, first_chunk=False) == 12
-    assert longlive_1_3b().kv_window_frames == 9  # 3 sinks + 6 recent; the chunk brings its own 3
+    assert longlive_1_3b().kv_cache_frames == 9  # 3 sinks + 6 recent; the chunk brings its own 3
+    assert longlive_1_3b().kv_recent_frames == 6
     with pytest.raises(ValueError, match="global"):
-        _ = cfg.kv_window_frames
+        _ = cfg.kv_cache_frames
     assert tiny().tokens_per_frame(64, 64) == 16
 
 

@@ -79,7 +79,7 @@ def test_batch_of_sessions_equals_each_alone() -> None:
         states.append(st)
         ckvs.append(ckv)
         ctxs.append(ctx)
-    assert states[2].cached_frames()[0] == cfg.kv_window_frames < 4 * F  # eviction happened
+    assert states[2].cached_frames()[0] == cfg.kv_cache_frames < 4 * F  # eviction happened
 
     offs = torch.tensor([n * F for n in histories])
     ts = torch.tensor([1000.0, 833.3333333333334, 625.0], dtype=torch.float64)

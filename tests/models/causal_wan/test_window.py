@@ -85,7 +85,7 @@ def test_window_and_sinks_equal_the_dense_mask() -> None:
     err, err_global, held = _rollout_vs_full(cfg, chunks=5, seed=11)
     assert err <= 1e-12, f"max abs err {err:.3g} > 1e-12 vs the dense window+sink mask (fp64, same modules)"
     assert err_global > 1e-3, "global attention must differ once the window is exceeded (control)"
-    assert max(held) <= cfg.kv_window_frames, f"cache held {held} frames, window needs {cfg.kv_window_frames}"
+    assert max(held) <= cfg.kv_cache_frames, f"cache held {held} frames, window needs {cfg.kv_cache_frames}"
 
 
 @pytest.mark.parametrize("local, sink", [(6, 0), (12, 3), (-1, 0)])
