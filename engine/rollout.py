@@ -92,7 +92,8 @@ class StagedChunk:
     x_t: torch.Tensor  #: (F, C, h, w) current noisy latents
     inputs: ChunkInputs  #: conditioning sampled at chunk start
     action: torch.Tensor  #: (F, A') per-latent-frame actions on the device
-    prompt: torch.Tensor  #: (*prompt_shape) on the device
+    prompt: torch.Tensor  #: (*prompt_shape) on the device (empty when the spec says `prompt_in_chunks=False`
+    #: and the prompt did not change)
     latent_indices: list[int]  #: absolute latent index of each of the chunk's F frames
     pixel_indices: list[int]  #: absolute index of each pixel frame the chunk decodes to
     deadline_s: float  #: presentation time of the first pixel frame, s (monotonic)
@@ -151,6 +152,7 @@ class ChunkRollout:
             action=torch.zeros((1, n_lat, spec.actions.dim), dtype=torch.float32, device=dev),
             prompt=torch.as_tensor(np.asarray(inputs.prompt, dtype=np.float32), device=dev)[None],
             frame_index=torch.arange(n_lat, dtype=torch.int64, device=dev)[None],
+            frame_index_host=(tuple(range(n_lat)),),
         )
         view = self.view()
         updates = m.init_state(torch.from_numpy(np.ascontiguousarray(image)).to(dev)[None], cond, view)
@@ -169,18 +171,21 @@ class ChunkRollout:
         inputs = self.conditioner.sample_chunk(n_pix)
         acts = m.group_actions(np.asarray(inputs.actions, dtype=np.float32), first_latent=first)
         noise = torch.randn((F, *spec.latent_shape), generator=self.generator, device=m.device)
+        switch = inputs.prompt_version != self.prompt_version
+        prompt = (torch.from_numpy(np.ascontiguousarray(inputs.prompt, dtype=np.float32)).to(m.device)
+                  if spec.prompt_in_chunks or switch else torch.empty(0, device=m.device))
         self._serial += 1
         self.staged = StagedChunk(
             serial=self._serial,
             x_t=noise,
             inputs=inputs,
             action=torch.from_numpy(np.ascontiguousarray(acts, dtype=np.float32)).to(m.device),
-            prompt=torch.from_numpy(np.ascontiguousarray(inputs.prompt, dtype=np.float32)).to(m.device),
+            prompt=prompt,
             latent_indices=list(range(first, first + F)),
             pixel_indices=list(range(p0, p0 + n_pix)),
             deadline_s=deadline_s,
             began_s=now_s,
-            needs_prompt_switch=inputs.prompt_version != self.prompt_version,
+            needs_prompt_switch=switch,
         )
 
     def abort_chunk(self) -> None:
@@ -249,10 +254,12 @@ class BatchCache:
         if b is None:
             m = rollouts[0].model
             dev = m.device
+            in_chunks = m.spec.prompt_in_chunks
             cond = ChunkConditioning(
                 action=torch.stack([s.action for s in st]),  # type: ignore[union-attr]
-                prompt=torch.stack([s.prompt for s in st]),  # type: ignore[union-attr]
+                prompt=torch.stack([s.prompt for s in st]) if in_chunks else torch.empty((len(st), 0), device=dev),  # type: ignore[union-attr]
                 frame_index=torch.tensor([s.latent_indices for s in st], dtype=torch.int64, device=dev),  # type: ignore[union-attr]
+                frame_index_host=tuple(tuple(s.latent_indices) for s in st),  # type: ignore[union-attr]
             )
             b = _Batch(cond=cond, view=rollouts[0].pool.view(tuple(r.slot for r in rollouts)))
             self._batches[key] = b
@@ -290,7 +297,8 @@ def switch_prompt(r: ChunkRollout) -> None:
     assert s is not None
     m = r.model
     cond = ChunkConditioning(action=s.action[None], prompt=s.prompt[None],
-                             frame_index=torch.tensor([s.latent_indices], dtype=torch.int64, device=m.device))
+                             frame_index=torch.tensor([s.latent_indices], dtype=torch.int64, device=m.device),
+                             frame_index_host=(tuple(s.latent_indices),))
     view = r.view()
     updates = m.set_prompt(cond, view)
     r.pool.apply(view, updates)
@@ -410,4 +418,5 @@ def finalize_batch(
 
 
 def _rows_cond(cond: ChunkConditioning, rows: list[int]) -> ChunkConditioning:
-    return ChunkConditioning(action=cond.action[rows], prompt=cond.prompt[rows], frame_index=cond.frame_index[rows])
+    return ChunkConditioning(action=cond.action[rows], prompt=cond.prompt[rows], frame_index=cond.frame_index[rows],
+                             frame_index_host=tuple(cond.frame_index_host[i] for i in rows))

@@ -128,8 +128,10 @@ class ChunkConditioning:
 
     Attributes:
         action: float32 (B, F, A) action vectors per latent frame (grouped by `WorldModel.group_actions`).
-        prompt: float32 (B, *spec.prompt_shape) each session's prompt encoding.
+        prompt: float32 (B, *spec.prompt_shape) each session's prompt encoding; (B, 0) in a chunk of
+            a model whose spec says `prompt_in_chunks=False` (its prompt lives in a prompt cache).
         frame_index: int64 (B, F) absolute latent frame index of each of the chunk's frames.
+        frame_index_host: the same on the host (for decisions that must not sync with the device).
         memo: per-chunk values a model derives once and reuses across steps (e.g. attention masks);
             valid while the batch and the chunk are unchanged.
     """
@@ -137,6 +139,7 @@ class ChunkConditioning:
     action: torch.Tensor
     prompt: torch.Tensor
     frame_index: torch.Tensor
+    frame_index_host: tuple[tuple[int, ...], ...] = ()
     memo: dict[str, object] = field(default_factory=dict)
 
     @property

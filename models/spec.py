@@ -203,6 +203,7 @@ class WorldModelSpec:
     first_latent_pixel_frames: int = 1  #: pixel frames latent frame 0 decodes to
     initial_latent_frames: int = 1  #: latent frames the init step commits from an initial picture
     commit_timestep: float = 0.0  #: flow time of the pass that writes a finished chunk's state
+    prompt_in_chunks: bool = True  #: the prompt is per-chunk conditioning (False: only init / set_prompt read it)
 
     def __post_init__(self) -> None:
         if self.fps <= 0 or self.latent_frames_per_chunk <= 0:

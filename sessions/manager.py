@@ -32,6 +32,9 @@ class SessionConfig:
     idle_after_s: float = 30.0  #: an ACTIVE session without actions goes IDLE after this, s
     timeout_s: float = 120.0  #: a session with no sink and no activity is closed after this, s
     tick_s: float = 1.0  #: housekeeping period, s
+    #: frames are handed to sinks no earlier than this many frame periods before their presentation time;
+    #: a chunk of many frames (causal Wan: 12) is thus paced out in real time instead of in a burst
+    send_ahead_frames: float = 1.0
     warmup: bool = True  #: measure step costs at start (admission and pacing rely on them)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  #: who gets in
 
@@ -193,13 +196,28 @@ class SessionManager:
             self._loop.call_soon_threadsafe(self._dispatch_error, session_id, reason)
 
     def _dispatch_frames(self, frames: list[FrameOut]) -> None:
+        """Deliver each frame now, or at `send_ahead_frames` periods before its presentation time if that is later.
+
+        A chunk's frames come out of the engine together; pacing them here (one place,
+        before every sink) keeps each sink a bounded drop-oldest queue of a frame or two.
+        A frame held for later is still dropped at delivery if a flush made its epoch stale.
+        """
         now = self.clock()
+        ahead = self.config.send_ahead_frames * float(self.model.spec.frame_period)
+        loop = self._loop
         for f in frames:
-            s = self.sessions.get(f.session_id)
-            if s is not None:
-                delivered = s.deliver(f) is not None
-                if self.on_frame is not None:
-                    self.on_frame(delivered, now - f.present_at_s)
+            due = f.present_at_s - ahead
+            if due <= now or loop is None:
+                self._deliver(f)
+            else:
+                loop.call_later(due - now, self._deliver, f)
+
+    def _deliver(self, f: FrameOut) -> None:
+        s = self.sessions.get(f.session_id)
+        if s is not None:
+            delivered = s.deliver(f) is not None
+            if self.on_frame is not None:
+                self.on_frame(delivered, self.clock() - f.present_at_s)
 
     def _dispatch_error(self, session_id: str, reason: str) -> None:
         s = self.sessions.get(session_id)

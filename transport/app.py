@@ -114,6 +114,9 @@ def model_info(model: WorldModel) -> ModelInfo:
         name=s.name, frame_width=s.frame_width, frame_height=s.frame_height, fps=s.fps,
         frames_per_chunk=s.frames_per_chunk, denoising_steps=s.denoising_steps,
         keys=list(s.actions.keys), default_prompt=s.default_prompt,
+        latent_frames_per_chunk=s.latent_frames_per_chunk, pixel_frames_per_latent=s.pixel_frames_per_latent,
+        first_chunk_frames=s.chunk_pixel_frames(s.initial_latent_frames),
+        state_bytes_per_session=s.state_bytes_per_session(),
     )
 
 
@@ -244,7 +247,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             peer = WebRTCPeer(
                 session,
                 encode_prompt=request.app.state.model.encode_prompt,
-                video_scale=config.video_scale,
+                video_scale=config.scale_for(request.app.state.model),
                 on_closed=lambda p: peers.pop(session.id, None) if peers.get(session.id) is p else None,
             )
             try:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
+from worldcast.models.causal_wan.config import PRESETS
 from worldcast.sessions.manager import SessionConfig
-from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
+from worldcast.transport.config import DEFAULT_STATIC_DIR, MODELS, ServerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,12 +22,23 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the server with the embedded default model")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--weights", type=Path, default=None, help="model weights (default: shipped TinyWorld)")
+    s.add_argument("--model", choices=list(MODELS), default="tinyworld",
+                   help="model family: tinyworld (the embedded default), causal-wan (Self-Forcing / CausVid / "
+                        "LongLive checkpoints; needs --weights) or causal-wan:tiny (random weights, noise-like video)")
+    s.add_argument("--weights", type=Path, default=None,
+                   help="model weights (tinyworld: a safetensors file, default the shipped one; causal-wan: a "
+                        "diffusers folder or a Self-Forcing .pt with --wan-base)")
+    s.add_argument("--wan-preset", choices=sorted(PRESETS), default="longlive-1.3b",
+                   help="causal-wan: attention window, sinks and timesteps (default longlive-1.3b: 12 latent "
+                        "frames attended, 3 sinks; wan-1.3b attends globally and cannot serve unbounded sessions)")
+    s.add_argument("--wan-base", type=Path, default=None,
+                   help="causal-wan with a .pt DiT: the diffusers folder holding vae/, text_encoder/, tokenizer/")
     s.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     s.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                    help="address to gather ICE host candidates on (repeatable; default: the bind address "
                         "if it is loopback, else every non-loopback interface)")
-    s.add_argument("--video-scale", type=int, default=4, help="integer upscale of the published video")
+    s.add_argument("--video-scale", type=int, default=None,
+                   help="integer upscale of the published video (default: up to ~256 px high)")
     s.add_argument("--max-batch", type=int, default=8, help="sessions per batched step (1 = no batching)")
     s.add_argument("--kv-budget-mib", type=int, default=256, help="KV pool budget, MiB")
     s.add_argument("--threads", type=int, default=None,
@@ -63,7 +75,10 @@ def main(argv: list[str] | None = None) -> None:
         config = ServerConfig(
             host=args.host,
             port=args.port,
+            model=args.model,
             weights=args.weights,
+            wan_preset=args.wan_preset,
+            wan_base=args.wan_base,
             device=args.device,
             video_scale=args.video_scale,
             ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),

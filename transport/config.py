@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
+
+logger = logging.getLogger(__name__)
+
+#: Model families `worldcast serve --model` knows.
+MODELS = ("tinyworld", "causal-wan", "causal-wan:tiny")
 
 #: The built browser demo, beside the package folders in a source checkout.
 DEFAULT_STATIC_DIR = Path(__file__).resolve().parents[1] / "web_demo" / "dist"
@@ -20,9 +26,12 @@ class ServerConfig:
 
     host: str = "127.0.0.1"  #: HTTP bind address
     port: int = 8000  #: HTTP port
+    model: str = "tinyworld"  #: model family: "tinyworld", "causal-wan" (needs `weights`) or "causal-wan:tiny"
     weights: Path | None = None  #: model weights (None: the shipped TinyWorld weights)
-    device: str = "cpu"  #: torch device of the model and KV pool
-    video_scale: int = 4  #: integer upscale of published video (64 px frames -> 256 px)
+    wan_preset: str = "longlive-1.3b"  #: causal-wan: window/sink/timestep preset (models/causal_wan/config.PRESETS)
+    wan_base: Path | None = None  #: causal-wan: diffusers folder with the VAE and text encoder for a `.pt` DiT
+    device: str = "cpu"  #: torch device of the model and state pool
+    video_scale: int | None = None  #: integer upscale of published video (None: up to ~256 px high)
     ice_host_addresses: list[str] | None = None  #: addresses for host ICE candidates (None: see `from_host`)
     static_dir: Path | None = DEFAULT_STATIC_DIR  #: built web demo to serve at / (None: none)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -31,8 +40,13 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port {self.port} out of range")
-        if not 1 <= self.video_scale <= 8:
+        if self.video_scale is not None and not 1 <= self.video_scale <= 8:
             raise ValueError("video_scale must be within 1..8")
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose one of {sorted(MODELS)}")
+        if self.model == "causal-wan" and self.weights is None:
+            raise ValueError("--model causal-wan needs --weights (a diffusers folder or a Self-Forcing .pt); "
+                             "causal-wan:tiny runs without (random weights)")
 
     @staticmethod
     def default_ice_hosts(host: str) -> list[str] | None:
@@ -42,8 +56,35 @@ class ServerConfig:
         except ValueError:
             return ["127.0.0.1"] if host == "localhost" else None
 
-    def load_model(self) -> WorldModel:
-        """Load the configured model (TinyWorld)."""
-        from worldcast.models.tinyworld import TinyWorldModel
+    def scale_for(self, model: WorldModel) -> int:
+        """The video upscale: as configured, else the largest that keeps the video at most ~256 px high."""
+        if self.video_scale is not None:
+            return self.video_scale
+        return max(1, min(8, 256 // model.spec.frame_height))
 
-        return TinyWorldModel.from_pretrained(self.weights, device=self.device)
+    def load_model(self) -> WorldModel:
+        """Load the configured model.
+
+        Raises:
+            FileNotFoundError / ValueError: missing or malformed weights (the message names what).
+        """
+        if self.model == "tinyworld":
+            from worldcast.models.tinyworld import TinyWorldModel
+
+            return TinyWorldModel.from_pretrained(self.weights, device=self.device)
+        import torch
+
+        from worldcast.models.causal_wan.config import PRESETS
+        from worldcast.models.causal_wan.loading import load_parts, tiny_parts
+        from worldcast.models.causal_wan.model import CausalWanModel
+
+        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        if self.model == "causal-wan:tiny":
+            parts = tiny_parts(dtype=dtype, device=self.device)
+            logger.warning("causal-wan:tiny has RANDOM weights: it streams noise-like video (for trying the path)")
+        else:
+            assert self.weights is not None
+            parts = load_parts(self.weights, cfg=PRESETS[self.wan_preset](), base_folder=self.wan_base,
+                               dtype=dtype, device=self.device)
+        name = self.model if self.model.endswith("tiny") else f"causal-wan:{self.wan_preset}"
+        return CausalWanModel(parts, name=name)

@@ -59,10 +59,14 @@ class ModelInfo(BaseModel):
     frame_width: int
     frame_height: int
     fps: int
-    frames_per_chunk: int
+    frames_per_chunk: int = Field(description="pixel frames of a chunk after the first")
     denoising_steps: int
     keys: list[str]
     default_prompt: str
+    latent_frames_per_chunk: int = Field(description="latent frames denoised together")
+    pixel_frames_per_latent: int = Field(description="pixel frames each latent frame decodes to (after the first)")
+    first_chunk_frames: int = Field(description="pixel frames of a session's first chunk")
+    state_bytes_per_session: int = Field(description="bytes of one session's declared state (KV, caches)")
 
 
 class CreateSessionResponse(BaseModel):

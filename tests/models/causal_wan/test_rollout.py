@@ -92,7 +92,7 @@ def test_batch_of_sessions_equals_each_alone() -> None:
 
     batch = DenseSelfAttention.stack(states)
     batch.begin_chunk(offs, F)
-    ckv_b = [(torch.cat([c[l][0] for c in ckvs]), torch.cat([c[l][1] for c in ckvs])) for l in range(cfg.layers)]
+    ckv_b = [(torch.cat([c[lay][0] for c in ckvs]), torch.cat([c[lay][1] for c in ckvs])) for lay in range(cfg.layers)]
     out = dit(x, ts, offs, ckv_b, batch)
     assert out.flow is not None
     for i, a in enumerate(alone):

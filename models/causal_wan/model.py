@@ -1,0 +1,259 @@
+"""CausalWanModel: the `WorldModel` contract over the causal Wan DiT, its VAE decoder and umT5.
+
+Declared per-session state (`models/spec.py`), all held by the engine's pool:
+- "kv": the self-attention ring, `sink_size` sink latent frames plus a rolling
+  window of `kv_recent_frames` (LongLive's `sink_size` / `local_attn_size`),
+  post-RoPE keys at absolute positions, read in place by `kernels/ring_attention.py`;
+- "cross": the prompt's cross-attention cache (layers, K/V, text_len, heads, head_dim),
+  replaced on every prompt change;
+- "latents": the committed latents on the ring's positions, which a prompt
+  switch re-runs (LongLive's recache);
+- "vae.NN": the VAE decoder's causal-conv cache, one tensor per cached conv
+  (the last 2 input frames each), advanced by every decoded chunk.
+
+A chunk is 3 latent frames (Self-Forcing's `num_frame_per_block`); latent
+frame 0 decodes to 1 pixel frame and later ones to 4, so a session's first
+chunk is 9 pixel frames and every later one 12. The sampler is Self-Forcing's:
+predict x0, then re-noise it to the next timestep with fresh noise from the
+session's own generator; the finished chunk is run once more at the context
+noise timestep (0) to write its keys and values. The video is text-to-video:
+actions are accepted (the same keys as every worldcast model) and ignored.
+
+`causal-wan:tiny` (random weights) runs the whole path on a CPU and makes
+noise-like video; real checkpoints load through `loading.load_parts`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from worldcast.kernels.ring_attention import RingBatch, ring_attention
+from worldcast.models.base import (
+    ChunkConditioning,
+    FrameWrite,
+    NoiseFn,
+    Replace,
+    RingWrite,
+    StateUpdates,
+    StateView,
+    WorldModel,
+    renoise_update,
+)
+from worldcast.models.causal_wan.config import CausalWanConfig
+from worldcast.models.causal_wan.loading import CausalWanParts
+from worldcast.models.causal_wan.sampler import flow_to_x0
+from worldcast.models.causal_wan.vae import frames_to_uint8
+from worldcast.models.spec import (
+    ActionSpace,
+    AttentionRingSpec,
+    FrameRingSpec,
+    PromptCacheSpec,
+    TensorStateSpec,
+    WorldModelSpec,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Keys every worldcast client may send; a text-to-video model accepts and ignores them.
+KEYS = ("w", "a", "s", "d", "space", "shift")
+
+
+class _RingAttend:
+    """The DiT's self-attention backend over the engine's ring (`SelfAttentionBackend`)."""
+
+    def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: RingBatch) -> None:
+        self.k_pool, self.v_pool, self.batch = k_pool, v_pool, batch
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return ring_attention(q, k, v, self.k_pool[:, layer], self.v_pool[:, layer], self.batch)
+
+
+class CausalWanModel(WorldModel):
+    """Causal Wan 2.1 (Self-Forcing / CausVid / LongLive) served by the engine.
+
+    Args:
+        parts: the loaded DiT, VAE decoder and text encoder (`loading.load_parts` / `tiny_parts`).
+        name: the served model's name (e.g. "causal-wan:tiny").
+        height, width: pixel frame size (defaults: the config's).
+
+    Raises:
+        ValueError: the config attends globally (no bounded window: sessions could not run
+            indefinitely), or the frame size does not tile.
+    """
+
+    def __init__(self, parts: CausalWanParts, *, name: str, height: int | None = None,
+                 width: int | None = None) -> None:
+        cfg = parts.cfg
+        if cfg.local_attn_size == -1:
+            raise ValueError(f"{name}: global attention keeps every latent frame, so a session's KV would grow "
+                             "without bound; serve a windowed config (e.g. the longlive-1.3b preset: "
+                             "local_attn_size 12, sink_size 3)")
+        self.cfg: CausalWanConfig = cfg
+        self.dit, self.vae, self.text = parts.dit, parts.vae, parts.text
+        self.device = next(self.dit.parameters()).device
+        self.dtype = self.dit.dtype
+        H, W = height or cfg.frame_height, width or cfg.frame_width
+        h, w = cfg.latent_size(H, W)
+        T = cfg.tokens_per_frame(H, W)
+        self._tokens_per_frame = T
+        self._vae_names = [f"vae.{i:02d}" for i in range(len(self.vae.cache_spec(H, W)))]
+        states = (
+            AttentionRingSpec("kv", layers=cfg.layers, heads=cfg.heads, head_dim=cfg.head_dim, tokens_per_frame=T,
+                              window_frames=cfg.kv_recent_frames, sink_frames=cfg.sink_size, dtype=self.dtype),
+            PromptCacheSpec("cross", shape=(cfg.layers, 2, cfg.text_len, cfg.heads, cfg.head_dim), dtype=self.dtype),
+            FrameRingSpec("latents", frame_shape=(cfg.out_channels, h, w), window_frames=cfg.kv_recent_frames,
+                          sink_frames=cfg.sink_size, dtype=torch.float32),
+            *(TensorStateSpec(n, shape=shape, dtype=dt)
+              for n, (shape, dt) in zip(self._vae_names, self.vae.cache_spec(H, W), strict=True)),
+        )
+        self.spec = WorldModelSpec(
+            name=name, frame_height=H, frame_width=W, fps=cfg.fps,
+            latent_frames_per_chunk=cfg.frames_per_chunk, timesteps=cfg.flow_times,
+            latent_shape=(cfg.out_channels, h, w), states=states,
+            actions=ActionSpace(keys=KEYS, mouse_axes=2, dim=1),
+            prompt_shape=(cfg.text_len, cfg.text_dim), default_prompt="a drone flight over a misty forest",
+            pixel_frames_per_latent=cfg.vae.temporal_stride, first_latent_pixel_frames=1,
+            initial_latent_frames=0, commit_timestep=cfg.context_noise / cfg.num_train_timesteps,
+            prompt_in_chunks=False,
+        )
+
+    # -- conditioning ----------------------------------------------------------------------------
+
+    def encode_prompt(self, text: str) -> np.ndarray:
+        """umT5 encoding, zero-padded to text_len: float32 (text_len, text_dim)."""
+        return self.text.encode([text])[0].float().cpu().numpy()
+
+    def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
+        return np.zeros(1, np.float32)  # text-to-video: actions do not condition the picture
+
+    def initial_frames(self, *, seed: int, prompt: np.ndarray) -> np.ndarray:
+        return np.zeros((0, self.spec.frame_height, self.spec.frame_width, 3), np.uint8)  # starts from noise
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _attend(self, cond: ChunkConditioning, state: StateView) -> _RingAttend:
+        attend = cond.memo.get("attend")
+        if attend is None:
+            k_pool, v_pool, ring_frame = state.ring("kv")
+            batch = RingBatch(ring_frame, state.slots, state.slots_host, cond.frame_index, self._tokens_per_frame,
+                              self.cfg.kv_recent_frames, self.cfg.sink_size)
+            attend = cond.memo["attend"] = _RingAttend(k_pool, v_pool, batch)
+        return attend  # type: ignore[return-value]
+
+    def _cross(self, cond: ChunkConditioning, state: StateView) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer the batch's cross-attention (K, V) (B, text_len, H, hd), read once per chunk."""
+        cross = cond.memo.get("cross")
+        if cross is None:
+            c = state.tensor("cross")  # (B, layers, 2, Lc, H, hd): views for one or consecutive slots
+            cross = cond.memo["cross"] = [(c[:, i, 0], c[:, i, 1]) for i in range(self.cfg.layers)]
+        return cross  # type: ignore[return-value]
+
+    def _timesteps(self, flow_t: torch.Tensor) -> torch.Tensor:
+        return flow_t * self.cfg.num_train_timesteps  # Wan's scale
+
+    @staticmethod
+    def _wan(x: torch.Tensor) -> torch.Tensor:
+        return x.permute(0, 2, 1, 3, 4)  # (B, F, C, h, w) <-> (B, C, F, h, w)
+
+    def _kv_pass(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView,
+                 cross: list[tuple[torch.Tensor, torch.Tensor]]) -> RingWrite:
+        """The commit pass at the context-noise timestep: the frames' post-RoPE keys and values."""
+        t = torch.full((x0.shape[0],), self.cfg.context_noise, dtype=torch.float32, device=x0.device)
+        out = self.dit(self._wan(x0), t, cond.frame_index[:, 0], cross, self._attend(cond, state), kv_only=True)
+        return RingWrite(cond.frame_index, [k for k, _ in out.kv], [v for _, v in out.kv])
+
+    @staticmethod
+    def _cross_tensor(cross: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        return torch.stack([torch.stack([k, v], 1) for k, v in cross], 1)  # (B, layers, 2, Lc, H, hd)
+
+    # -- device work ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_state(self, frames: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
+        """A new session: its prompt's cross-attention cache (the rings start empty, the decoder at zero)."""
+        cross = self.dit.cross_kv(cond.prompt.to(self.dtype))
+        return {"cross": Replace(self._cross_tensor(cross))}
+
+    @torch.no_grad()
+    def set_prompt(self, cond: ChunkConditioning, state: StateView) -> StateUpdates:
+        """Re-cache for a new prompt before the chunk at `cond.frame_index` (LongLive's recache).
+
+        The cross-attention cache is replaced, and the latest run of committed latent frames
+        still in the ring (at most the last `local_attn_size`, sinks included only while they
+        are contiguous with it) is re-run at the context-noise timestep under the new prompt, as
+        one block, attending to the ring frames before it; their keys and values are rewritten.
+        One session per call (the engine re-caches sessions one at a time). Reads the ring's
+        frame indices on the host: a prompt switch syncs once, never inside a chunk's steps.
+        """
+        assert cond.batch == 1, "set_prompt re-caches one session at a time"
+        cross = self.dit.cross_kv(cond.prompt.to(self.dtype))
+        updates: StateUpdates = {"cross": Replace(self._cross_tensor(cross))}
+        nxt = cond.frame_index_host[0][0] if cond.frame_index_host else int(cond.frame_index[0, 0])
+        data, frames = state.frames("latents")  # (1, P, C, h, w), (1, P)
+        held = {int(f): p for p, f in enumerate(frames[0].tolist()) if f >= 0}
+        run: list[int] = []
+        j = nxt - 1
+        while j in held and j >= nxt - self.cfg.local_attn_size:
+            run.append(j)
+            j -= 1
+        if not run:
+            return updates
+        run.reverse()
+        x0 = data[:, [held[j] for j in run]].to(self.dtype)  # (1, F_r, C, h, w)
+        fi = torch.tensor([run], dtype=torch.int64, device=self.device)
+        recache = ChunkConditioning(action=cond.action[:, :0], prompt=cond.prompt, frame_index=fi,
+                                    frame_index_host=(tuple(run),))
+        updates["kv"] = self._kv_pass(x0, recache, state, cross)
+        logger.debug("causal-wan: recached latent frames %d..%d under a new prompt", run[0], run[-1])
+        return updates
+
+    @torch.no_grad()
+    def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
+        tw = self._timesteps(t)
+        x = self._wan(x_t)
+        out = self.dit(x, tw, cond.frame_index[:, 0], self._cross(cond, state), self._attend(cond, state))
+        return self._wan(flow_to_x0(out.flow, x, tw, num_train_timesteps=self.cfg.num_train_timesteps))
+
+    def sampler_step(self, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor,
+                     noise: NoiseFn) -> torch.Tensor:
+        """Self-Forcing: re-noise the x0 prediction to t_next with fresh noise (x0 itself after the last step)."""
+        return renoise_update(x0, t_next, noise)
+
+    @torch.no_grad()
+    def decode(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> tuple[list[torch.Tensor],
+                                                                                         StateUpdates]:
+        """Stream-decode each session's chunk with its decoder cache; first chunks (latent frame 0 alone
+        first, 9 pixel frames) and later ones (12) run as separate batches."""
+        B = x0.shape[0]
+        first = [(cond.frame_index_host[b][0] if cond.frame_index_host else int(cond.frame_index[b, 0])) == 0
+                 for b in range(B)]
+        frames: list[torch.Tensor | None] = [None] * B
+        new_cache: list[list[torch.Tensor]] = [[] for _ in self._vae_names]
+        order: list[int] = []
+        for is_first in (True, False):
+            rows = [b for b in range(B) if first[b] == is_first]
+            if not rows:
+                continue
+            sub = x0 if len(rows) == B else x0[rows]
+            cache = None if is_first else [
+                (t if len(rows) == B else t[rows]) for t in (state.tensor(n) for n in self._vae_names)]
+            out, c = self.vae.decode_chunk(self._wan(sub), cache, first_chunk=is_first)
+            pix = frames_to_uint8(out)  # (b, T_pix, H, W, 3)
+            for j, b in enumerate(rows):
+                frames[b] = pix[j]
+            for i, t in enumerate(c):
+                new_cache[i].append(t)
+            order += rows
+        inv = [order.index(b) for b in range(B)]
+        updates: StateUpdates = {n: Replace(torch.cat(parts)[inv] if len(parts) > 1 else parts[0])
+                                 for n, parts in zip(self._vae_names, new_cache, strict=True)}
+        return [f for f in frames if f is not None], updates
+
+    @torch.no_grad()
+    def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
+        """The clean pass at the context noise: the chunk's keys and values, and its latents for a later recache."""
+        return {"kv": self._kv_pass(x0, cond, state, self._cross(cond, state)),
+                "latents": FrameWrite(cond.frame_index, x0.float())}

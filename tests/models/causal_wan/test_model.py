@@ -1,0 +1,162 @@
+"""CausalWanModel on the engine: the served rollout computes what the reference loop computes, frames fan out
+9 then 12 per chunk, a prompt switch re-caches as its own transaction, batches equal solo runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.models.causal_wan.refs import randomize_
+from worldcast.engine.errors import StatePoolExhausted
+from worldcast.engine.rollout import BatchCache, ChunkRollout, denoise_batch, finalize_batch
+from worldcast.engine.scripted import ScriptedConditioner
+from worldcast.engine.state_pool import StatePool
+from worldcast.models.causal_wan.config import tiny
+from worldcast.models.causal_wan.dense_attention import DenseSelfAttention
+from worldcast.models.causal_wan.loading import tiny_parts
+from worldcast.models.causal_wan.model import CausalWanModel
+from worldcast.models.causal_wan.sampler import flow_to_x0
+from worldcast.models.causal_wan.vae import frames_to_uint8
+
+
+@pytest.fixture(scope="module")
+def wan() -> CausalWanModel:
+    parts = tiny_parts(cfg=tiny(local_attn_size=12, sink_size=3))  # LongLive's window: 3 sinks + 6 recent
+    randomize_(parts.dit, seed=7, scale=0.2)  # zero-initialised heads would make the checks trivial
+    return CausalWanModel(parts, name="causal-wan:tiny")
+
+
+def prompt(m: CausalWanModel, text: str) -> np.ndarray:
+    return m.encode_prompt(text)
+
+
+def session(m: CausalWanModel, pool: StatePool, sid: str, *, seed: int, text: str = "a red fox") -> ChunkRollout:
+    r = ChunkRollout(sid, m, pool, ScriptedConditioner(m.spec, prompt=prompt(m, text)), seed=seed)
+    assert r.init(0.0) == [], "text-to-video starts from noise: no initial frames"
+    return r
+
+
+def chunk(rs: list[ChunkRollout], cache: BatchCache) -> list:  # type: ignore[type-arg]
+    for r in rs:
+        r.begin_chunk(0.0, 0.0)
+    for _ in range(rs[0].model.spec.denoising_steps):
+        denoise_batch(rs, cache)
+    return finalize_batch(rs, 0.0, cache=cache)
+
+
+def test_the_spec_declares_every_state_and_the_frame_fan_out(wan: CausalWanModel) -> None:
+    s = wan.spec
+    names = [st.name for st in s.states]
+    assert names[:3] == ["kv", "cross", "latents"] and all(n.startswith("vae.") for n in names[3:])
+    assert (s.chunk_pixel_frames(0), s.chunk_pixel_frames(3), s.chunk_pixel_frames(6)) == (9, 12, 12)
+    assert s.timesteps == pytest.approx((1.0, 0.9375, 0.8333333, 0.625), abs=1e-6)
+    kv = s.state("kv")
+    assert (kv.sink_frames, kv.window_frames) == (3, 6)
+    assert s.state_bytes_per_session() == sum(st.bytes_per_session() for st in s.states)
+
+
+def test_served_rollout_equals_the_reference_loop(wan: CausalWanModel) -> None:
+    """Engine (pool, in-place ring attention, staged decoder cache) vs the DiT driven by hand with a dense
+    cache, the same noise draws (one session generator: chunk noise, then a fresh draw after every step)."""
+    pool = StatePool(wan.spec.states, budget_bytes=wan.spec.state_bytes_per_session())
+    seed, text = 11, "a lighthouse at dusk"
+    r = session(wan, pool, "a", seed=seed, text=text)
+    cache = BatchCache()
+    served = [chunk([r], cache) for _ in range(5)]
+    cfg, dit = wan.cfg, wan.dit
+    g = torch.Generator().manual_seed(seed)
+    cross = dit.cross_kv(torch.from_numpy(prompt(wan, text))[None])
+    dense = DenseSelfAttention(cfg, 1)
+    vae_cache = None
+    ts = torch.tensor([*cfg.flow_times, 0.0], dtype=torch.float32) * cfg.num_train_timesteps
+    F = cfg.frames_per_chunk
+    for c, frames in enumerate(served):
+        off = torch.tensor([c * F])
+        dense.begin_chunk(off, F)
+        x = torch.randn((F, *wan.spec.latent_shape), generator=g)[None].permute(0, 2, 1, 3, 4)
+        for i in range(len(cfg.flow_times)):
+            t = ts[i].expand(1)
+            x0 = flow_to_x0(dit(x, t, off, cross, dense).flow, x, t)
+            x = (1 - ts[i + 1] / 1000) * x0 + (ts[i + 1] / 1000) * torch.randn(
+                (F, *wan.spec.latent_shape), generator=g)[None].permute(0, 2, 1, 3, 4)
+        kv = dit(x0, torch.zeros(1), off, cross, dense, kv_only=True).kv
+        dense.commit(kv)
+        out, vae_cache = wan.vae.decode_chunk(x0, vae_cache, first_chunk=c == 0)
+        ref = frames_to_uint8(out)[0].numpy()
+        got = np.stack([f.image for f in frames])
+        assert got.shape == ref.shape == ((9 if c == 0 else 12), 64, 64, 3)
+        diff = np.abs(got.astype(int) - ref.astype(int)).max()
+        assert diff <= 1, f"chunk {c}: served and reference frames differ by {diff} levels"
+    assert [f.frame_index for f in served[1]] == list(range(9, 21))
+    held = pool.snapshot(r.slot)["kv"]["frame"].tolist()
+    assert sorted(held) == [0, 1, 2, 9, 10, 11, 12, 13, 14], "3 sinks + the last 6 committed latent frames"
+
+
+def test_a_prompt_switch_recaches_as_its_own_transaction(wan: CausalWanModel) -> None:
+    pool = StatePool(wan.spec.states, budget_bytes=wan.spec.state_bytes_per_session())
+    r = session(wan, pool, "a", seed=3)
+    cache = BatchCache()
+    for _ in range(4):  # latent frames 0..11 committed; the ring holds 0..2 and 6..11
+        chunk([r], cache)
+    before = pool.snapshot(r.slot)
+    new = prompt(wan, "a snowy mountain")
+    cond: ScriptedConditioner = r.conditioner  # type: ignore[assignment]
+    cond.prompt, cond.prompt_version = new, 1
+    r.begin_chunk(0.0, 0.0)
+    denoise_batch([r], cache)  # the re-cache runs before the chunk's first step
+    r.abort_chunk()  # ... and survives the chunk's abort: it was its own transaction
+    after = pool.snapshot(r.slot)
+    assert r.prompt_version == 1
+    cross = wan.dit.cross_kv(torch.from_numpy(new)[None])
+    torch.testing.assert_close(after["cross"]["data"][0, 0], cross[0][0][0])
+    # the re-run frames are the latest contiguous run, 6..11 (the sinks 0..2 are not contiguous with it)
+    frames = after["kv"]["frame"].tolist()
+    T = wan.spec.state("kv").tokens_per_frame
+    changed = {f for p, f in enumerate(frames)
+               if not torch.equal(after["kv"]["k"][:, p * T:(p + 1) * T], before["kv"]["k"][:, p * T:(p + 1) * T])}
+    assert changed == set(range(6, 12))
+    # and they equal a commit pass of the stored latents under the new prompt, attending to the sinks
+    dense = DenseSelfAttention(wan.cfg, 1)
+    lat, lf = after["latents"]["data"], after["latents"]["frame"].tolist()
+    dense.begin_chunk(torch.tensor([0]), 3)
+    sink_x0 = torch.stack([lat[lf.index(j)] for j in range(3)])[None].permute(0, 2, 1, 3, 4)
+    dense.commit(wan.dit(sink_x0, torch.zeros(1), torch.tensor([0]), cross, dense, kv_only=True).kv)  # sinks
+    # the sinks' K/V in the ring are the old prompt's; give the reference those
+    for layer in range(wan.cfg.layers):
+        dense.k[layer] = torch.cat([before["kv"]["k"][layer, frames.index(j) * T:(frames.index(j) + 1) * T]
+                                    for j in range(3)])[None]
+        dense.v[layer] = torch.cat([before["kv"]["v"][layer, frames.index(j) * T:(frames.index(j) + 1) * T]
+                                    for j in range(3)])[None]
+    run_x0 = torch.stack([lat[lf.index(j)] for j in range(6, 12)])[None].permute(0, 2, 1, 3, 4)
+    dense.begin_chunk(torch.tensor([6]), 6)
+    kv = wan.dit(run_x0, torch.zeros(1), torch.tensor([6]), cross, dense, kv_only=True).kv
+    for j in range(6, 12):
+        p = frames.index(j)
+        torch.testing.assert_close(after["kv"]["k"][0, p * T:(p + 1) * T], kv[0][0][0, (j - 6) * T:(j - 5) * T],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_a_batch_at_different_chunk_indices_equals_each_session_alone(wan: CausalWanModel) -> None:
+    pool = StatePool(wan.spec.states, budget_bytes=wan.spec.state_bytes_per_session() * 4)
+    old, solo_old = session(wan, pool, "old", seed=1), session(wan, pool, "solo_old", seed=1)
+    cache = BatchCache()
+    for _ in range(3):
+        chunk([old], cache)
+        chunk([solo_old], cache)
+    new, solo_new = session(wan, pool, "new", seed=2, text="rain"), session(wan, pool, "solo_new", seed=2, text="rain")
+    batched = chunk([old, new], cache)  # one session's first chunk (9 frames) beside a later one (12)
+    alone = chunk([solo_old], cache) + chunk([solo_new], cache)
+    assert [f.session_id for f in batched].count("new") == 9 and [f.session_id for f in batched].count("old") == 12
+    for a, b in zip(batched, alone, strict=True):
+        assert a.frame_index == b.frame_index
+        assert np.abs(a.image.astype(int) - b.image.astype(int)).max() <= 1
+
+
+def test_a_session_whose_whole_state_does_not_fit_is_refused(wan: CausalWanModel) -> None:
+    pool = StatePool(wan.spec.states, budget_bytes=wan.spec.state_bytes_per_session() * 2 - 1)
+    pool.allocate("a")
+    with pytest.raises(StatePoolExhausted):
+        pool.allocate("b")
+    with pytest.raises(ValueError, match="global attention"):
+        CausalWanModel(tiny_parts(cfg=tiny(local_attn_size=-1, sink_size=0)), name="global")
