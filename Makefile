@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test setup demo train evaluate bench
+.PHONY: serve test setup demo train evaluate bench gpu-check
 
 setup: $(VENV)/.installed
 
@@ -43,3 +43,7 @@ evaluate: $(VENV)/.installed
 # then the shipped duty-cycle trace on the shared scheduler and on the one-at-a-time baseline.
 bench: $(VENV)/.installed
 	$(PY) -m worldcast.latency_bench default
+
+# On a machine with a CUDA device: gpu-marked tests, the causal-Wan 1.3B engine path per batch size, TinyWorld's bench.
+gpu-check: $(VENV)/.installed
+	$(PY) -m worldcast.engine.gpu_check --out gpu_results

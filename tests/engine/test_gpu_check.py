@@ -1,0 +1,17 @@
+"""The prepared device check runs its CPU part here (the GPU part needs a lent device)."""
+
+from __future__ import annotations
+
+import json
+
+from worldcast.engine.gpu_check import main
+
+
+def test_the_cpu_smoke_runs_the_served_causal_wan_path_and_reports_each_batch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert main(["--cpu-smoke", "--skip-tests", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    rows = report["causal_wan_engine"]
+    assert [r["batch"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["chunk_ms"] > 0 and r["pixel_fps_total"] > 0
+        assert r["state_bytes_per_session"] >= r["kv_bytes_per_session"] + r["decoder_cache_bytes_per_session"]
