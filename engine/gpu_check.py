@@ -32,7 +32,7 @@ from worldcast.engine.timing import DeviceTimer
 
 
 def _wan_model(device: str, *, smoke: bool):  # type: ignore[no-untyped-def]
-    from worldcast.models.causal_wan.config import longlive_1_3b, tiny
+    from worldcast.models.causal_wan.config import longlive_1_3b
     from worldcast.models.causal_wan.dit import CausalWanDiT
     from worldcast.models.causal_wan.loading import CausalWanParts, tiny_parts
     from worldcast.models.causal_wan.model import CausalWanModel
