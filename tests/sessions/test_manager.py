@@ -94,3 +94,23 @@ async def test_concurrent_creates_cannot_overshoot_the_limit(model) -> None:  # 
         assert m._creating == 0  # noqa: SLF001
     finally:
         await m.aclose()
+
+
+async def test_resume_wakes_an_idle_worker_at_once(model) -> None:  # type: ignore[no-untyped-def]
+    """With nothing scheduled the worker sleeps for idle_poll_s (an hour here): only the wake that resume
+    (a control operation) sends can bring the frames back within the test's wait."""
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, kv_budget_bytes=2**24, idle_poll_s=3600),
+                       config=SessionConfig(tick_s=3600, warmup=False))
+    await m.start()
+    try:
+        s = await m.create(seed=4)
+        sink = ListSink()
+        s.attach_sink(sink)
+        await wait_for(lambda: len(sink.frames) >= 3)
+        s.cancel()
+        await wait_for(lambda: m.worker.snapshot.queue_depth == 0)  # the worker has gone to sleep
+        n = len(sink.frames)
+        s.resume()
+        await wait_for(lambda: len(sink.frames) >= n + 3, timeout_s=60)
+    finally:
+        await m.aclose()
