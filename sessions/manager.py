@@ -19,8 +19,9 @@ from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.errors import KVPoolExhausted
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
+from worldcast.sessions.directing import DirectingSession
 from worldcast.sessions.errors import CapacityExhausted, SessionNotFound
-from worldcast.sessions.session import CloseReason, Session, SessionState
+from worldcast.sessions.session import CloseReason, Session, SessionMode, SessionState
 
 logger = logging.getLogger(__name__)
 
@@ -100,12 +101,15 @@ class SessionManager:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def create(
-        self, *, prompt: str | None = None, seed: int | None = None, stamp_frames: bool = False
+        self, *, prompt: str | None = None, seed: int | None = None, stamp_frames: bool = False,
+        mode: SessionMode = "interactive",
     ) -> Session:
         """Open a session; its initial frame is generated at once.
 
         Args:
             stamp_frames: ask its video sinks to stamp frame index and action seq into the pixels.
+            mode: "directing" sessions wait for their first direction (paused) and keep their
+                segments in `Session.directing` (sessions/directing.py).
 
         Raises:
             CapacityExhausted: too many sessions or no KV slot (retry later).
@@ -133,7 +137,11 @@ class SessionManager:
             idle_after_s=self.config.idle_after_s,
             clock=self.clock,
             stamp_frames=stamp_frames,
+            mode=mode,
         )
+        if mode == "directing":
+            session.directing = DirectingSession(session)
+            session.pause()  # nothing to generate until the first direction
         try:
             self.worker.add_session(sid, session, seed=session.seed)
         except KVPoolExhausted as e:

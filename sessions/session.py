@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
@@ -37,7 +37,13 @@ from worldcast.sessions.clock import VIDEO_TIME_BASE, MediaClock
 from worldcast.sessions.duty_cycle import DutyCycleMeter
 from worldcast.sessions.errors import SessionClosedError
 
+if TYPE_CHECKING:
+    from worldcast.sessions.directing import DirectingSession
+
 logger = logging.getLogger(__name__)
+
+#: What a session is driven by: actions ("interactive") or text directions, segment by segment ("directing").
+SessionMode = Literal["interactive", "directing"]
 
 
 class SessionState(enum.IntEnum):
@@ -121,6 +127,7 @@ class Session:
         clock: monotonic clock, s.
         stamp_frames: whether video sinks should stamp frame index and action seq into the
             pixels (latency measurement; off by default).
+        mode: "interactive" or "directing" (its `directing` attribute then holds the segments).
     """
 
     def __init__(
@@ -135,9 +142,12 @@ class Session:
         idle_after_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         stamp_frames: bool = False,
+        mode: SessionMode = "interactive",
     ) -> None:
         self.id = session_id
         self.stamp_frames = stamp_frames
+        self.mode: SessionMode = mode
+        self.directing: DirectingSession | None = None  #: set by SessionManager for directing sessions
         self.token = token
         self.model = model
         self.seed = seed
@@ -403,6 +413,7 @@ class Session:
         """A JSON-able summary (prompt length, not contents, goes to logs; the owner sees the prompt)."""
         return {
             "session_id": self.id,
+            "mode": self.mode,
             "state": self.state.name.lower(),
             "prompt": self._prompt,
             "paused": self._paused,

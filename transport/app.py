@@ -9,6 +9,7 @@ Routes:
     DELETE /v1/sessions/{id}            close it           -> 204
     POST   /v1/sessions/{id}/webrtc     SDP offer -> answer
     POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}
+    WS     /v1/sessions/{id}/stream     fMP4 video + events out; actions, RPCs, directions in (ws_stream.py)
     GET    /v1/model                    the model's declared geometry
     GET    /healthz, /readyz            liveness; readiness (device worker alive, not stalled)
     GET    /metrics                     Prometheus text format
@@ -24,7 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -46,6 +47,7 @@ from worldcast.transport.schemas import (
     SdpOffer,
 )
 from worldcast.transport.webrtc import WebRTCPeer, configure_ice
+from worldcast.transport.ws_stream import StreamSocketTuning, serve_stream
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +136,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         await manager.start()
         app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, {}, metrics
         app.state.offer_locks = {}
+        app.state.streams = {}  # session id -> its WebSocket stream (ws_stream.StreamConnection)
         logger.info("worldcast: serving %s", m.spec.name)
         try:
             yield
@@ -145,6 +148,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     app = FastAPI(title="worldcast", version="0.1.0", lifespan=lifespan)
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(StreamSocketTuning)  # outermost: it needs the server's own send
 
     @app.exception_handler(SessionError)
     async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
@@ -216,7 +220,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         body: CreateSessionRequest | None = None,
     ) -> CreateSessionResponse:
         body = body or CreateSessionRequest()
-        s = await manager.create(prompt=body.prompt, seed=body.seed, stamp_frames=body.stamp_frames)
+        s = await manager.create(prompt=body.prompt, seed=body.seed, stamp_frames=body.stamp_frames, mode=body.mode)
         return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model))
 
     @app.get("/v1/sessions/{session_id}")
@@ -273,6 +277,12 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             if reply["error"]["code"] == errors.SESSION_CLOSED:
                 status = 409
         return JSONResponse(reply, status_code=status)
+
+    @app.websocket("/v1/sessions/{session_id}/stream")
+    async def stream(websocket: WebSocket, session_id: str) -> None:
+        st = websocket.app.state
+        await serve_stream(websocket, session_id, manager=st.manager, streams=st.streams,
+                           encode_prompt=st.model.encode_prompt, video_scale=config.scale_for(st.model))
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():
         app.mount("/", StaticFiles(directory=config.static_dir, html=True), name="demo")

@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> None:
                                           min_observation_s=args.min_observation),
             ),
         )
-        uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower())
+        # video is already compressed: no permessage-deflate; client messages are small (ws_stream.MAX_TEXT_BYTES)
+        uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower(),
+                    ws_per_message_deflate=False, ws_max_size=1 << 20)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """A Python client for worldcast sessions over WebRTC (aiortc), for tests and benchmarks.
 
+(The WebSocket stream client, `StreamClient`, is in `ws_client.py` and importable from here.)
+
     async with await WebRTCClient.connect("http://127.0.0.1:8000", prompt="a snowy landscape") as c:
         frame = await c.next_frame()          # av.VideoFrame
         c.send_action(keys=["d"])             # hold D
@@ -31,6 +33,9 @@ import httpx
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.utils import uint16_add
+
+# the WebSocket (fMP4) stream client lives beside this module; both are importable from here
+from worldcast.transport.ws_client import StreamClient, StreamError, StreamFrame  # noqa: F401
 
 #: How long to wait for a control reply, s.
 RPC_TIMEOUT_S = 10.0

@@ -48,6 +48,9 @@ class CreateSessionRequest(_Strict):
     stamp_frames: StrictBool = Field(
         False, description="stamp each video frame's index and applied action seq into its bottom rows "
         "(for latency measurement; see transport/stamp.py)")
+    mode: Literal["interactive", "directing"] = Field(
+        "interactive", description="directing: driven by text directions, segment by segment, over "
+        "GET /v1/sessions/{id}/stream (see docs/streaming.md)")
 
     _prompt = field_validator("prompt")(check_prompt)
 
@@ -117,3 +120,44 @@ class SetPromptParams(_Strict):
 
 class NoParams(_Strict):
     pass
+
+
+#: Longest direction id, characters.
+MAX_DIRECTION_ID_CHARS = 128
+#: Longest segment a direction may ask for, s.
+MAX_SEGMENT_S = 600.0
+
+
+class DirectionMessage(_Strict):
+    """A text direction on a directing session's stream (GET /v1/sessions/{id}/stream).
+
+    Example: {"type": "direction", "id": "d7", "prompt": "a snowy field", "duration_s": 5}.
+    `duration_s` absent: the server's default segment length; null: until the next direction.
+    """
+
+    type: Literal["direction"]
+    id: str | StrictInt = Field(description="the client's id, echoed in the ack and the segment events")
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    duration_s: StrictFloat | StrictInt | None = Field(
+        None, gt=0, le=MAX_SEGMENT_S, allow_inf_nan=False, description="segment length, s")
+
+    _prompt = field_validator("prompt")(check_prompt)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str | int) -> str | int:
+        if isinstance(v, str) and not 1 <= len(v) <= MAX_DIRECTION_ID_CHARS:
+            raise ValueError(f"id must have 1 to {MAX_DIRECTION_ID_CHARS} characters")
+        return v
+
+    @property
+    def open_ended(self) -> bool:
+        """duration_s was sent as null: run until the next direction."""
+        return "duration_s" in self.model_fields_set and self.duration_s is None
+
+
+class AuthMessage(_Strict):
+    """First message of a stream whose client cannot send an Authorization header (browsers)."""
+
+    type: Literal["auth"]
+    token: str = Field(min_length=1, max_length=256)

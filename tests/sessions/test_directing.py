@@ -1,0 +1,159 @@
+"""DirectingSession: segments open, finish, get cut, and pass on only their own frames (no device)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from tests.fakes import FakeClock
+from worldcast.engine.step_output import FrameOut
+from worldcast.sessions.directing import DirectingSession, Segment, SegmentEnd
+from worldcast.sessions.errors import SessionClosedError
+from worldcast.sessions.session import CloseReason, Session, SessionState
+
+EMB = np.zeros(384, np.float32)
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.frames: list = []  # type: ignore[type-arg]
+        self.clears = 0
+
+    def put(self, frame) -> None:  # type: ignore[no-untyped-def]
+        self.frames.append(frame)
+
+    def clear(self) -> None:
+        self.clears += 1
+
+
+class Deferred:
+    """Collects deferred callables; `run` plays them (the event loop's call_soon, by hand)."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+
+    def __call__(self, fn: Callable[[], None]) -> None:
+        self.pending.append(fn)
+
+    def run(self) -> None:
+        fns, self.pending = self.pending, []
+        for fn in fns:
+            fn()
+
+
+def make(model):  # type: ignore[no-untyped-def]
+    clock = FakeClock()
+    s = Session("sid", "tok", model=model, prompt="a green meadow", prompt_embedding=EMB, seed=0, clock=clock,
+                mode="directing")
+    defer = Deferred()
+    d = DirectingSession(s, default_duration_s=0.25, defer=defer)  # 5 frames at 20 fps
+    s.directing = d
+    s.pause()
+    return s, d, defer, clock
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.i = 0
+
+    def __call__(self, s: Session, n: int = 1, *, epoch: int | None = None) -> list:  # type: ignore[type-arg]
+        """Deliver n engine frames (one chunk's worth, as the engine does) under `epoch` (default: current)."""
+        out = []
+        for _ in range(n):
+            self.i += 1
+            e = s.current_epoch() if epoch is None else epoch
+            out.append(s.deliver(FrameOut("sid", self.i, np.zeros((64, 64, 3), np.uint8), self.i / 20, -1, e,
+                                          {"denoise": 2.0, "decode": 1.0})))
+        return out
+
+
+def test_frames_flow_only_inside_a_segment_which_finishes_and_pauses(model) -> None:  # type: ignore[no-untyped-def]
+    s, d, defer, clock = make(model)
+    starts: list[Segment] = []
+    ends: list[Segment] = []
+    d.on("segment_start", starts.append)
+    d.on("segment_complete", ends.append)
+    sink = ListSink()
+    d.attach_sink(sink)
+    assert s.sink_count == 1 and not s.wants_frames(), "a directing session waits for its first direction"
+    deliver = Counter()
+    deliver(s, 2)
+    assert sink.frames == [] and d.frames_dropped >= 2  # the initial frame and strays: no segment yet
+
+    clock.advance(1.0)
+    ack = d.direct("d1", "a snowy field", EMB)
+    assert ack.cut is None and ack.segment.index == 0 and ack.segment.target_frames == 5
+    assert s.prompt == "a snowy field" and s.wants_frames() and starts == [ack.segment]
+    clock.advance(0.04)
+    deliver(s, 4)
+    deliver(s, 2)  # one chunk of two frames crosses the target: both belong to the segment
+    assert defer.pending, "the segment ends after the rest of its chunk"
+    defer.run()
+    assert not s.wants_frames() and s.paused
+    seg = ends[0]
+    assert seg.end == SegmentEnd.FINISHED and seg.frames == 6 and len(sink.frames) == 6
+    info = seg.summary(20)
+    assert info["timings_ms"]["ttff"] == 40.0 and info["timings_ms"]["denoise"] == 2.0  # type: ignore[index]
+    assert info["last_frame_index"] == 8 and info["end"] == "finished"
+    deliver(s, 1)  # a chunk the engine had started before pausing: not part of any segment
+    assert len(sink.frames) == 6
+
+
+def test_a_new_direction_cuts_the_segment_and_old_frames_never_follow(model) -> None:  # type: ignore[no-untyped-def]
+    s, d, defer, clock = make(model)
+    ends: list[Segment] = []
+    d.on("segment_complete", ends.append)
+    sink = ListSink()
+    d.attach_sink(sink)
+    deliver = Counter()
+    first = d.direct("d1", "a snowy field", EMB, duration_s=10.0).segment
+    deliver(s, 3)
+    old_epoch = s.current_epoch()
+    ack = d.direct("d2", "molten lava", EMB, open_ended=True)
+    assert ack.cut is first and first.end == SegmentEnd.CUT and ends == [first]
+    assert first.last_frame_index == 3 and first.frames == 3
+    assert ack.segment.target_frames is None and ack.segment.epoch > old_epoch
+    assert sink.clears == 2, "each direction flushed the downstream sinks"
+    n = len(sink.frames)
+    assert deliver(s, 2, epoch=old_epoch) == [None, None]  # generated under d1, delivered late: dropped
+    assert len(sink.frames) == n
+    deliver(s, 50)  # open-ended: never finishes by itself
+    defer.run()
+    assert d.current is ack.segment and ack.segment.frames == 50
+    assert all(f.epoch >= ack.segment.epoch for f in sink.frames[n:])
+    s.flush()  # a flush RPC inside the segment keeps it (epochs only grow)
+    deliver(s, 1)
+    assert d.segment_for_epoch(s.current_epoch()) is ack.segment and ack.segment.frames == 51
+    assert d.segment_for_epoch(old_epoch) is first and d.segment_for_epoch(-1) is None
+
+
+def test_close_stops_the_open_segment_and_detaching_frees_the_session(model) -> None:  # type: ignore[no-untyped-def]
+    s, d, defer, clock = make(model)
+    ends: list[Segment] = []
+    d.on("segment_complete", ends.append)
+    a, b = ListSink(), ListSink()
+    d.attach_sink(a)
+    d.attach_sink(b)
+    d.attach_sink(b)  # twice is once
+    assert s.sink_count == 1
+    d.detach_sink(a)
+    assert s.sink_count == 1
+    d.detach_sink(b)
+    assert s.sink_count == 0 and s.state == SessionState.IDLE
+    d.attach_sink(a)
+    seg = d.direct("d1", "x", EMB).segment
+    s.close(CloseReason.CLIENT)
+    assert ends == [seg] and seg.end == SegmentEnd.STOPPED
+    with pytest.raises(SessionClosedError):
+        d.direct("d2", "y", EMB)
+    with pytest.raises(SessionClosedError):
+        d.attach_sink(ListSink())
+
+
+def test_segment_lengths_round_up_to_whole_frames(model) -> None:  # type: ignore[no-untyped-def]
+    _, d, _, _ = make(model)
+    assert [d.target_frames(x) for x in (0.001, 0.05, 0.051, 1.0, None)] == [1, 1, 2, 20, 5]
+    with pytest.raises(ValueError):
+        DirectingSession(d.session, default_duration_s=0)

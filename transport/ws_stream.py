@@ -1,0 +1,507 @@
+"""The WebSocket stream of a session: fMP4 video out; actions, RPCs and directions in (one socket).
+
+    GET /v1/sessions/{id}/stream   (WebSocket; the protocol is in docs/streaming.md)
+
+Authentication: `Authorization: Bearer <token>` on the upgrade request, or
+(browsers cannot set headers on a WebSocket) a first text message
+`{"type": "auth", "token": ...}` within `AUTH_TIMEOUT_S`. A token in the URL
+is refused: URLs end up in access logs.
+
+Server -> client: binary messages are the fMP4 byte stream (the init segment,
+then one media segment per frame, `transport/fmp4.py`); text messages are
+JSON events `{"event": name, ...}`; RPC replies are `{"id", "result" | "error"}`
+exactly as on the data channel. Each media segment follows its `media` event;
+`media_init` (MIME, codec) precedes the init segment.
+
+Client -> server (text, at most `MAX_TEXT_BYTES`): an action message exactly as
+on the `actions` data channel (`ActionHandler`), an RPC exactly as on the
+`control` data channel (`RpcHandler`), or a typed message (`direction`,
+`ping`). Bad input gets an `error` event naming what was wrong (or, for
+actions and RPCs, the data channel's own `action_rejected` / RPC error) and
+changes nothing; the socket stays open.
+
+Close codes (RFC 6455 7.4.2 leaves 4000-4999 to applications): 4400 token in
+the URL, 4401 no token, 4403 wrong token, 4404 no such session, 4408 no auth
+message in time, 4409 the session already has a stream, 1008 the reader
+stopped reading, 1000 the session closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from worldcast.sessions.directing import Segment
+from worldcast.sessions.errors import SessionError, SessionNotFound
+from worldcast.sessions.manager import SessionManager
+from worldcast.sessions.session import Session, SessionState, VideoFrame
+from worldcast.transport import errors
+from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter, Fmp4Sink
+from worldcast.transport.rpc import ActionHandler, RpcError, RpcHandler, TokenBucket, parse_json
+from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
+from worldcast.transport.ws_queue import Close, MediaItem, OutboundQueue, QueueOverflow
+
+logger = logging.getLogger(__name__)
+
+#: Largest text message a client may send, bytes (room for a 500-character prompt of 4-byte characters).
+MAX_TEXT_BYTES = MAX_CONTROL_BYTES
+#: How long a client without an Authorization header has to send its auth message, s.
+AUTH_TIMEOUT_S = 10.0
+#: RPCs and directions per second (bursts of CONTROL_BURST): each may embed a prompt. Same as the data channel.
+CONTROL_RATE_HZ = 10.0
+CONTROL_BURST = 20.0
+#: Control requests (RPCs, directions) waiting to run, at most.
+MAX_PENDING_CONTROL = 32
+#: Unsent bytes the kernel may hold for a stream's socket (TCP_NOTSENT_LOWAT; Linux 3.12+): above it the
+#: socket is not writable, so a reader that stops reading backs up into `OutboundQueue`, which drops media,
+#: instead of into a send buffer that autotunes to megabytes and would replay seconds of old video.
+NOTSENT_LOWAT_BYTES = 16 * 1024
+#: High-water mark of the asyncio transport's own buffer above the kernel, bytes (asyncio's default,
+#: 64 KiB, is seconds of this low-bitrate video): above it a send waits and media queues up to be dropped.
+WRITE_BUFFER_HIGH_BYTES = 16 * 1024
+#: Version of the stream protocol (docs/streaming.md), in `stream_start`.
+PROTOCOL_VERSION = 1
+
+CLOSE_NORMAL, CLOSE_POLICY, CLOSE_INTERNAL = 1000, 1008, 1011
+CLOSE_TOKEN_IN_URL, CLOSE_UNAUTHORIZED, CLOSE_FORBIDDEN = 4400, 4401, 4403
+CLOSE_NOT_FOUND, CLOSE_AUTH_TIMEOUT, CLOSE_BUSY = 4404, 4408, 4409
+
+#: Typed client messages of this protocol.
+MESSAGE_TYPES = ("auth", "direction", "ping")
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def validation_message(e: ValidationError) -> str:
+    """'field: what is wrong' for the first error (the offending value is never echoed)."""
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "message"
+    return f"{loc}: {err['msg']}"
+
+
+def frame_meta(frame: VideoFrame, now_s: float) -> dict[str, Any]:
+    """A frame's metadata as sent in media events (times in ms)."""
+    return {
+        "frame_index": frame.frame_index,
+        "pts": frame.pts,
+        "action_seq": frame.action_seq,
+        "epoch": frame.epoch,
+        "lateness_ms": round((now_s - frame.present_at_s) * 1e3, 2),
+        "timings_ms": {k: round(v, 2) for k, v in frame.timings_ms.items()},
+    }
+
+
+def limit_unsent(transport: Any, nbytes: int = NOTSENT_LOWAT_BYTES,
+                 high_water_bytes: int = WRITE_BUFFER_HIGH_BYTES) -> bool:
+    """Bound the bytes waiting under a stream: TCP_NOTSENT_LOWAT on the socket (Linux) and the
+    asyncio transport's write high-water mark. Returns False where the socket option cannot be set."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    opt = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+    if sock is None or opt is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, opt, nbytes)
+        transport.set_write_buffer_limits(high=high_water_bytes)
+    except (OSError, AttributeError, ValueError):
+        return False
+    return True
+
+
+class StreamSocketTuning:
+    """ASGI middleware: limit unsent kernel bytes on WebSocket connections (see NOTSENT_LOWAT_BYTES).
+
+    ASGI hides the socket; the server's own `send` (uvicorn: a bound method of its protocol, which
+    holds the asyncio transport) is reachable only outside Starlette's wrappers, so this must be
+    added as middleware. The transport is left in `scope["extensions"]["worldcast.transport"]` for
+    the stream's statistics. Other servers: nothing happens.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            transport = getattr(getattr(send, "__self__", None), "transport", None)
+            if transport is not None and limit_unsent(transport):
+                scope.setdefault("extensions", {})["worldcast.transport"] = transport
+        await self.app(scope, receive, send)
+
+
+async def reject(ws: WebSocket, code: str, message: str, close_code: int) -> None:
+    """Send one error event and close (the socket was accepted so the client can read why)."""
+    try:
+        await ws.send_text(dumps({"event": "error", "code": code, "message": message}))
+        await ws.close(close_code)
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+
+
+async def authenticate(ws: WebSocket, manager: SessionManager, session_id: str) -> Session | None:
+    """Accept the socket and check its token; on failure send an error event, close and return None."""
+    await ws.accept()
+    if any(k in ws.query_params for k in ("token", "access_token", "authorization")):
+        await reject(ws, "token_in_url", "send the token in the Authorization header or an auth message, "
+                     "never in the URL", CLOSE_TOKEN_IN_URL)
+        return None
+    try:
+        session = manager.get(session_id)
+    except SessionNotFound:
+        await reject(ws, "session_not_found", f"no session {session_id[:64]!r}", CLOSE_NOT_FOUND)
+        return None
+    scheme, _, token = ws.headers.get("authorization", "").partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    if not token:
+        try:
+            raw = await asyncio.wait_for(ws.receive(), AUTH_TIMEOUT_S)
+        except TimeoutError:
+            await reject(ws, "auth_timeout", f"no auth message within {AUTH_TIMEOUT_S:g} s", CLOSE_AUTH_TIMEOUT)
+            return None
+        if raw["type"] == "websocket.disconnect":
+            return None
+        try:
+            token = AuthMessage.model_validate(parse_json(raw.get("text") or b"", what="auth",
+                                                          max_bytes=MAX_TEXT_BYTES)).token
+        except (RpcError, ValidationError) as e:
+            why = e.message if isinstance(e, RpcError) else validation_message(e)
+            await reject(ws, "unauthorized", "send 'Authorization: Bearer <token>' or a first message "
+                         f'{{"type": "auth", "token": ...}} ({why})', CLOSE_UNAUTHORIZED)
+            return None
+    if not secrets.compare_digest(token.encode(), session.token.encode()):
+        await reject(ws, "forbidden", "token does not grant access to this session", CLOSE_FORBIDDEN)
+        return None
+    return session
+
+
+class StreamConnection:
+    """One client's WebSocket stream of one session.
+
+    Args:
+        ws: the accepted, authenticated socket.
+        session: its session.
+        encode_prompt: text -> embedding (run off the event loop).
+        video_scale: integer upscale of the video.
+    """
+
+    def __init__(self, ws: WebSocket, session: Session, *, encode_prompt: Callable[[str], Any],
+                 video_scale: int = 1) -> None:
+        self.ws, self.session, self.encode_prompt = ws, session, encode_prompt
+        self.director = session.directing
+        self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample, epoch_fn=session.current_epoch,
+                             on_clear=self._on_clear, scale=video_scale, stamp=session.stamp_frames,
+                             name=session.id)
+        self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe)
+        self.rpc = RpcHandler(session, encode_prompt)
+        self.actions = ActionHandler(session)
+        self.control_bucket = TokenBucket(CONTROL_RATE_HZ, CONTROL_BURST)
+        self._control: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING_CONTROL)
+        self._fragmenter: Fmp4Fragmenter | None = None
+        self._init_sent_for: Fmp4Encoder | None = None
+        self._held: list[str] | None = None  #: events held back while a direction is applied
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._close_code: int | None = None
+        self._closed = False
+        self.messages_in = 0
+        self.errors_sent = 0
+        self.bytes_out = 0
+        #: the asyncio transport under the socket (None: unknown server), for `write_buffer_bytes`
+        self.transport = (ws.scope.get("extensions") or {}).get("worldcast.transport")
+
+    def __repr__(self) -> str:
+        return f"StreamConnection({self.session.id})"
+
+    @property
+    def write_buffer_bytes(self) -> int:
+        """Bytes accepted for sending but not yet handed to the kernel (the transport's buffer)."""
+        return int(self.transport.get_write_buffer_size()) if self.transport is not None else 0
+
+    # -- outgoing -----------------------------------------------------------------------------------
+
+    def event(self, name: str, **fields: Any) -> None:
+        """Queue a JSON event `{"event": name, **fields}` (never dropped)."""
+        self.send_json({"event": name, **fields})
+
+    def send_json(self, obj: dict[str, Any]) -> None:
+        text = dumps(obj)
+        if self._held is not None and "event" in obj:
+            self._held.append(text)
+            return
+        self._put(text)
+
+    def _put(self, text: str) -> None:
+        try:
+            self.queue.put_control(text)
+        except QueueOverflow as e:
+            logger.warning("%r: %s; closing", self, e)
+            self.close(CLOSE_POLICY)
+
+    def error(self, code: str, message: str, **fields: Any) -> None:
+        """Queue an error event: a stable `code`, a precise `message` and what it refers to."""
+        self.errors_sent += 1
+        self.event("error", code=code, message=message, **fields)
+
+    def close(self, code: int = CLOSE_NORMAL) -> None:
+        """Close after the messages already queued have gone out (idempotent)."""
+        if self._close_code is None:
+            self._close_code = code
+            self.queue.close()
+
+    def _on_sample(self, frame: VideoFrame, encoder: Fmp4Encoder, sample: EncodedSample) -> None:
+        seg = self.director.segment_for_epoch(frame.epoch) if self.director is not None else None
+        meta = frame_meta(frame, self.session.clock())
+        meta["segment"] = None if seg is None else seg.index
+        meta["encode_ms"] = round(sample.encode_ms, 2)
+        self.queue.put_media(MediaItem(sample, sample.keyframe, len(sample.data),
+                                       {"encoder": encoder, "event": meta}))
+
+    def _on_clear(self) -> None:
+        self.queue.purge_media()
+
+    def render(self, item: MediaItem) -> list[str | bytes]:
+        """The messages of one media item: (media_init + init segment when new), its event, its segment."""
+        enc: Fmp4Encoder = item.meta["encoder"]
+        out: list[str | bytes] = []
+        if enc is not self._init_sent_for:
+            self._init_sent_for = enc
+            if self._fragmenter is None:
+                self._fragmenter = Fmp4Fragmenter.from_encoder(enc)
+            out += [dumps({"event": "media_init", "mime": enc.mime, "codec": enc.codec, "width": enc.width,
+                           "height": enc.height, "timescale": enc.timescale, "frame_duration": enc.frame_duration,
+                           "bytes": len(enc.init_segment)}), enc.init_segment]
+        decode_time = self._fragmenter.next_decode_time()  # type: ignore[union-attr]
+        data = self._fragmenter.fragment(item.sample)  # type: ignore[union-attr]
+        ev = item.meta["event"] | {"keyframe": item.keyframe, "decode_time": decode_time, "bytes": len(data)}
+        return out + [dumps({"event": "media", **ev}), data]
+
+    async def _send_loop(self) -> None:
+        while True:
+            item = await self.queue.get()
+            if isinstance(item, Close):
+                await self.ws.close(self._close_code or CLOSE_NORMAL)
+                return
+            for m in self.render(item) if isinstance(item, MediaItem) else [item]:
+                if isinstance(m, bytes):
+                    await self.ws.send_bytes(m)
+                else:
+                    await self.ws.send_text(m)
+                self.bytes_out += len(m)
+
+    # -- incoming -----------------------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        while True:
+            msg = await self.ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            self.messages_in += 1
+            if msg.get("bytes") is not None:
+                self.error("binary_not_accepted", f"binary messages are not accepted from clients "
+                           f"(got {len(msg['bytes'])} bytes); send JSON text")
+                continue
+            self.on_text(msg.get("text") or "")
+
+    def on_text(self, text: str) -> None:
+        """Dispatch one client text message (never raises for bad input)."""
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > MAX_TEXT_BYTES:
+            self.error("message_too_large", f"message of {size} bytes exceeds {MAX_TEXT_BYTES}")
+            return
+        try:
+            obj = parse_json(text, what="stream", max_bytes=MAX_TEXT_BYTES)
+        except RpcError as e:
+            self.error("bad_json", e.message)
+            return
+        if not isinstance(obj, dict):
+            self.error("bad_message", f"expected a JSON object, got {type(obj).__name__}")
+            return
+        if "method" in obj:
+            self._queue_control(obj)
+        elif "type" in obj:
+            kind = obj["type"]
+            if kind == "direction":
+                self._queue_control(obj)
+            elif kind == "ping":
+                self.event("pong", t=obj.get("t") if isinstance(obj.get("t"), int | float) else None)
+            elif kind == "auth":
+                self.error("already_authenticated", "this stream is already authenticated", type="auth")
+            else:
+                shown = kind[:64] if isinstance(kind, str) else type(kind).__name__
+                self.error("unknown_type", f"unknown message type {shown!r}; types are {list(MESSAGE_TYPES)} "
+                           "(actions and RPCs carry no type)", type=shown)
+        elif "seq" in obj:
+            try:
+                err = self.actions.handle_raw(text)
+            except Exception:  # noqa: BLE001 - a handler bug must not end the stream
+                logger.exception("%r: action handler failed", self)
+                err = {"event": "action_rejected", "seq": None, "code": errors.INTERNAL_ERROR,
+                       "message": "internal error"}
+            if err is not None:
+                self.send_json(err)
+        else:
+            self.error("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
+                       f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}")
+
+    def _queue_control(self, obj: dict[str, Any]) -> None:
+        ref = _ref(obj)
+        if not self.control_bucket.take(time.monotonic()):
+            if "method" in obj:
+                self.send_json({"id": ref, "error": {"code": errors.RATE_LIMITED, "message": "too many control "
+                                                     "messages"}})
+            else:
+                self.error("rate_limited", f"more than {CONTROL_RATE_HZ:g} directions/RPCs per second", id=ref)
+            return
+        try:
+            self._control.put_nowait(obj)
+        except asyncio.QueueFull:
+            self.error("rate_limited", f"{MAX_PENDING_CONTROL} requests are still waiting", id=ref)
+
+    async def _control_loop(self) -> None:
+        while True:
+            obj = await self._control.get()
+            try:
+                if "method" in obj:
+                    self.send_json(await self.rpc.handle(obj))
+                else:
+                    await self._direct(obj)
+            except Exception:  # noqa: BLE001
+                logger.exception("%r: control request failed", self)
+                self.error("internal_error", "internal error", id=_ref(obj))
+
+    async def _direct(self, obj: dict[str, Any]) -> None:
+        ref = _ref(obj)
+        if self.director is None:
+            self.error("not_directing", "directions need a directing session (POST /v1/sessions with "
+                       '{"mode": "directing"}); this one is interactive', id=ref)
+            return
+        try:
+            d = DirectionMessage.model_validate(obj)
+        except ValidationError as e:
+            self.error("bad_direction", validation_message(e), id=ref)
+            return
+        emb = await asyncio.get_running_loop().run_in_executor(None, self.encode_prompt, d.prompt)
+        self._held = []  # the ack goes first, then the segment events it caused
+        try:
+            ack = self.director.direct(str(d.id), d.prompt, emb, duration_s=d.duration_s, open_ended=d.open_ended)
+        except SessionError as e:
+            self._held = None
+            self.error("session_closed", str(e), id=ref)
+            return
+        held, self._held = self._held, None
+        fps = self.director.fps
+        self.event("direction_ack", id=d.id, segment=ack.segment.index,
+                   cut=None if ack.cut is None else ack.cut.summary(fps))
+        for text in held:
+            self._put(text)
+
+    # -- session and segment events --------------------------------------------------------------------
+
+    def _segment_start(self, seg: Segment) -> None:
+        self.event("segment_start", segment=seg.index, direction_id=seg.direction_id, prompt=seg.prompt,
+                   epoch=seg.epoch, target_frames=seg.target_frames)
+
+    def _segment_complete(self, seg: Segment) -> None:
+        assert self.director is not None
+        self.event("segment_complete", **seg.summary(self.director.fps))
+
+    def _on_state(self, session: Session, state: object) -> None:
+        assert isinstance(state, SessionState)
+        self.event("state", state=state.name.lower())
+        if state == SessionState.CLOSED:
+            self.close(CLOSE_NORMAL)
+
+    def _on_error(self, session: Session, reason: object) -> None:
+        self.error("session_failed", str(reason))
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the stream until the client leaves, the session closes or the reader stalls for good."""
+        s = self.session
+        self._unsubscribe += [s.on("state", self._on_state), s.on("error", self._on_error)]
+        if self.director is not None:
+            self._unsubscribe += [self.director.on("segment_start", self._segment_start),
+                                  self.director.on("segment_complete", self._segment_complete)]
+        m = s.model.spec
+        self.event("stream_start", protocol=PROTOCOL_VERSION, session_id=s.id, mode=s.mode, fps=m.fps,
+                   frames_per_chunk=m.frames_per_chunk, model=m.name, prompt=s.prompt)
+        self.sink.start()
+        loop = asyncio.get_running_loop()
+        sender = loop.create_task(self._send_loop(), name=f"ws-send-{s.id}")
+        receiver = loop.create_task(self._receive_loop(), name=f"ws-recv-{s.id}")
+        self._tasks = [sender, receiver, loop.create_task(self._control_loop(), name=f"ws-control-{s.id}")]
+        try:
+            s.actions.new_client()
+            if self.director is not None:
+                self.director.attach_sink(self.sink)
+            else:
+                s.attach_sink(self.sink)
+            await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
+            for t in (sender, receiver):
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    exc = t.exception()
+                    if not isinstance(exc, WebSocketDisconnect | RuntimeError | OSError):
+                        logger.error("%r: %s failed", self, t.get_name(), exc_info=exc)
+        except SessionError:
+            pass  # closed while we attached
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Detach from the session and stop every task (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for u in self._unsubscribe:
+            u()
+        if self.director is not None:
+            self.director.detach_sink(self.sink)
+        else:
+            self.session.detach_sink(self.sink)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except BaseException:  # noqa: BLE001 - cancelled or already reported
+                pass
+        await self.sink.aclose()
+        logger.info("%r: closed (%d bytes out, queue %s)", self, self.bytes_out, self.queue.stats)
+
+
+def _ref(obj: dict[str, Any]) -> Any:
+    """The id of a request, echoed in errors when it is a plain value."""
+    rid = obj.get("id")
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) and len(str(rid)) <= 128 else None
+
+
+async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManager,
+                       streams: dict[str, StreamConnection], encode_prompt: Callable[[str], Any],
+                       video_scale: int) -> None:
+    """Serve GET /v1/sessions/{id}/stream: authenticate, refuse a second stream, run the connection."""
+    session = await authenticate(ws, manager, session_id)
+    if session is None:
+        return
+    if session.id in streams:
+        await reject(ws, "stream_busy", "this session already has a stream; close it first", CLOSE_BUSY)
+        return
+    if "worldcast.transport" not in (ws.scope.get("extensions") or {}):
+        logger.info("Session(%s): no unsent-bytes limit on the stream's socket (StreamSocketTuning); slow "
+                    "readers are noticed only once the kernel's send buffer fills", session.id)
+    conn = StreamConnection(ws, session, encode_prompt=encode_prompt, video_scale=video_scale)
+    streams[session.id] = conn
+    try:
+        await conn.run()
+    finally:
+        if streams.get(session.id) is conn:
+            del streams[session.id]
