@@ -10,6 +10,7 @@ Routes:
     POST   /v1/sessions/{id}/webrtc     SDP offer -> answer
     POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}
     WS     /v1/sessions/{id}/stream     fMP4 video + events out; actions, RPCs, directions in (ws_stream.py)
+    WS     /ws                          the Dreamverse-compatible directing protocol (dreamverse.py)
     GET    /v1/model                    the model's declared geometry
     GET    /healthz, /readyz            liveness; readiness (device worker alive, not stalled)
     GET    /metrics                     Prometheus text format
@@ -37,6 +38,7 @@ from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
+from worldcast.transport.dreamverse import serve_dreamverse
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.rpc import RpcHandler
 from worldcast.transport.schemas import (
@@ -283,6 +285,13 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         st = websocket.app.state
         await serve_stream(websocket, session_id, manager=st.manager, streams=st.streams,
                            encode_prompt=st.model.encode_prompt, video_scale=config.scale_for(st.model))
+
+    @app.websocket("/ws")
+    async def dreamverse(websocket: WebSocket) -> None:
+        st = websocket.app.state
+        await serve_dreamverse(websocket, manager=st.manager, encode_prompt=st.model.encode_prompt,
+                               video_scale=config.scale_for(st.model), segment_s=config.dreamverse_segment_s,
+                               session_timeout_s=config.dreamverse_session_timeout_s)
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():
         app.mount("/", StaticFiles(directory=config.static_dir, html=True), name="demo")

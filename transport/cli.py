@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "fully (before that, partly the mean of measured sessions)")
     s.add_argument("--idle-after", type=float, default=30.0, help="seconds without actions before a session idles")
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
+    s.add_argument("--dreamverse-segment", type=float, default=5.0,
+                   help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
     s.add_argument("--log-level", default="info")
     return p
 
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             video_scale=args.video_scale,
             ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
             static_dir=args.static_dir,
+            dreamverse_segment_s=args.dreamverse_segment,
             engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
                                 torch_threads=args.threads, reserved_cores=args.reserved_cores),
             sessions=SessionConfig(

@@ -34,6 +34,8 @@ class ServerConfig:
     video_scale: int | None = None  #: integer upscale of published video (None: up to ~256 px high)
     ice_host_addresses: list[str] | None = None  #: addresses for host ICE candidates (None: see `from_host`)
     static_dir: Path | None = DEFAULT_STATIC_DIR  #: built web demo to serve at / (None: none)
+    dreamverse_segment_s: float = 5.0  #: segment length of the Dreamverse-compatible endpoint (WS /ws), s
+    dreamverse_session_timeout_s: float = 3600.0  #: a Dreamverse client's session ends after this, s
     engine: EngineConfig = field(default_factory=EngineConfig)
     sessions: SessionConfig = field(default_factory=SessionConfig)
 
@@ -47,6 +49,8 @@ class ServerConfig:
         if self.model == "causal-wan" and self.weights is None:
             raise ValueError("--model causal-wan needs --weights (a diffusers folder or a Self-Forcing .pt); "
                              "causal-wan:tiny runs without (random weights)")
+        if not 0 < self.dreamverse_segment_s <= 600 or not self.dreamverse_session_timeout_s > 0:
+            raise ValueError("dreamverse_segment_s must lie in (0, 600] and dreamverse_session_timeout_s be > 0")
 
     @staticmethod
     def default_ice_hosts(host: str) -> list[str] | None:

@@ -13,10 +13,11 @@
   per encoded frame the moment it is encoded; FFmpeg's muxer would hold each
   fragment until the next frame arrives (one frame period).
 - `Fmp4Sink` is a `FrameSink` (sessions/session.py): `put` never blocks and
-  holds at most `depth` frames (the oldest is dropped); a task encodes them on
-  a worker thread of its own and hands each encoded sample, with its frame, to
-  a callback on the event loop. `clear` (flush, cancel) drops queued frames and
-  makes the next encoded frame an IDR.
+  holds at most `depth` frames (the oldest is dropped; two, or a chunk's
+  frames when a chunk holds more: the engine delivers a chunk's frames
+  together); a task encodes them on a worker thread of its own and hands each
+  encoded sample, with its frame, to a callback on the event loop. `clear`
+  (flush, cancel) drops queued frames and makes the next encoded frame an IDR.
 
 The media timeline is gapless: the n-th fragment a fragmenter writes starts
 at n frame periods (one period = 1/fps s), whatever the session's wall-clock
@@ -215,15 +216,16 @@ class Fmp4Sink:
         on_clear: called on the event loop when the sink is cleared (flush/cancel).
         scale: integer upscale of the pictures.
         stamp: stamp frame index and action seq into the pictures.
-        depth: frames held at most before encoding (the oldest is dropped).
+        depth: frames held at most before encoding (the oldest is dropped): 2, or the frames of
+            one chunk if more (they arrive together).
         name: for logs and the worker thread's name.
     """
 
     def __init__(self, *, fps: int, on_sample: SampleCallback, epoch_fn: Callable[[], int],
                  on_clear: Callable[[], None] | None = None, scale: int = 1, stamp: bool = False,
                  depth: int = 2, name: str = "") -> None:
-        if not 1 <= depth <= 2:
-            raise ValueError("a frame sink holds one or two frames")
+        if not 1 <= depth <= 64:
+            raise ValueError("a frame sink holds 1 to 64 frames (two, or one chunk's)")
         self.fps, self.scale, self.stamp, self.name = fps, scale, stamp, name
         self._on_sample, self._epoch_fn, self._on_clear = on_sample, epoch_fn, on_clear
         self._queue: collections.deque[VideoFrame] = collections.deque(maxlen=depth)
@@ -238,6 +240,8 @@ class Fmp4Sink:
         self.frames_dropped = 0  #: dropped before encoding (sink full) or after it (stale epoch)
         self.keyframes = 0
         self.encode_ms_max = 0.0
+        self._frames_done = 0  #: frames put and since handed on or dropped
+        self._markers: list[tuple[int, Callable[[], None]]] = []
 
     # -- FrameSink --------------------------------------------------------------------------------
 
@@ -247,6 +251,7 @@ class Fmp4Sink:
             return
         if len(self._queue) == self._queue.maxlen:
             self.frames_dropped += 1
+            self._done(1)
         self._queue.append(frame)
         self.frames_in += 1
         self._ready.set()
@@ -254,10 +259,26 @@ class Fmp4Sink:
     def clear(self) -> None:
         """Drop queued frames; the next encoded frame is an IDR."""
         self.frames_dropped += len(self._queue)
+        n = len(self._queue)
         self._queue.clear()
         self._keyframe = True
         if self._on_clear is not None:
             self._on_clear()
+        self._done(n)
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on the event loop) once every frame put so far has been handed on or dropped."""
+        self._markers.append((self.frames_in, callback))
+        self._done(0)
+
+    def _done(self, n: int) -> None:
+        self._frames_done += n
+        while self._markers and self._markers[0][0] <= self._frames_done:
+            _, cb = self._markers.pop(0)
+            try:
+                cb()
+            except Exception:  # noqa: BLE001 - a callback's bug must not stop the encoder
+                logger.exception("Fmp4Sink(%s): when_done callback failed", self.name)
 
     # -- control ----------------------------------------------------------------------------------
 
@@ -285,12 +306,14 @@ class Fmp4Sink:
             if frame.epoch < self._epoch_fn() or self._closed:  # flushed while it was being encoded
                 self.frames_dropped += 1
                 self._keyframe = True  # the decoder never sees this one: restart the references
+                self._done(1)
                 continue
             for s in samples:
                 self.frames_encoded += 1
                 self.keyframes += s.keyframe
                 self.encode_ms_max = max(self.encode_ms_max, s.encode_ms)
                 self._on_sample(frame, enc, s)
+            self._done(1)
 
     def _encode(self, frame: VideoFrame, keyframe: bool) -> list[EncodedSample]:
         """Worker thread: build the picture and encode it (creating the encoder on the first frame)."""

@@ -42,6 +42,17 @@ class Close:
 CLOSE = Close()
 
 
+@dataclass
+class Render:
+    """A control message rendered when it is sent (it may depend on what was sent before it).
+
+    Attributes:
+        fn: returns the messages to send.
+    """
+
+    fn: Callable[[], list[str | bytes]]
+
+
 class QueueOverflow(Exception):
     """Too many control messages are waiting: the reader stopped reading for good."""
 
@@ -63,6 +74,10 @@ class MediaItem:
     nbytes: int
     meta: dict[str, Any] = field(default_factory=dict)
     queued_s: float = field(default_factory=time.monotonic)
+
+
+#: What `OutboundQueue.get` hands out.
+Item = str | bytes | Render | MediaItem | Close
 
 
 @dataclass
@@ -87,7 +102,7 @@ class OutboundQueue:
 
     def __init__(self, *, on_need_keyframe: Callable[[], None], max_media: int = MAX_MEDIA_ITEMS,
                  max_media_bytes: int = MAX_MEDIA_BYTES, max_control: int = MAX_CONTROL_ITEMS) -> None:
-        self._items: collections.deque[str | bytes | MediaItem | Close] = collections.deque()
+        self._items: collections.deque[Item] = collections.deque()
         self._ready = asyncio.Event()
         self._on_need_keyframe = on_need_keyframe
         self.max_media, self.max_media_bytes, self.max_control = max_media, max_media_bytes, max_control
@@ -104,7 +119,7 @@ class OutboundQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put_control(self, message: str | bytes) -> None:
+    def put_control(self, message: str | bytes | Render) -> None:
         """Queue a control message (never dropped).
 
         Raises:
@@ -146,7 +161,7 @@ class OutboundQueue:
         Returns:
             items dropped.
         """
-        kept: collections.deque[str | bytes | MediaItem | Close] = collections.deque(
+        kept: collections.deque[Item] = collections.deque(
             x for x in self._items if not isinstance(x, MediaItem))
         dropped = len(self._items) - len(kept)
         self._items = kept
@@ -174,7 +189,7 @@ class OutboundQueue:
         self.stats.max_items = max(self.stats.max_items, len(self._items))
         self._ready.set()
 
-    async def get(self) -> str | bytes | MediaItem | Close:
+    async def get(self) -> Item:
         """The next message to send (waits for one)."""
         while not self._items:
             self._sender_idle = True

@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from worldcast.sessions.directing import Segment
+from worldcast.sessions.directing import Segment, SegmentEnd
 from worldcast.sessions.errors import SessionError, SessionNotFound
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState, VideoFrame
@@ -48,7 +48,7 @@ from worldcast.transport import errors
 from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter, Fmp4Sink
 from worldcast.transport.rpc import ActionHandler, RpcError, RpcHandler, TokenBucket, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
-from worldcast.transport.ws_queue import Close, MediaItem, OutboundQueue, QueueOverflow
+from worldcast.transport.ws_queue import Close, MediaItem, OutboundQueue, QueueOverflow, Render
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class StreamConnection:
         self.director = session.directing
         self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample, epoch_fn=session.current_epoch,
                              on_clear=self._on_clear, scale=video_scale, stamp=session.stamp_frames,
-                             name=session.id)
+                             depth=max(2, session.model.spec.frames_per_chunk), name=session.id)
         self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe)
         self.rpc = RpcHandler(session, encode_prompt)
         self.actions = ActionHandler(session)
@@ -290,7 +290,8 @@ class StreamConnection:
             if isinstance(item, Close):
                 await self.ws.close(self._close_code or CLOSE_NORMAL)
                 return
-            for m in self.render(item) if isinstance(item, MediaItem) else [item]:
+            msgs = self.render(item) if isinstance(item, MediaItem) else item.fn() if isinstance(item, Render) else [item]
+            for m in msgs:
                 if isinstance(m, bytes):
                     await self.ws.send_bytes(m)
                 else:
@@ -352,9 +353,10 @@ class StreamConnection:
             self.error("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
                        f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}")
 
-    def _queue_control(self, obj: dict[str, Any]) -> None:
+    def _queue_control(self, obj: dict[str, Any], *, limited: bool = True) -> None:
+        """Queue a request for the control loop (in order; `limited`: counts against the rate limit)."""
         ref = _ref(obj)
-        if not self.control_bucket.take(time.monotonic()):
+        if limited and not self.control_bucket.take(time.monotonic()):
             if "method" in obj:
                 self.send_json({"id": ref, "error": {"code": errors.RATE_LIMITED, "message": "too many control "
                                                      "messages"}})
@@ -370,13 +372,17 @@ class StreamConnection:
         while True:
             obj = await self._control.get()
             try:
-                if "method" in obj:
-                    self.send_json(await self.rpc.handle(obj))
-                else:
-                    await self._direct(obj)
+                await self.handle_control(obj)
             except Exception:  # noqa: BLE001
                 logger.exception("%r: control request failed", self)
                 self.error("internal_error", "internal error", id=_ref(obj))
+
+    async def handle_control(self, obj: dict[str, Any]) -> None:
+        """Run one queued request (RPCs and directions here), one at a time, in arrival order."""
+        if "method" in obj:
+            self.send_json(await self.rpc.handle(obj))
+        else:
+            await self._direct(obj)
 
     async def _direct(self, obj: dict[str, Any]) -> None:
         ref = _ref(obj)
@@ -412,7 +418,11 @@ class StreamConnection:
 
     def _segment_complete(self, seg: Segment) -> None:
         assert self.director is not None
-        self.event("segment_complete", **seg.summary(self.director.fps))
+        summary = seg.summary(self.director.fps)
+        if seg.end == SegmentEnd.FINISHED:  # its last frames may still be in the encoder: after them
+            self.sink.when_done(lambda: self.event("segment_complete", **summary))
+        else:  # cut or stopped: its queued frames were dropped
+            self.event("segment_complete", **summary)
 
     def _on_state(self, session: Session, state: object) -> None:
         assert isinstance(state, SessionState)
@@ -425,6 +435,12 @@ class StreamConnection:
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
+    def opening(self) -> None:
+        """The stream's first messages (`stream_start`)."""
+        s, m = self.session, self.session.model.spec
+        self.event("stream_start", protocol=PROTOCOL_VERSION, session_id=s.id, mode=s.mode, fps=m.fps,
+                   frames_per_chunk=m.frames_per_chunk, model=m.name, prompt=s.prompt)
+
     async def run(self) -> None:
         """Serve the stream until the client leaves, the session closes or the reader stalls for good."""
         s = self.session
@@ -432,14 +448,12 @@ class StreamConnection:
         if self.director is not None:
             self._unsubscribe += [self.director.on("segment_start", self._segment_start),
                                   self.director.on("segment_complete", self._segment_complete)]
-        m = s.model.spec
-        self.event("stream_start", protocol=PROTOCOL_VERSION, session_id=s.id, mode=s.mode, fps=m.fps,
-                   frames_per_chunk=m.frames_per_chunk, model=m.name, prompt=s.prompt)
+        self.opening()
         self.sink.start()
         loop = asyncio.get_running_loop()
         sender = loop.create_task(self._send_loop(), name=f"ws-send-{s.id}")
         receiver = loop.create_task(self._receive_loop(), name=f"ws-recv-{s.id}")
-        self._tasks = [sender, receiver, loop.create_task(self._control_loop(), name=f"ws-control-{s.id}")]
+        self._tasks += [sender, receiver, loop.create_task(self._control_loop(), name=f"ws-control-{s.id}")]
         try:
             s.actions.new_client()
             if self.director is not None:

@@ -30,7 +30,10 @@ async def test_a_direction_plays_one_segment_then_the_session_waits(live_server)
         assert [f.frame_index for f in frames] == list(range(done["first_frame_index"], done["last_frame_index"] + 1))
         kinds = [e["event"] for e in c.events if e["event"] not in ("state", "media")]
         assert kinds == ["stream_start", "direction_ack", "segment_start", "media_init", "segment_complete"]
-        assert [e for e in c.events if e["event"] == "media"][-1]["frame_index"] == done["last_frame_index"]
+        evs = list(c.events)
+        last_media = max(i for i, e in enumerate(evs) if e["event"] == "media")
+        assert evs[last_media]["frame_index"] == done["last_frame_index"]
+        assert evs.index(done) > last_media, "segment_complete follows the segment's last media segment"
         n = c.media_segments
         with pytest.raises(TimeoutError):
             await c.next_frame(timeout_s=0.5)  # paused until the next direction
