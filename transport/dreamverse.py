@@ -147,6 +147,7 @@ class DreamverseConnection(StreamConnection):
         self._media_segment: int | None = None  #: director segment whose media is being sent
         self._seg_fragmenter: Fmp4Fragmenter | None = None
         self._blocked_at: int | None = None
+        self._restart_pending = False
 
     def __repr__(self) -> str:
         return f"DreamverseConnection({self.session.id})"
@@ -274,8 +275,11 @@ class DreamverseConnection(StreamConnection):
             self.next_prompt, self.segment_idx = 0, 0
             self.loop_iteration += 1
             self.send("generation_restarted", reason="cap_restart", segment_cap=0)
-            self.send("ltx2_stream_start", **self._stream_start_fields())
+            self._restart_pending = True  # ltx2_stream_start goes out after the cut segment's end
             await self._next(force=True)
+            if self._restart_pending:  # no prompt to start: announce the restarted stream anyway
+                self._restart_pending = False
+                self.send("ltx2_stream_start", **self._stream_start_fields())
         elif kind == "_next":
             await self._next()
 
@@ -311,6 +315,9 @@ class DreamverseConnection(StreamConnection):
     def _segment_start(self, seg: Segment) -> None:
         dv = self._pending or DvSegment(self.segment_idx, "user_raw", None, None)
         self._segments[seg.index] = dv
+        if self._restart_pending:
+            self._restart_pending = False
+            self.send("ltx2_stream_start", **self._stream_start_fields())
         self._blocked_at = None
         self.send("segment_prompt_source", segment_idx=dv.segment_idx, source=dv.source, prompt_id=dv.prompt_id,
                   fallback_used=False, seed_prompt_index=dv.seed_prompt_index, loop_iteration=self.loop_iteration)

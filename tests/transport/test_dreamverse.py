@@ -176,3 +176,13 @@ async def test_messages_before_init_get_an_error_and_init_still_works(dv_server)
         await s.wait(of("media_init", segment_idx=1))
         await s.send({"type": "session_init_v2", "curated_prompts": ["again"]})
         await s.wait(of("error", error_code="already_initialized"))
+        # restart_generation: the curated prompts again from the first, segment numbers from 1, scene kept
+        mark = len(s.msgs)
+        await s.send({"type": "restart_generation"})
+        await s.wait(of("generation_restarted"), mark)
+        again = await s.wait(of("ltx2_stream_start", loop_iteration=2), mark)
+        cut = await s.wait(of("ltx2_segment_complete", segment_idx=1), mark)
+        first = await s.wait(of("ltx2_segment_start", segment_idx=1, prompt="a green meadow"), mark)
+        assert s.msgs[cut]["cut"] is True and cut < again < first, s.types(mark)  # type: ignore[index]
+        init = await s.wait(of("media_init", segment_idx=1), first)
+        assert s.msgs[init]["stream_id"].endswith("-2-1")  # type: ignore[index]
