@@ -1,6 +1,7 @@
 """The `worldcast` command.
 
     worldcast serve --host 127.0.0.1 --port 8000
+    worldcast direct --url http://127.0.0.1:8000 --script directions.txt --out film.mp4
 """
 
 from __future__ import annotations
@@ -63,11 +64,53 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
     s.add_argument("--log-level", default="info")
+    d = sub.add_parser("direct", help="play timed directions against a server and write the film to an MP4 file",
+                       description="Each script line is 'AT_S PROMPT' (seconds from the start) or JSON "
+                                   '{"at_s", "prompt", "duration_s"?}; from stdin a line may omit AT_S '
+                                   "(sent when read). A direction during a segment cuts it.")
+    d.add_argument("--url", default="http://127.0.0.1:8000", help="the worldcast server")
+    d.add_argument("--script", default="-", help="file of timed directions, or - to read them from stdin")
+    d.add_argument("--out", type=Path, required=True, help="the film, an MP4 file")
+    d.add_argument("--seed", type=int, default=None, help="seed of the world")
+    d.add_argument("--fragmented", action="store_true", help="write the stream's fragmented MP4 as received")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def direct(args: argparse.Namespace) -> None:
+    """`worldcast direct`: bad scripts and unreachable servers are one error line."""
+    import asyncio
+    import sys
+
+    import httpx
+
+    from worldcast.transport import direct as direct_mod
+
+    try:
+        if args.script == "-":
+            directions, total = direct_mod.stdin_directions(sys.stdin), None
+        else:
+            with open(args.script, encoding="utf-8") as f:
+                script = direct_mod.parse_script(f)
+            directions, total = direct_mod.listed(script), direct_mod.plan_length_s(script)
+        reports = asyncio.run(direct_mod.run_direct(args.url, directions, out=args.out, seed=args.seed,
+                                                    fragmented=args.fragmented, total_s=total,
+                                                    progress=not args.no_progress))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"worldcast direct: {e}") from None
+    except httpx.HTTPError as e:
+        raise SystemExit(f"worldcast direct: {args.url}: {e}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None
+    cut = sum(r.end == "cut" for r in reports)
+    print(f"film: {args.out} ({sum(r.frames for r in reports)} frames, {len(reports)} segments, {cut} cut)")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.command == "direct":
+        direct(args)
+        return
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         import uvicorn
