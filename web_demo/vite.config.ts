@@ -7,7 +7,12 @@ export default defineConfig(({ mode }) => {
   const server = loadEnv(mode, ".", "WORLDCAST_").WORLDCAST_SERVER ?? "http://127.0.0.1:8000";
   return {
     base: "./",
-    build: { outDir: "dist", emptyOutDir: true },
-    server: { proxy: { "/v1": server, "/healthz": server } },
+    build: {
+      outDir: "dist",
+      emptyOutDir: true,
+      // two pages: the interactive demo (WebRTC) and the directing page (fMP4 over WebSocket)
+      rolldownOptions: { input: { main: "index.html", direct: "direct.html" } },
+    },
+    server: { proxy: { "/v1": { target: server, ws: true }, "/healthz": server } },
   };
 });
