@@ -2,6 +2,7 @@
 
     python -m worldcast.latency_bench default                      # the default profile (< 3 min)
     python -m worldcast.latency_bench mtp --sessions 2 --seconds 20
+    python -m worldcast.latency_bench mtp --transport fmp4          # WebSocket fMP4 beside WebRTC
     python -m worldcast.latency_bench load --trace duty30-short --profile duty-cycle
     python -m worldcast.latency_bench compare --a shared --b baseline --trace duty30-short
 
@@ -25,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from worldcast.latency_bench import fmp4 as fmp4_mod
 from worldcast.latency_bench import load as load_mod
 from worldcast.latency_bench import mtp as mtp_mod
 from worldcast.latency_bench import report
@@ -35,7 +37,7 @@ from worldcast.latency_bench.trace import Trace, load_trace
 TRACES_DIR = Path(__file__).resolve().parent / "traces"
 TRANSPORT = "webrtc"
 #: Transports the benchmark can drive; LiveKit and fMP4-over-WebSocket join when the server has them.
-TRANSPORTS = [TRANSPORT]
+TRANSPORTS = [TRANSPORT, "fmp4"]
 
 
 def resolve_trace(name_or_path: str) -> Trace:
@@ -103,6 +105,10 @@ def finish(out: Path, data: dict[str, Any]) -> None:
     load_runs = [r for r in data["runs"] if r["kind"] == "load"]
     if mtp_runs:
         report.table("motion-to-photon (ms: p50 / p95 / p99)", _mtp_columns(mtp_runs))
+    direction_runs = [r for r in data["runs"] if r["kind"] == "direction"]
+    if direction_runs:
+        report.table("direction (fmp4) / set_prompt + flush (webrtc) to first frame (ms: p50 / p95 / p99)",
+                     _mtp_columns(direction_runs))
     if load_runs:
         report.table("trace replay", _load_columns(load_runs))
         for r in load_runs:
@@ -130,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     def common(p: argparse.ArgumentParser, *, mtp: bool, slo: bool) -> None:
         p.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
         p.add_argument("--transport", choices=TRANSPORTS, default="webrtc",
-                       help="how sessions connect (the transports that exist: WebRTC via aiortc)")
+                       help="how sessions connect: webrtc (aiortc), or fmp4 (mtp only: the WebSocket stream "
+                            "and direction-to-first-frame, each beside WebRTC on the same server)")
         p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results/<time>)")
         if mtp:
             p.add_argument("--action-hz", type=float, default=4.0, help="mtp: actions per second per session")
@@ -172,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("need 1 <= --sessions <= 64, 0 < --action-hz <= 1000, 0 < --seconds <= 3600")
         if hasattr(args, "slo_mtp_ms") and not (args.slo_mtp_ms > 0 and 0 <= args.slo_fps_share <= 1):
             raise ValueError("need --slo-mtp-ms > 0 and 0 <= --slo-fps-share <= 1")
+        if getattr(args, "transport", TRANSPORT) == "fmp4" and args.command != "mtp":
+            raise ValueError("--transport fmp4 applies to mtp (it runs WebRTC beside it)")
         if args.url and args.command in ("default", "compare"):
             raise ValueError(f"{args.command} starts its own servers: drop --url")
         names = {"mtp": [getattr(args, "profile", "")], "load": [getattr(args, "profile", "")],
@@ -200,7 +209,11 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: argparse.Namespace, profiles: list[ServerProfile], trace: Trace | None, slo: load_mod.SLO,
         data: dict[str, Any]) -> None:
     """Run the chosen command; results are appended to `data`."""
-    if args.command == "mtp":
+    if args.command == "mtp" and args.transport == "fmp4":  # the WebSocket stream beside WebRTC, one server
+        with server_for(args.url, profiles[0]) as u:
+            data["runs"] += fmp4_mod.side_by_side(u, profile=profiles[0].name, sessions=args.sessions,
+                                                  seconds=args.seconds, action_hz=args.action_hz)
+    elif args.command == "mtp":
         data["runs"].append({"kind": "mtp"} | run_mtp(args.url, profiles[0], args))
     elif args.command == "load":
         assert trace is not None
