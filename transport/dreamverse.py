@@ -189,7 +189,8 @@ class DreamverseConnection(StreamConnection):
         self.send("ltx2_stream_start", **self._stream_start_fields())
         self.send("generation_paused_updated", paused=False)
         self._queue_control({"type": "_next"}, limited=False)
-        self._tasks.append(asyncio.get_running_loop().create_task(self._timeout(), name=f"dv-timeout-{self.session.id}"))
+        timer = asyncio.get_running_loop().create_task(self._timeout(), name=f"dv-timeout-{self.session.id}")
+        self._tasks.append(timer)
 
     def _stream_start_fields(self) -> dict[str, Any]:
         return {"total_segments": len(self.prompts), "preset_id": self.preset_id, "stream_mode": "av_fmp4",
@@ -228,8 +229,9 @@ class DreamverseConnection(StreamConnection):
                 return
             pid = data.get("prompt_id")
             pid = pid[:128] if isinstance(pid, str) and pid else f"wc-{time.monotonic_ns()}"
+            cuts = self.director is not None and self.director.current is not None
             self.send("prompt_received", prompt_id=pid, queue_depth=0,
-                      worldcast={"applies": "now", "cuts_segment": self.director.current is not None,  # type: ignore[union-attr]
+                      worldcast={"applies": "now", "cuts_segment": cuts,
                                  "truncated_to_chars": MAX_PROMPT_CHARS if truncated else None})
             self._queue_control({"type": "append_prompt", "prompt": prompt, "prompt_id": pid})
         elif kind == "set_generation_paused":

@@ -290,7 +290,10 @@ class StreamConnection:
             if isinstance(item, Close):
                 await self.ws.close(self._close_code or CLOSE_NORMAL)
                 return
-            msgs = self.render(item) if isinstance(item, MediaItem) else item.fn() if isinstance(item, Render) else [item]
+            if isinstance(item, MediaItem):
+                msgs = self.render(item)
+            else:
+                msgs = item.fn() if isinstance(item, Render) else [item]
             for m in msgs:
                 if isinstance(m, bytes):
                     await self.ws.send_bytes(m)
