@@ -5,15 +5,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# livekit-server for the LiveKit tests, built from its Go module and cached outside the tree.
+# v1.13.6 and later carry `replace` directives that `go install` refuses.
+LIVEKIT_VERSION := v1.13.5
+LIVEKIT_SERVER := $(HOME)/.cache/worldcast/livekit-server-$(LIVEKIT_VERSION)/server
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: serve test setup demo train evaluate bench gpu-check
+.PHONY: serve test setup demo train evaluate bench gpu-check livekit-server
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --upgrade pip
-	$(VENV)/bin/pip install -e '.[test]'
+	$(VENV)/bin/pip install -e '.[test,livekit]'
 	touch $@
 
 demo: web_demo/dist/index.html
@@ -26,10 +31,17 @@ web_demo/dist/index.html: web_demo/package.json web_demo/package-lock.json web_d
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
+# About 4 minutes on 2 cores the first time; reused afterwards.
+livekit-server: $(LIVEKIT_SERVER)
+
+$(LIVEKIT_SERVER):
+	GOBIN=$(dir $@) $(GO) install github.com/livekit/livekit-server/cmd/server@$(LIVEKIT_VERSION)
+	test -x $@
+
 serve: $(VENV)/.installed web_demo/dist/index.html
 	$(VENV)/bin/worldcast serve --host $(HOST) --port $(PORT)
 
-test: $(VENV)/.installed web_demo/dist/index.html /usr/bin/chromium
+test: $(VENV)/.installed web_demo/dist/index.html /usr/bin/chromium $(LIVEKIT_SERVER)
 	$(PY) -m pytest
 
 # Reproduce the shipped weights (about 60-70 min on 2 CPU cores) and their evaluation report.

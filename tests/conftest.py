@@ -87,3 +87,24 @@ def server_config(**overrides) -> ServerConfig:  # type: ignore[no-untyped-def]
 def live_server(model) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
     """A real server on 127.0.0.1 with the shipped model, ICE pinned to loopback."""
     yield from _serve(server_config(), model)
+
+
+@pytest.fixture(scope="session")
+def livekit_server():  # type: ignore[no-untyped-def]
+    """A real livekit-server (dev mode, loopback, free ports) for the whole run.
+
+    Skipped when the binary is not built (`make livekit-server`; `make test` builds it),
+    except in CI (env CI set), where that fails.
+    """
+    import os
+
+    from tests.livekit_server import DEFAULT_BINARY, binary, run_livekit_server
+
+    exe = binary()
+    if exe is None:
+        why = f"livekit-server is not built ({DEFAULT_BINARY}; `make livekit-server` builds it)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    with run_livekit_server(exe) as server:
+        yield server
