@@ -4,7 +4,7 @@
 worker) and hangs them on `app.state`; nothing lives at module level.
 
 Routes:
-    POST   /v1/sessions                 create a session   -> 201 {session_id, token, model}
+    POST   /v1/sessions                 create a session   -> 201 {session_id, token, model[, livekit]}
     GET    /v1/sessions/{id}            session summary    (Bearer token of that session)
     DELETE /v1/sessions/{id}            close it           -> 204
     POST   /v1/sessions/{id}/webrtc     SDP offer -> answer
@@ -139,12 +139,19 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, {}, metrics
         app.state.offer_locks = {}
         app.state.streams = {}  # session id -> its WebSocket stream (ws_stream.StreamConnection)
+        app.state.livekit = None
+        if config.livekit is not None:
+            from worldcast.transport.livekit.world import LiveKitWorlds
+
+            app.state.livekit = LiveKitWorlds(config.livekit, manager, video_scale=config.video_scale)
         logger.info("worldcast: serving %s", m.spec.name)
         try:
             yield
         finally:
             for peer in list(app.state.peers.values()):
                 await peer.aclose()
+            if app.state.livekit is not None:
+                await app.state.livekit.aclose()
             await manager.aclose()
 
     app = FastAPI(title="worldcast", version="0.1.0", lifespan=lifespan)
@@ -219,11 +226,26 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     @app.post("/v1/sessions", status_code=201, response_model=CreateSessionResponse)
     async def create_session(
         manager: Annotated[SessionManager, Depends(manager_dep)],
+        request: Request,
         body: CreateSessionRequest | None = None,
     ) -> CreateSessionResponse:
         body = body or CreateSessionRequest()
+        worlds = request.app.state.livekit
+        if body.transport == "livekit" and worlds is None:
+            raise HTTPException(400, "transport 'livekit' needs a LiveKit server: start with --livekit-url "
+                                     "(or LIVEKIT_URL), --livekit-api-key and --livekit-api-secret")
         s = await manager.create(prompt=body.prompt, seed=body.seed, stamp_frames=body.stamp_frames, mode=body.mode)
-        return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model))
+        livekit = None
+        if body.transport == "livekit":
+            from worldcast.transport.livekit.world import LiveKitJoinError
+
+            try:
+                livekit = await worlds.serve(s, room=body.room)
+            except LiveKitJoinError as e:
+                manager.close(s.id, CloseReason.ERROR)
+                raise HTTPException(502, str(e)) from None
+        return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model),
+                                     livekit=livekit)
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(session: Annotated[Session, Depends(session_dep)]) -> dict[str, Any]:

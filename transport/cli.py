@@ -15,6 +15,7 @@ from worldcast.engine.device_worker import EngineConfig
 from worldcast.models.causal_wan.config import PRESETS
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, MODELS, ServerConfig
+from worldcast.transport.livekit import config as livekit_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
     s.add_argument("--log-level", default="info")
+    livekit_config.add_arguments(s)
     d = sub.add_parser("direct", help="play timed directions against a server and write the film to an MP4 file",
                        description="Each script line is 'AT_S PROMPT' (seconds from the start) or JSON "
                                    '{"at_s", "prompt", "duration_s"?}; from stdin a line may omit AT_S '
@@ -107,7 +109,8 @@ def direct(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "direct":
         direct(args)
         return
@@ -117,6 +120,10 @@ def main(argv: list[str] | None = None) -> None:
 
         from worldcast.transport.app import create_app
 
+        try:
+            livekit = livekit_config.from_arguments(args)
+        except ValueError as e:
+            parser.error(str(e))
         config = ServerConfig(
             host=args.host,
             port=args.port,
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
             ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
             static_dir=args.static_dir,
             dreamverse_segment_s=args.dreamverse_segment,
+            livekit=livekit,
             engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
                                 torch_threads=args.threads, reserved_cores=args.reserved_cores),
             sessions=SessionConfig(

@@ -10,6 +10,7 @@ from pathlib import Path
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
+from worldcast.transport.livekit.config import LiveKitConfig
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class ServerConfig:
     dreamverse_session_timeout_s: float = 3600.0  #: a Dreamverse client's session ends after this, s
     engine: EngineConfig = field(default_factory=EngineConfig)
     sessions: SessionConfig = field(default_factory=SessionConfig)
+    livekit: LiveKitConfig | None = None  #: LiveKit server for `"transport": "livekit"` sessions (None: off)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

@@ -42,3 +42,27 @@ def rpc_code(exc: Exception) -> int:
         if isinstance(exc, t):
             return code
     return INTERNAL_ERROR
+
+# -- LiveKit RPC ------------------------------------------------------------------------------------
+# Our RPC errors as LiveKit RPC error codes (livekit rtc `RpcError`, python-sdks livekit-rtc/livekit/rtc/rpc.py).
+# 1500-1599 is the SDK's application-error range; of it 1501-1505 are the SDK's own transport failures
+# (timeouts, disconnects, payload size) and are never sent by us. The JSON-RPC code rides in the error's
+# `data` as {"code": int}.
+
+LIVEKIT_APPLICATION_ERROR = 1500  #: internal error (the SDK also sends it for a handler that raised)
+LIVEKIT_FORBIDDEN = 1522  #: the caller is not the session's user
+
+LIVEKIT_RPC_CODE: dict[int, int] = {
+    INTERNAL_ERROR: LIVEKIT_APPLICATION_ERROR,
+    PARSE_ERROR: 1510,
+    INVALID_REQUEST: 1511,
+    INVALID_PARAMS: 1512,
+    METHOD_NOT_FOUND: 1513,
+    SESSION_CLOSED: 1520,
+    RATE_LIMITED: 1521,
+}
+
+
+def livekit_rpc_code(code: int) -> int:
+    """The LiveKit RPC error code for one of our (JSON-RPC) error codes; unknown ones are 1500."""
+    return LIVEKIT_RPC_CODE.get(code, LIVEKIT_APPLICATION_ERROR)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 #: Largest prompt, characters.
 MAX_PROMPT_CHARS = 500
@@ -18,6 +18,8 @@ MAX_SDP_CHARS = 64_000
 MAX_MESSAGE_BYTES = 2048
 #: Largest control message, bytes (room for a MAX_PROMPT_CHARS prompt of 4-byte characters).
 MAX_CONTROL_BYTES = 4096
+#: LiveKit room names accepted: letters, digits and _ . : - (LiveKit allows more; these need no escaping).
+ROOM_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
 class _Strict(BaseModel):
@@ -52,7 +54,31 @@ class CreateSessionRequest(_Strict):
         "interactive", description="directing: driven by text directions, segment by segment, over "
         "GET /v1/sessions/{id}/stream (see docs/streaming.md)")
 
+    transport: Literal["webrtc", "livekit"] = Field(
+        "webrtc", description="webrtc: negotiate with POST /v1/sessions/{id}/webrtc; livekit: the server joins "
+        "`room` as the session's world and the reply carries the user's LiveKit token")
+    room: str | None = Field(None, pattern=ROOM_PATTERN, description="LiveKit room (transport livekit only)")
+
     _prompt = field_validator("prompt")(check_prompt)
+
+    @model_validator(mode="after")
+    def _room_with_livekit(self) -> CreateSessionRequest:
+        if self.transport == "livekit" and self.room is None:
+            raise ValueError("room is required when transport is 'livekit'")
+        if self.transport != "livekit" and self.room is not None:
+            raise ValueError("room is only for transport 'livekit'")
+        return self
+
+
+class LiveKitAccess(BaseModel):
+    """How the user joins a LiveKit session (part of the create reply)."""
+
+    url: str = Field(description="LiveKit server URL (ws:// or wss://)")
+    room: str
+    identity: str = Field(description="the user's participant identity (the token's)")
+    token: str = Field(description="access token: join this room, subscribe, publish data only")
+    token_ttl_s: float = Field(description="the token is valid for joining this long, s")
+    world_identity: str = Field(description="the world participant: its video track, RPC methods and data topics")
 
 
 class ModelInfo(BaseModel):
@@ -76,6 +102,7 @@ class CreateSessionResponse(BaseModel):
     session_id: str
     token: str = Field(description="send as 'Authorization: Bearer <token>' on this session's routes")
     model: ModelInfo
+    livekit: LiveKitAccess | None = Field(None, description="transport livekit: how the user joins")
 
 
 class SdpOffer(_Strict):

@@ -1,0 +1,341 @@
+"""LiveKitWorld: one session's world, a participant in a LiveKit room.
+
+The world joins the room with identity `worldcast-<session id>`, publishes
+one video track (the session's frames, see `source.py`) and serves the
+session's *user*, one participant named up front (or, when none is named,
+the first non-agent participant to join):
+
+- user -> world, data topic `actions`: action messages, parsed by
+  `transport/rpc.ActionHandler` exactly as on the WebRTC `actions` data
+  channel. Packets on other topics or from anyone else are dropped and
+  logged; a rejected action is answered on `events`.
+- RPC methods `flush`, `cancel`, `set_prompt`, `pause`, `resume`,
+  `get_state` on the world participant (`rpc.py`).
+- world -> user, data topic `frames` (reliable, so ordered with RPC replies: no
+  frame of an older epoch follows a flush reply): per-frame metadata as on the
+  WebRTC control channel (`frame_index`, `pts`, `action_seq`, `epoch`,
+  `lateness_ms`, `timings_ms`), sent when the frame is handed to LiveKit;
+  topic `events` (reliable): `state`, `error`, `action_rejected`.
+
+The video sink is attached when the user is in the room (generation starts
+then, as with a WebRTC answer). LiveKit announces a participant that
+publishes no media to the others in batches, every 3 s
+(livekit-server pkg/rtc/room.go, `subscriberUpdateInterval`), but at once
+when it changes its attributes; until the world knows the user, the
+user's packets carry no sender and are dropped. So users set an attribute
+on joining (worldcast's clients set `worldcast.role: user`; the user's
+token allows it). The user leaving closes the session, which
+frees its slot; the session closing (DELETE, timeout, failure, shutdown)
+makes the world leave. `LiveKitWorlds` holds every world of a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from livekit import rtc
+from livekit.rtc._proto import participant_pb2
+
+from worldcast.sessions.manager import SessionManager
+from worldcast.sessions.session import CloseReason, Session, SessionState, VideoFrame
+from worldcast.transport.errors import INTERNAL_ERROR
+from worldcast.transport.livekit.config import LiveKitConfig
+from worldcast.transport.livekit.rpc import LiveKitRpc
+from worldcast.transport.livekit.source import LiveKitVideoSink, make_publisher
+from worldcast.transport.livekit.tokens import user_identity, user_token, world_identity, world_token
+from worldcast.transport.rpc import ActionHandler
+from worldcast.transport.schemas import LiveKitAccess
+
+logger = logging.getLogger(__name__)
+
+#: Data topics (LiveKit `DataPacket.topic`).
+ACTIONS_TOPIC, FRAMES_TOPIC, EVENTS_TOPIC = "actions", "frames", "events"
+#: The attribute worldcast's clients set on joining (any attribute change makes LiveKit announce them).
+USER_ATTRIBUTE = "worldcast.role"
+#: Sends in flight past which frame metadata is dropped rather than queued.
+MAX_FRAME_SENDS = 8
+
+
+class LiveKitJoinError(Exception):
+    """The world could not join its room (the message says why)."""
+
+
+class LiveKitWorld:
+    """One session's participant in a LiveKit room.
+
+    Args:
+        session: the session it serves.
+        room_name: the LiveKit room.
+        user_identity: the session's user (None: the first non-agent participant to join).
+        config: LiveKit settings.
+        encode_prompt: for set_prompt.
+        video_scale: integer upscale of the published video.
+        on_user_left: called once when the user leaves or the room connection is lost.
+    """
+
+    def __init__(self, session: Session, *, room_name: str, user_identity: str | None, config: LiveKitConfig,
+                 encode_prompt: Callable[[str], Any], video_scale: int = 1,
+                 on_user_left: Callable[[LiveKitWorld], None] | None = None) -> None:
+        self.session = session
+        self.room_name = room_name
+        self.identity = world_identity(session.id)
+        self.user_identity = user_identity
+        self.config = config
+        self.room = rtc.Room()
+        self.actions = ActionHandler(session)
+        self.rpc = LiveKitRpc(session, encode_prompt, user_identity=lambda: self.user_identity)
+        spec = session.model.spec
+        self.width, self.height = spec.frame_width * video_scale, spec.frame_height * video_scale
+        self.fps = float(spec.fps)
+        self.publisher = make_publisher(config.source, self.width, self.height,
+                                        max_bitrate_bps=config.max_bitrate_bps, fps=self.fps)
+        self.sink = LiveKitVideoSink(self.publisher, session.current_epoch, scale=video_scale,
+                                     stamp=session.stamp_frames, on_published=self._on_published)
+        self._on_user_left = on_user_left
+        self._attached = False
+        self._closed = False
+        self._left_called = False
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._sends: set[asyncio.Task[Any]] = set()
+        self.dropped: dict[str, int] = {"topic": 0, "sender": 0}  #: data packets dropped, by reason
+        self.frame_events_dropped = 0  #: frame metadata not sent (too many sends in flight)
+        self.room.on("participant_connected", self._on_participant_connected)
+        self.room.on("participant_disconnected", self._on_participant_disconnected)
+        self.room.on("data_received", self._on_data)
+        self.room.on("disconnected", self._on_disconnected)
+
+    def __repr__(self) -> str:
+        return f"LiveKitWorld({self.session.id}, room {self.room_name!r})"
+
+    # -- joining -----------------------------------------------------------------------------------
+
+    async def join(self, url: str | None = None, token: str | None = None) -> None:
+        """Connect to the room, publish the track, register the RPCs; attach if the user is there.
+
+        Args:
+            url: LiveKit URL (default: the config's).
+            token: the world's access token (default: minted from the config's key and secret;
+                dispatch hands one over).
+
+        Raises:
+            LiveKitJoinError: no connection within `join_timeout_s`, or publishing failed.
+        """
+        token = token or world_token(self.config, room=self.room_name, identity=self.identity)
+        try:
+            await asyncio.wait_for(self.room.connect(url or self.config.ws_url, token,
+                                                     rtc.RoomOptions(auto_subscribe=False)),
+                                   self.config.join_timeout_s)
+            self.rpc.register(self.room.local_participant)
+            track = rtc.LocalVideoTrack.create_video_track("worldcast", self.publisher.source)  # type: ignore[arg-type]
+            await asyncio.wait_for(self.room.local_participant.publish_track(
+                track, self.publisher.publish_options(max_bitrate_bps=self.config.max_bitrate_bps, fps=self.fps)),
+                self.config.join_timeout_s)
+        except (TimeoutError, rtc.ConnectError, Exception) as e:  # noqa: B014 - ConnectError named for readers
+            await self.aclose()
+            raise LiveKitJoinError(f"could not join LiveKit room {self.room_name!r} at "
+                                   f"{url or self.config.ws_url}: {type(e).__name__}: {e}") from e
+        self.sink.start()
+        self._unsubscribe.append(self.session.on("state", self._on_state))
+        self._unsubscribe.append(self.session.on("error", lambda s, r: self.send_event(
+            {"event": "error", "code": "session_failed", "message": str(r)})))
+        logger.info("%r: joined as %s (%s source), user %s", self, self.identity, self.config.source.value,
+                    self.user_identity or "(first to join)")
+        for p in list(self.room.remote_participants.values()):
+            self._on_participant_connected(p)
+
+    # -- participants ------------------------------------------------------------------------------
+
+    def _is_user(self, p: rtc.RemoteParticipant) -> bool:
+        if self.user_identity is None and p.kind != participant_pb2.ParticipantKind.PARTICIPANT_KIND_AGENT:
+            self.user_identity = p.identity  # claimed by the first non-agent participant
+        return p.identity == self.user_identity
+
+    def _on_participant_connected(self, p: rtc.RemoteParticipant) -> None:
+        if self._closed or self._attached or not self._is_user(p):
+            return
+        try:
+            self.session.actions.new_client()
+            self.session.attach_sink(self.sink)
+        except Exception:  # noqa: BLE001 - the session closed meanwhile
+            logger.info("%r: user %s joined a closed session", self, p.identity)
+            return
+        self._attached = True
+        logger.info("%r: user %s joined; streaming", self, p.identity)
+
+    def _on_participant_disconnected(self, p: rtc.RemoteParticipant) -> None:
+        if p.identity == self.user_identity and self._attached:
+            logger.info("%r: user %s left", self, p.identity)
+            self._user_left()
+
+    def _on_disconnected(self, reason: Any = None) -> None:
+        if not self._closed:
+            logger.info("%r: room connection lost (%s)", self, reason)
+            self._user_left()
+
+    def _user_left(self) -> None:
+        if not self._left_called:
+            self._left_called = True
+            if self._on_user_left is not None:
+                self._on_user_left(self)
+
+    def _on_state(self, session: Session, state: object) -> None:
+        if state == SessionState.CLOSED:
+            self._spawn(self.aclose())
+        else:
+            self.send_event({"event": "state", "state": state.name.lower()})  # type: ignore[attr-defined]
+
+    # -- data ---------------------------------------------------------------------------------------
+
+    def _on_data(self, packet: rtc.DataPacket) -> None:
+        sender = packet.participant.identity if packet.participant is not None else None
+        if packet.topic != ACTIONS_TOPIC:
+            self._drop("topic", f"data packet on topic {packet.topic!r} from {sender!r} ({len(packet.data)} bytes)")
+            return
+        if not sender or sender != self.user_identity:
+            self._drop("sender", f"action packet from {sender!r}, not the session's user")
+            return
+        try:
+            err = self.actions.handle_raw(packet.data)
+        except Exception:  # noqa: BLE001 - never let a packet break the SDK's event loop
+            logger.exception("%r: action handler failed", self)
+            err = {"event": "action_rejected", "seq": None, "code": INTERNAL_ERROR, "message": "internal error"}
+        if err is not None:
+            self.send_event(err)
+
+    def _drop(self, reason: str, what: str) -> None:
+        self.dropped[reason] += 1
+        n = self.dropped[reason]
+        if n <= 10 or n % 1000 == 0:  # bounded logging under a flood
+            logger.info("%r: dropped %s (%d dropped for this reason)", self, what, n)
+
+    def send_event(self, event: dict[str, Any], *, topic: str = EVENTS_TOPIC,
+                   valid: Callable[[], bool] | None = None) -> None:
+        """Send a server event to the user on `topic`, reliably (if the user is known and we are connected).
+
+        Args:
+            valid: frame metadata: checked right before the packet goes to the SDK, which sends it in
+                order with RPC replies, so metadata of a frame made stale by a flush never follows the
+                flush reply; also dropped when MAX_FRAME_SENDS sends are in flight.
+        """
+        if self._closed or self.user_identity is None or not self.room.isconnected():
+            return
+        if valid is not None and len(self._sends) >= MAX_FRAME_SENDS:
+            self.frame_events_dropped += 1
+            return
+        self._spawn(self._send(json.dumps(event, separators=(",", ":")), topic, [self.user_identity], valid))
+
+    async def _send(self, payload: str, topic: str, to: list[str], valid: Callable[[], bool] | None) -> None:
+        if valid is not None and not valid():
+            self.frame_events_dropped += 1
+            return
+        # publish_data hands the packet to the native library before its first await
+        await self.room.local_participant.publish_data(payload, reliable=True, destination_identities=to, topic=topic)
+
+    def _on_published(self, frame: VideoFrame) -> None:
+        self.send_event({
+            "event": "frame",
+            "frame_index": frame.frame_index,
+            "pts": frame.pts,
+            "action_seq": frame.action_seq,
+            "epoch": frame.epoch,
+            "lateness_ms": round((self.session.clock() - frame.present_at_s) * 1e3, 2),
+            "timings_ms": {k: round(v, 2) for k, v in frame.timings_ms.items()},
+        }, topic=FRAMES_TOPIC, valid=lambda: frame.epoch >= self.session.current_epoch())
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro, name=f"livekit-world-{self.session.id}")
+        self._sends.add(t)
+        t.add_done_callback(self._sent)
+
+    def _sent(self, t: asyncio.Task[Any]) -> None:
+        self._sends.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            logger.debug("%r: send failed: %r", self, t.exception())
+
+    # -- teardown -----------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Leave the room and detach from the session (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for u in self._unsubscribe:
+            u()
+        self.session.detach_sink(self.sink)
+        await self.sink.aclose()
+        current = asyncio.current_task()
+        for t in list(self._sends):
+            if t is not current:
+                t.cancel()
+        try:
+            await asyncio.wait_for(self.room.disconnect(), 10.0)
+        except Exception as e:  # noqa: BLE001 - leaving is best effort
+            logger.info("%r: disconnect failed: %r", self, e)
+        logger.info("%r: left", self)
+
+
+class LiveKitWorlds:
+    """Every LiveKit world of one server, by session id.
+
+    A world whose user leaves closes its session (`CloseReason.CLIENT`), which frees the slot.
+    """
+
+    def __init__(self, config: LiveKitConfig, manager: SessionManager, *, video_scale: int = 1) -> None:
+        self.config = config
+        self.manager = manager
+        self.video_scale = video_scale
+        self.worlds: dict[str, LiveKitWorld] = {}
+        #: called with (world, session) whenever a world's session ends (used by the agent worker)
+        self.on_ended: Callable[[LiveKitWorld], None] | None = None
+
+    async def open(self, session: Session, *, room: str, user_identity: str | None,
+                   url: str | None = None, token: str | None = None) -> LiveKitWorld:
+        """Join `room` as the session's world.
+
+        Raises:
+            LiveKitJoinError: joining failed (the session is left open; the caller closes it).
+        """
+        world = LiveKitWorld(session, room_name=room, user_identity=user_identity, config=self.config,
+                             encode_prompt=self.manager.model.encode_prompt, video_scale=self.video_scale,
+                             on_user_left=self._user_left)
+        self.worlds[session.id] = world
+        session.on("state", lambda s, st: self._forget(s) if st == SessionState.CLOSED else None)
+        try:
+            await world.join(url, token)
+        except LiveKitJoinError:
+            self.worlds.pop(session.id, None)
+            raise
+        return world
+
+    async def serve(self, session: Session, *, room: str) -> LiveKitAccess:
+        """Join `room` as the world of a session created over HTTP; the user gets a token of their own.
+
+        Returns:
+            how the user joins: URL, room, identity `user-<session id>` and its token.
+
+        Raises:
+            LiveKitJoinError: joining failed (the session is left open; the caller closes it).
+        """
+        identity = user_identity(session.id)
+        world = await self.open(session, room=room, user_identity=identity)
+        return LiveKitAccess(url=self.config.ws_url, room=room, identity=identity,
+                             token=user_token(self.config, room=room, identity=identity),
+                             token_ttl_s=self.config.user_token_ttl_s, world_identity=world.identity)
+
+    def _user_left(self, world: LiveKitWorld) -> None:
+        self.manager.close(world.session.id, CloseReason.CLIENT)
+
+    def _forget(self, session: Session) -> None:
+        world = self.worlds.pop(session.id, None)
+        if world is not None and self.on_ended is not None:
+            self.on_ended(world)
+
+    async def aclose(self) -> None:
+        """Every world leaves its room."""
+        for w in list(self.worlds.values()):
+            await w.aclose()
+        self.worlds.clear()
