@@ -10,8 +10,10 @@ export default defineConfig(({ mode }) => {
     build: {
       outDir: "dist",
       emptyOutDir: true,
-      // two pages: the interactive demo (WebRTC) and the directing page (fMP4 over WebSocket)
+      // two pages: the interactive demo (WebRTC or LiveKit) and the directing page (fMP4 over WebSocket)
       rolldownOptions: { input: { main: "index.html", direct: "direct.html" } },
+      // livekit-client (~540 kB) is its own chunk, loaded only in LiveKit mode
+      chunkSizeWarningLimit: 1024,
     },
     server: { proxy: { "/v1": { target: server, ws: true }, "/healthz": server } },
   };

@@ -2,6 +2,7 @@
 
 import { WorldcastClient } from "./client";
 import { InputState } from "./input";
+import type { SessionClient } from "./livekit";
 import type { ServerEvent } from "./protocol";
 import { StatsTracker, type Stats } from "./stats";
 
@@ -26,11 +27,13 @@ const connectBtn = $<HTMLButtonElement>("connect");
 const promptInput = $<HTMLInputElement>("prompt");
 const promptBtn = $<HTMLButtonElement>("set-prompt");
 const status = $<HTMLElement>("status");
+const transportSel = $<HTMLSelectElement>("transport");
+const roomInput = $<HTMLInputElement>("room");
 const rpcButtons = (["flush", "cancel", "pause", "resume"] as const).map((m) => [m, $<HTMLButtonElement>(m)] as const);
 
 const stats = new StatsTracker();
 window.__worldcast = stats.s;
-let client: WorldcastClient | null = null;
+let client: SessionClient | null = null;
 let lastInputMs = -Infinity;
 const input = new InputState(video, () => client !== null);
 
@@ -41,6 +44,7 @@ function say(text: string): void {
 function setConnected(on: boolean): void {
   stats.s.connected = on;
   connectBtn.textContent = on ? "Disconnect" : "Connect";
+  transportSel.disabled = roomInput.disabled = on;
   connectBtn.disabled = false;
   promptBtn.disabled = !on;
   for (const [, b] of rpcButtons) b.disabled = !on;
@@ -105,7 +109,13 @@ async function connect(): Promise<void> {
   stats.reset();
   stats.s.state = "connecting";
   say("connecting…");
-  const c = new WorldcastClient();
+  let c: SessionClient;
+  if (transportSel.value === "livekit") {
+    const { LiveKitWorldClient } = await import("./livekit"); // livekit-client loads only for this mode
+    c = new LiveKitWorldClient(roomInput.value.trim() || `worldcast-${Math.random().toString(36).slice(2, 10)}`);
+  } else {
+    c = new WorldcastClient();
+  }
   c.onEvent = onEvent;
   c.onTrack = (stream) => {
     video.srcObject = stream;
@@ -172,6 +182,13 @@ async function setPrompt(): Promise<void> {
 }
 
 connectBtn.onclick = () => void (client ? disconnect() : connect());
+// ?transport=livekit&room=NAME preselects the LiveKit mode
+const query = new URLSearchParams(location.search);
+if (query.get("transport") === "livekit") transportSel.value = "livekit";
+roomInput.value = query.get("room") ?? "";
+const showRoom = () => (roomInput.hidden = transportSel.value !== "livekit");
+transportSel.onchange = showRoom;
+showRoom();
 promptBtn.onclick = () => void setPrompt();
 promptInput.addEventListener("keydown", (e) => {
   if (e.key === "Enter") void (client ? setPrompt() : connect());

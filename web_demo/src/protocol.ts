@@ -17,6 +17,18 @@ export interface ModelInfo {
 export interface CreateSessionRequest {
   prompt?: string; // 1..500 characters
   seed?: number; // 0..2^31-1
+  transport?: "webrtc" | "livekit"; // livekit: the server joins `room` as the session's world
+  room?: string; // LiveKit room (transport livekit only)
+}
+
+/** How the user joins a LiveKit session (schemas.LiveKitAccess). */
+export interface LiveKitAccess {
+  url: string; // LiveKit server, ws:// or wss://
+  room: string;
+  identity: string; // the user's participant identity
+  token: string; // access token: join this room, subscribe, publish data only
+  token_ttl_s: number;
+  world_identity: string; // the world participant: its track, RPC methods and data topics
 }
 
 /** 201 reply of POST /v1/sessions. */
@@ -24,6 +36,7 @@ export interface CreateSessionResponse {
   session_id: string;
   token: string; // send as "Authorization: Bearer <token>" on this session's routes
   model: ModelInfo;
+  livekit?: LiveKitAccess | null; // transport "livekit" only
 }
 
 /** Body of POST /v1/sessions/{id}/webrtc, and its reply. */
