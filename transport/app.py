@@ -12,6 +12,7 @@ Routes:
     WS     /v1/sessions/{id}/stream     fMP4 video + events out; actions, RPCs, directions in (ws_stream.py)
     WS     /ws                          the Dreamverse-compatible directing protocol (dreamverse.py)
     GET    /v1/model                    the model's declared geometry
+    GET    /v1/agent                    agent worker status (worldcast worker only)
     GET    /healthz, /readyz            liveness; readiness (device worker alive, not stalled)
     GET    /metrics                     Prometheus text format
     GET    /                            the browser demo (web_demo/dist)
@@ -144,12 +145,20 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             from worldcast.transport.livekit.world import LiveKitWorlds
 
             app.state.livekit = LiveKitWorlds(config.livekit, manager, video_scale=config.video_scale)
+        app.state.agent_worker = None
+        if config.agent is not None:
+            from worldcast.transport.livekit.worker import AgentWorker
+
+            app.state.agent_worker = AgentWorker(config.agent, config.livekit, manager, app.state.livekit)
+            app.state.agent_worker.start()
         logger.info("worldcast: serving %s", m.spec.name)
         try:
             yield
         finally:
             for peer in list(app.state.peers.values()):
                 await peer.aclose()
+            if app.state.agent_worker is not None:
+                await app.state.agent_worker.aclose()
             if app.state.livekit is not None:
                 await app.state.livekit.aclose()
             await manager.aclose()
@@ -222,6 +231,13 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     @app.get("/v1/model", response_model=ModelInfo)
     async def get_model(request: Request) -> ModelInfo:
         return model_info(request.app.state.model)
+
+    @app.get("/v1/agent")
+    async def agent_status(request: Request) -> dict[str, Any]:
+        worker = request.app.state.agent_worker
+        if worker is None:
+            raise HTTPException(404, "this server is not a LiveKit agent worker (worldcast worker)")
+        return worker.info()
 
     @app.post("/v1/sessions", status_code=201, response_model=CreateSessionResponse)
     async def create_session(

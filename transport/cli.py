@@ -2,6 +2,7 @@
 
     worldcast serve --host 127.0.0.1 --port 8000
     worldcast direct --url http://127.0.0.1:8000 --script directions.txt --out film.mp4
+    worldcast worker --url ws://127.0.0.1:7880 --agent-name worldcast   # + serve's options
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
     s.add_argument("--log-level", default="info")
     livekit_config.add_arguments(s)
+    w = sub.add_parser("worker", parents=[s], conflict_handler="resolve",
+                       help="serve (as `serve` does) and register with LiveKit as an agent worker for explicit "
+                            "dispatch: LiveKit places rooms on workers by the load each reports")
+    w.add_argument("--url", default=None, help="LiveKit server (default: --livekit-url, LIVEKIT_URL)")
+    w.add_argument("--agent-name", default="worldcast", help="the agent name dispatches ask for")
     d = sub.add_parser("direct", help="play timed directions against a server and write the film to an MP4 file",
                        description="Each script line is 'AT_S PROMPT' (seconds from the start) or JSON "
                                    '{"at_s", "prompt", "duration_s"?}; from stdin a line may omit AT_S '
@@ -115,13 +121,20 @@ def main(argv: list[str] | None = None) -> None:
         direct(args)
         return
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "serve":
+    if args.command in ("serve", "worker"):
         import uvicorn
 
         from worldcast.transport.app import create_app
 
+        agent = None
         try:
+            if args.command == "worker":
+                args.livekit_url = args.url or args.livekit_url
+                agent = livekit_config.AgentWorkerConfig(agent_name=args.agent_name)
             livekit = livekit_config.from_arguments(args)
+            if agent is not None and livekit is None:
+                raise ValueError("worker: give --url (or LIVEKIT_URL), with --livekit-api-key and "
+                                 "--livekit-api-secret (or LIVEKIT_API_KEY and LIVEKIT_API_SECRET)")
         except ValueError as e:
             parser.error(str(e))
         config = ServerConfig(
@@ -137,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             static_dir=args.static_dir,
             dreamverse_segment_s=args.dreamverse_segment,
             livekit=livekit,
+            agent=agent,
             engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
                                 torch_threads=args.threads, reserved_cores=args.reserved_cores),
             sessions=SessionConfig(

@@ -10,7 +10,7 @@ from pathlib import Path
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
-from worldcast.transport.livekit.config import LiveKitConfig
+from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,11 @@ class ServerConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     sessions: SessionConfig = field(default_factory=SessionConfig)
     livekit: LiveKitConfig | None = None  #: LiveKit server for `"transport": "livekit"` sessions (None: off)
+    agent: AgentWorkerConfig | None = None  #: register with `livekit` as an agent worker (None: don't)
 
     def __post_init__(self) -> None:
+        if self.agent is not None and self.livekit is None:
+            raise ValueError("an agent worker needs a LiveKit server (livekit)")
         if not 0 < self.port < 65536:
             raise ValueError(f"port {self.port} out of range")
         if self.video_scale is not None and not 1 <= self.video_scale <= 8:

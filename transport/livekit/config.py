@@ -104,3 +104,23 @@ def from_arguments(args: argparse.Namespace, *, env: Mapping[str, str] | None = 
     """
     return LiveKitConfig.from_options(args.livekit_url, args.livekit_api_key, args.livekit_api_secret, env=env,
                                       source=SourceKind(args.livekit_source), user_token_ttl_s=args.livekit_token_ttl)
+
+
+@dataclass(frozen=True)
+class AgentWorkerConfig:
+    """Settings of `worldcast worker` (see `worker.py`)."""
+
+    agent_name: str = "worldcast"  #: the name dispatches ask for (CreateAgentDispatchRequest.agent_name)
+    status_interval_s: float = 2.0  #: status and load are reported at least this often, s
+    assignment_timeout_s: float = 15.0  #: an accepted job's session is released if no assignment follows, s
+    decline_watch_s: float = 3.0  #: after declining, how long to watch for another worker taking the dispatch, s
+    decline_poll_s: float = 0.25  #: how often to look meanwhile, s
+    reconnect_min_s: float = 0.5  #: first reconnect delay, s (doubling up to reconnect_max_s)
+    reconnect_max_s: float = 10.0  #: longest reconnect delay, s
+
+    def __post_init__(self) -> None:
+        if not self.agent_name or len(self.agent_name) > 128:
+            raise ValueError("agent_name must be 1-128 characters")
+        if min(self.status_interval_s, self.assignment_timeout_s, self.decline_watch_s, self.decline_poll_s,
+               self.reconnect_min_s) <= 0 or self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("worker intervals must be > 0 (and reconnect_max_s >= reconnect_min_s)")
