@@ -9,7 +9,9 @@
 Without --url each run starts its own server (`worldcast serve` in a child
 process on a free loopback port, ICE pinned to 127.0.0.1) from a profile
 (see `latency_bench/server.py`: shared, baseline, duty-cycle, always-on, or
-name:key=value,...). Transport: WebRTC (aiortc client). Every run writes
+name:key=value,...). Transport: WebRTC (aiortc client); `mtp --transport
+livekit` measures through a LiveKit SFU beside direct WebRTC in one run
+(`livekit_mtp.py`). Every run writes
 report.json and PNG plots to --out (default bench_results/<time>/).
 """
 
@@ -36,8 +38,8 @@ from worldcast.latency_bench.trace import Trace, load_trace
 #: Traces shipped with the tool, by name.
 TRACES_DIR = Path(__file__).resolve().parent / "traces"
 TRANSPORT = "webrtc"
-#: Transports the benchmark can drive; LiveKit and fMP4-over-WebSocket join when the server has them.
-TRANSPORTS = [TRANSPORT, "fmp4"]
+#: Transports the benchmark can drive (fmp4 and livekit: mtp only, each beside WebRTC on one server).
+TRANSPORTS = [TRANSPORT, "fmp4", "livekit"]
 
 
 def resolve_trace(name_or_path: str) -> Trace:
@@ -115,7 +117,8 @@ def finish(out: Path, data: dict[str, Any]) -> None:
             report.plot_timeline(r, out / f"timeline_{r['profile']}.png")
     if "ratios" in data:
         report.table(f"compare: A = {data['a']}, B = {data['b']}", {"A / B / A over B": data["ratios"]})
-    report.plot_mtp_cdf({f"{r['kind']} {r['profile']}": r["samples_ms"] for r in data["runs"]}, out / "mtp_cdf.png")
+    report.plot_mtp_cdf({f"{r['kind']} {r['profile']}" + (f" {r['transport']}" if r.get("transport") else ""):
+                         r["samples_ms"] for r in data["runs"]}, out / "mtp_cdf.png")
     report.write_json(out / "report.json", data)
     print(f"report: {out / 'report.json'} (plots beside it)")
 
@@ -136,13 +139,16 @@ def main(argv: list[str] | None = None) -> None:
     def common(p: argparse.ArgumentParser, *, mtp: bool, slo: bool) -> None:
         p.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
         p.add_argument("--transport", choices=TRANSPORTS, default="webrtc",
-                       help="how sessions connect: webrtc (aiortc), or fmp4 (mtp only: the WebSocket stream "
-                            "and direction-to-first-frame, each beside WebRTC on the same server)")
+                       help="how sessions connect: webrtc (aiortc); fmp4 (mtp only: the WebSocket stream "
+                            "and direction-to-first-frame); livekit (mtp only: through a LiveKit SFU); each "
+                            "beside WebRTC on the same server")
         p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results/<time>)")
         if mtp:
             p.add_argument("--action-hz", type=float, default=4.0, help="mtp: actions per second per session")
             p.add_argument("--sessions", type=int, default=1, help="mtp: concurrent always-active sessions")
             p.add_argument("--seconds", type=float, default=15.0, help="mtp: measured seconds")
+            p.add_argument("--livekit-source", choices=["raw", "encoded"], default="raw",
+                           help="mtp --transport livekit: the server's LiveKit video source")
         if slo:
             p.add_argument("--slo-mtp-ms", type=float, default=load_mod.SLO.mtp_p95_ms, help="SLO: MTP p95 bound, ms")
             p.add_argument("--slo-fps-share", type=float, default=load_mod.SLO.min_fps_share,
@@ -181,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("need --slo-mtp-ms > 0 and 0 <= --slo-fps-share <= 1")
         if getattr(args, "transport", TRANSPORT) == "fmp4" and args.command != "mtp":
             raise ValueError("--transport fmp4 applies to mtp (it runs WebRTC beside it)")
+        if getattr(args, "transport", TRANSPORT) == "livekit" and args.command != "mtp":
+            raise ValueError("--transport livekit applies to mtp (it runs WebRTC beside it)")
         if args.url and args.command in ("default", "compare"):
             raise ValueError(f"{args.command} starts its own servers: drop --url")
         names = {"mtp": [getattr(args, "profile", "")], "load": [getattr(args, "profile", "")],
@@ -213,6 +221,10 @@ def run(args: argparse.Namespace, profiles: list[ServerProfile], trace: Trace | 
         with server_for(args.url, profiles[0]) as u:
             data["runs"] += fmp4_mod.side_by_side(u, profile=profiles[0].name, sessions=args.sessions,
                                                   seconds=args.seconds, action_hz=args.action_hz)
+    elif args.command == "mtp" and args.transport == "livekit":  # through the SFU beside WebRTC, one server
+        from worldcast.latency_bench import livekit_mtp
+
+        data["runs"] += [{"kind": "mtp"} | r for r in livekit_mtp.run(args.url, profiles[0], args)]
     elif args.command == "mtp":
         data["runs"].append({"kind": "mtp"} | run_mtp(args.url, profiles[0], args))
     elif args.command == "load":

@@ -24,8 +24,8 @@ from worldcast.latency_bench.probe import SessionMetrics, SessionProbe, model_fp
 
 
 async def run_session(url: str, *, seconds: float, action_hz: float, seed: int, period_s: float,
-                      start_buffer_ms: float) -> SessionMetrics:
-    p = await SessionProbe.open(url, seed=seed, stamped=True)
+                      start_buffer_ms: float, transport: str = "webrtc") -> SessionMetrics:
+    p = await SessionProbe.open(url, seed=seed, stamped=True, transport=transport)
     try:
         await p.first_frame(30.0)  # measure from the first frame on
         t0 = time.monotonic()
@@ -37,13 +37,14 @@ async def run_session(url: str, *, seconds: float, action_hz: float, seed: int, 
 
 
 async def run(url: str, *, sessions: int, seconds: float, action_hz: float,
-              start_buffer_ms: float = 100.0) -> list[SessionMetrics]:
-    """Run N sessions concurrently against `url`; one `SessionMetrics` each."""
+              start_buffer_ms: float = 100.0, transport: str = "webrtc") -> list[SessionMetrics]:
+    """Run N sessions concurrently against `url` over `transport` (webrtc, livekit); one `SessionMetrics` each."""
     fps = await model_fps(url)
     limit = seconds + 90.0  # connect, first frame (30 s), the run, closing: a stuck session fails, never hangs
     return list(await asyncio.gather(*(
         asyncio.wait_for(run_session(url, seconds=seconds, action_hz=action_hz, seed=i, period_s=1.0 / fps,
-                                     start_buffer_ms=start_buffer_ms), limit) for i in range(sessions))))
+                                     start_buffer_ms=start_buffer_ms, transport=transport), limit)
+        for i in range(sessions))))
 
 
 def report(results: list[SessionMetrics]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +104,7 @@ class SessionMetrics:
 class SessionProbe:
     """A WebRTC session driven by the benchmark. Create with `open`."""
 
-    def __init__(self, client: WebRTCClient, *, stamped: bool) -> None:
+    def __init__(self, client: Any, *, stamped: bool) -> None:
         self.client = client
         self.stamped = stamped
         self.frames: list[FrameRecord] = []
@@ -113,13 +114,24 @@ class SessionProbe:
         self._keys = [["w"], ["d"], ["s"], ["a"]]
 
     @classmethod
-    async def open(cls, url: str, *, seed: int, stamped: bool = True) -> SessionProbe:
+    async def open(cls, url: str, *, seed: int, stamped: bool = True, transport: str = "webrtc") -> SessionProbe:
         """Create a session, connect, and start reading frames.
+
+        Args:
+            transport: "webrtc" (aiortc client) or "livekit" (the Python LiveKit SDK as the session's
+                user in a room of its own, frames through the SFU; `transport/livekit/client.py`).
 
         Raises:
             httpx.HTTPStatusError: creation refused (503 with Retry-After when over capacity).
         """
-        client = await WebRTCClient.connect(url, seed=seed, stamp_frames=stamped)
+        client: Any
+        if transport == "livekit":
+            from worldcast.transport.livekit.client import LiveKitUser
+
+            client = await LiveKitUser.create(url, room=f"bench-{seed}-{secrets.token_hex(4)}", seed=seed,
+                                              stamp_frames=stamped)
+        else:
+            client = await WebRTCClient.connect(url, seed=seed, stamp_frames=stamped)
         p = cls(client, stamped=stamped)
         p._reader = asyncio.create_task(p._read(), name=f"probe-{client.session_id}")
         return p
@@ -128,7 +140,7 @@ class SessionProbe:
         while not self._closing:
             try:
                 f = await self.client.next_frame(timeout_s=3600)
-            except MediaStreamError:  # the track ended: the peer closed
+            except (MediaStreamError, ConnectionError):  # the track ended: the peer closed
                 return
             now = time.monotonic()
             s = None

@@ -143,8 +143,8 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def spawn(profile: ServerProfile, *, log_dir: str | None = None) -> Iterator[str]:
-    """Run a server for `profile` in a child process; yields its base URL.
+def spawn(profile: ServerProfile, *, log_dir: str | None = None, extra_flags: list[str] | None = None) -> Iterator[str]:
+    """Run a server for `profile` in a child process (with `extra_flags` too); yields its base URL.
 
     Raises:
         RuntimeError: the server exited or was not ready within READY_TIMEOUT_S (its log is quoted).
@@ -153,7 +153,7 @@ def spawn(profile: ServerProfile, *, log_dir: str | None = None) -> Iterator[str
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the child's lifetime
         "w+", prefix=f"worldcast-bench-{profile.name}-", suffix=".log", dir=log_dir, delete=False)
     cmd = [sys.executable, "-m", "worldcast.transport.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--ice-host", "127.0.0.1", "--log-level", "warning", *profile.flags()]
+           "--ice-host", "127.0.0.1", "--log-level", "warning", *profile.flags(), *(extra_flags or [])]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     try:

@@ -43,7 +43,7 @@ class ReceivedFrame:
 
     Attributes:
         image: uint8 (H, W, 3) RGB.
-        pts: capture timestamp on the 90 kHz clock (from the SDK's `timestamp_us`).
+        pts: the frame's PTS, 90 kHz (from the world's frame metadata; else the SDK's `timestamp_us`).
         timestamp_us: the SDK's capture timestamp, µs.
         arrival_s: client monotonic time it came out of the stream, s.
     """
@@ -251,7 +251,10 @@ class LiveKitUser:
         if f.type != rtc.VideoBufferType.RGB24:
             f = f.convert(rtc.VideoBufferType.RGB24)
         image = np.frombuffer(f.data, dtype=np.uint8).reshape(f.height, f.width, 3).copy()
-        return ReceivedFrame(image, ev.timestamp_us * VIDEO_CLOCK_RATE // 1_000_000, ev.timestamp_us, now)
+        # the world sends the PTS as frame metadata; the render timestamp is 0 without playout delay
+        md = ev.metadata
+        pts_us = md.user_timestamp if md is not None and md.HasField("user_timestamp") else ev.timestamp_us
+        return ReceivedFrame(image, pts_us * VIDEO_CLOCK_RATE // 1_000_000, ev.timestamp_us, now)
 
     # -- teardown ---------------------------------------------------------------------------------------
 

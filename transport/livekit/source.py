@@ -48,6 +48,17 @@ logger = logging.getLogger(__name__)
 H264_GOP_FRAMES = 40
 
 
+#: Per-frame metadata carried to subscribers in LiveKit's packet trailer: the frame index and the PTS in
+#: µs (subscribers' render timestamps are 0 when the room asks for no playout delay).
+METADATA_FEATURES = [rtc.FrameMetadataFeature.FMF_FRAME_ID, rtc.FrameMetadataFeature.FMF_USER_TIMESTAMP]
+
+
+def frame_metadata(frame: VideoFrame) -> rtc.FrameMetadata:
+    """The frame's index (mod 2**32) and PTS in µs as LiveKit frame metadata."""
+    return rtc.FrameMetadata(frame_id=frame.frame_index & 0xFFFFFFFF,
+                             user_timestamp=frame.pts * 1_000_000 // VIDEO_CLOCK_RATE)
+
+
 def picture(frame: VideoFrame, *, scale: int, stamp: bool) -> np.ndarray:
     """The picture a sink publishes: the frame upscaled `scale` times (nearest neighbour), stamped if asked.
 
@@ -85,7 +96,7 @@ class RawPublisher:
         return rtc.TrackPublishOptions(
             source=rtc.TrackSource.SOURCE_CAMERA, simulcast=False, video_codec=rtc.VideoCodec.VP8,
             video_encoding=rtc.VideoEncoding(max_bitrate=max_bitrate_bps, max_framerate=fps),
-            frame_metadata_features=[rtc.FrameMetadataFeature.FMF_FRAME_ID])
+            frame_metadata_features=METADATA_FEATURES)
 
     async def publish(self, image: np.ndarray, timestamp_us: int, frame: VideoFrame,
                       current: Callable[[], bool]) -> bool:
@@ -94,7 +105,7 @@ class RawPublisher:
         h, w = image.shape[:2]
         self.source.capture_frame(rtc.VideoFrame(w, h, rtc.VideoBufferType.RGB24, image.tobytes()),
                                   timestamp_us=timestamp_us,
-                                  metadata=rtc.FrameMetadata(frame_id=frame.frame_index & 0xFFFFFFFF))
+                                  metadata=frame_metadata(frame))
         return True
 
     async def aclose(self) -> None:
@@ -125,7 +136,8 @@ class EncodedPublisher:
         return rtc.TrackPublishOptions(
             source=rtc.TrackSource.SOURCE_CAMERA, simulcast=False, video_codec=rtc.VideoCodec.H264,
             video_encoder=rtc.VideoEncoderBackend.ENCODER_BACKEND_PRE_ENCODED,
-            video_encoding=rtc.VideoEncoding(max_bitrate=max_bitrate_bps, max_framerate=fps))
+            video_encoding=rtc.VideoEncoding(max_bitrate=max_bitrate_bps, max_framerate=fps),
+            frame_metadata_features=METADATA_FEATURES)
 
     def _encode(self, image: np.ndarray, pts: int, keyframe: bool) -> list[tuple[bytes, bool]]:
         vf = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
@@ -148,7 +160,7 @@ class EncodedPublisher:
             self.source.capture_frame(rtc.EncodedVideoFrame(
                 data=data, width=self.width, height=self.height, codec=rtc.VideoCodec.H264,
                 frame_type=rtc.EncodedFrameType.ENCODED_FRAME_KEY if key else rtc.EncodedFrameType.ENCODED_FRAME_DELTA,
-                timestamp_us=timestamp_us))
+                timestamp_us=timestamp_us, metadata=frame_metadata(frame)))
         return True
 
     async def aclose(self) -> None:
