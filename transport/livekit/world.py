@@ -134,7 +134,7 @@ class LiveKitWorld:
             await asyncio.wait_for(self.room.local_participant.publish_track(
                 track, self.publisher.publish_options(max_bitrate_bps=self.config.max_bitrate_bps, fps=self.fps)),
                 self.config.join_timeout_s)
-        except (TimeoutError, rtc.ConnectError, Exception) as e:  # noqa: B014 - ConnectError named for readers
+        except Exception as e:  # noqa: BLE001 - rtc.ConnectError, a timeout, a refused publication: all one error
             await self.aclose()
             raise LiveKitJoinError(f"could not join LiveKit room {self.room_name!r} at "
                                    f"{url or self.config.ws_url}: {type(e).__name__}: {e}") from e
