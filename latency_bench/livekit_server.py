@@ -78,6 +78,11 @@ class LiveKitServer:
     log_path: str
     process: subprocess.Popen  # type: ignore[type-arg]
 
+    def log_head(self, chars: int = 20_000) -> str:
+        """The start of its log (start-up lines)."""
+        with open(self.log_path, errors="replace") as f:
+            return f.read(chars)
+
     def log_tail(self, chars: int = 3000) -> str:
         with open(self.log_path, errors="replace") as f:
             return f.read()[-chars:]
