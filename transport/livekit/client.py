@@ -234,7 +234,7 @@ class LiveKitUser:
     # -- frames -----------------------------------------------------------------------------------------
 
     async def next_frame(self, timeout_s: float = 10.0) -> ReceivedFrame:
-        """The next decoded frame of the world's track.
+        """The next decoded frame of the world's track (blank frames before the world's first are skipped).
 
         Raises:
             TimeoutError: none within `timeout_s`.
@@ -242,10 +242,15 @@ class LiveKitUser:
         """
         await asyncio.wait_for(self._track_ready.wait(), timeout_s)
         assert self._stream is not None
-        try:
-            ev = await asyncio.wait_for(self._stream.__anext__(), timeout_s)
-        except StopAsyncIteration:
-            raise ConnectionError("the world's video stream ended") from None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ev = await asyncio.wait_for(self._stream.__anext__(), max(0.001, deadline - time.monotonic()))
+            except StopAsyncIteration:
+                raise ConnectionError("the world's video stream ended") from None
+            # the SDK sends blank frames until the world's first one: those carry no metadata
+            if ev.metadata is not None or self.frame_events:
+                break
         now = time.monotonic()
         f = ev.frame
         if f.type != rtc.VideoBufferType.RGB24:
