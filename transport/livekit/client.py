@@ -248,8 +248,8 @@ class LiveKitUser:
                 ev = await asyncio.wait_for(self._stream.__anext__(), max(0.001, deadline - time.monotonic()))
             except StopAsyncIteration:
                 raise ConnectionError("the world's video stream ended") from None
-            # the SDK sends blank frames until the world's first one: those carry no metadata
-            if ev.metadata is not None or self.frame_events:
+            # the SDK sends blank frames until the world's first one: those carry no PTS in their metadata
+            if (ev.metadata is not None and ev.metadata.HasField("user_timestamp")) or self.frame_events:
                 break
         now = time.monotonic()
         f = ev.frame
