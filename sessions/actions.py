@@ -9,11 +9,23 @@ or be lost (the `actions` data channel may be unordered and unreliable):
 - mouse movement is a delta, so every message's dx, dy is added up until the
   next chunk samples it (a lost message loses only its own movement).
 
+Seq numbering is per client connection (`new_client` starts it afresh) and
+no single message can freeze the keys: with N the newest seq applied,
+- seq > N is the newest: keys applied (any jump ahead is allowed);
+- N - SEQ_REORDER_WINDOW <= seq <= N is stale (a late, reordered message):
+  keys ignored, mouse kept, and the caller is told so (`SeqOutcome.STALE`);
+- seq < N - SEQ_REORDER_WINDOW restarts the numbering (a client that reset its
+  counter, or a single wild seq before it): keys applied, it becomes N.
+So a wild seq far ahead is overtaken by the client's next message, and one
+just ahead (within the window) holds the keys for at most SEQ_REORDER_WINDOW
+messages.
+
 Thread-safe: pushed from the event loop, sampled from the device thread.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 from dataclasses import dataclass, field
 
@@ -21,6 +33,20 @@ from worldcast.sessions.errors import InvalidAction
 
 #: Largest |dx| or |dy| one message may carry, mouse counts.
 MAX_MOUSE_DELTA = 10_000.0
+#: How far behind the newest seq a message is still taken as reordered (stale) rather than a restart, messages.
+SEQ_REORDER_WINDOW = 16
+
+
+class SeqOutcome(enum.Enum):
+    """What one pushed message did to the held keys (see the module docstring)."""
+
+    NEWEST = "newest"  #: the newest message: its keys are held now
+    STALE = "stale"  #: older than the newest: keys ignored, mouse movement kept
+    RESTART = "restart"  #: far behind the newest: taken as a restarted numbering, keys held now
+
+    @property
+    def applied(self) -> bool:
+        return self is not SeqOutcome.STALE
 
 
 @dataclass
@@ -53,7 +79,7 @@ class ActionBuffer:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _last_push_s: float | None = None
 
-    def push(self, seq: int, keys: list[str], mouse: tuple[float, float], *, now_s: float) -> bool:
+    def push(self, seq: int, keys: list[str], mouse: tuple[float, float], *, now_s: float) -> SeqOutcome:
         """Apply one validated action message.
 
         Args:
@@ -63,7 +89,7 @@ class ActionBuffer:
             now_s: arrival time, s (monotonic).
 
         Returns:
-            True if the message updated the held keys (it was the newest seen).
+            What it did to the held keys (mouse movement is always added).
 
         Raises:
             InvalidAction: unknown key or out-of-range values (nothing is applied).
@@ -81,10 +107,14 @@ class ActionBuffer:
             self._mouse[1] += dy
             self._last_push_s = now_s
             if seq > self._seq:
-                self._seq = seq
-                self._held = frozenset(keys)
-                return True
-            return False
+                outcome = SeqOutcome.NEWEST
+            elif seq < self._seq - SEQ_REORDER_WINDOW:
+                outcome = SeqOutcome.RESTART
+            else:
+                return SeqOutcome.STALE
+            self._seq = seq
+            self._held = frozenset(keys)
+            return outcome
 
     def sample(self, frames: int) -> ActionSample:
         """Take the state for the next chunk of `frames` frames; mouse movement is consumed."""

@@ -32,7 +32,7 @@ import numpy as np
 from worldcast.engine.rollout import ChunkInputs
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
-from worldcast.sessions.actions import ActionBuffer
+from worldcast.sessions.actions import ActionBuffer, SeqOutcome
 from worldcast.sessions.clock import VIDEO_TIME_BASE, MediaClock
 from worldcast.sessions.duty_cycle import DutyCycleMeter
 from worldcast.sessions.errors import SessionClosedError
@@ -253,16 +253,20 @@ class Session:
         self.last_activity_s = self.clock()
         self._set_state(SessionState.ACTIVE)
 
-    def push_action(self, seq: int, keys: list[str], mouse: tuple[float, float]) -> None:
+    def push_action(self, seq: int, keys: list[str], mouse: tuple[float, float]) -> SeqOutcome:
         """Apply one validated action message (see `ActionBuffer.push`).
+
+        Returns:
+            whether its keys were applied or it was stale (mouse movement only).
 
         Raises:
             InvalidAction: the message breaks the schema; nothing changes.
             SessionClosedError: the session is closed.
         """
         self._check_open()
-        self.actions.push(seq, keys, mouse, now_s=self.clock())
+        outcome = self.actions.push(seq, keys, mouse, now_s=self.clock())
         self.activate()
+        return outcome
 
     @property
     def prompt(self) -> str:

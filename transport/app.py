@@ -7,8 +7,8 @@ Routes:
     POST   /v1/sessions                 create a session   -> 201 {session_id, token, model[, livekit]}
     GET    /v1/sessions/{id}            session summary    (Bearer token of that session)
     DELETE /v1/sessions/{id}            close it           -> 204
-    POST   /v1/sessions/{id}/webrtc     SDP offer -> answer
-    POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}
+    POST   /v1/sessions/{id}/webrtc     SDP offer -> answer (400 with the reason for a bad offer)
+    POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}; 204 for a notification
     WS     /v1/sessions/{id}/stream     fMP4 video + events out; actions, RPCs, directions in (ws_stream.py)
     WS     /ws                          the Dreamverse-compatible directing protocol (dreamverse.py)
     GET    /v1/model                    the model's declared geometry
@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response, WebSocket
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Request, Response, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -41,7 +41,9 @@ from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
 from worldcast.transport.dreamverse import serve_dreamverse
 from worldcast.transport.metrics import Metrics
+from worldcast.transport.peers import PeerRegistry
 from worldcast.transport.rpc import RpcHandler
+from worldcast.transport.sdp import InvalidOffer
 from worldcast.transport.schemas import (
     CreateSessionRequest,
     CreateSessionResponse,
@@ -137,8 +139,14 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         manager.worker.on_step, manager.on_frame, manager.on_admission = (
             metrics.on_step, metrics.on_frame, metrics.on_admission)
         await manager.start()
-        app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, {}, metrics
-        app.state.offer_locks = {}
+
+        def make_peer(session: Session, **callbacks: Any) -> WebRTCPeer:
+            return WebRTCPeer(session, encode_prompt=m.encode_prompt, video_scale=config.scale_for(m),
+                              limits=config.input_limits, negotiation_timeout_s=config.negotiation_timeout_s,
+                              on_count=metrics.on_input, **callbacks)
+
+        peers = PeerRegistry(make_peer, on_close=metrics.on_peer_close)
+        app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, peers, metrics
         app.state.streams = {}  # session id -> its WebSocket stream (ws_stream.StreamConnection)
         app.state.livekit = None
         if config.livekit is not None:
@@ -155,8 +163,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         try:
             yield
         finally:
-            for peer in list(app.state.peers.values()):
-                await peer.aclose()
+            await peers.aclose()
             if app.state.agent_worker is not None:
                 await app.state.agent_worker.aclose()
             if app.state.livekit is not None:
@@ -272,10 +279,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         session: Annotated[Session, Depends(session_dep)],
         request: Request,
     ) -> Response:
-        peer = request.app.state.peers.pop(session.id, None)
-        if peer is not None:
-            await peer.aclose()
-        request.app.state.offer_locks.pop(session.id, None)
+        await request.app.state.peers.close_session(session.id, "client")
         request.app.state.manager.close(session.id, CloseReason.CLIENT)
         return Response(status_code=204)
 
@@ -285,32 +289,27 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         session: Annotated[Session, Depends(session_dep)],
         request: Request,
     ) -> SdpAnswer:
-        peers: dict[str, WebRTCPeer] = request.app.state.peers
-        lock = request.app.state.offer_locks.setdefault(session.id, asyncio.Lock())
-        async with lock:  # one negotiation per session at a time
-            peer = WebRTCPeer(
-                session,
-                encode_prompt=request.app.state.model.encode_prompt,
-                video_scale=config.scale_for(request.app.state.model),
-                on_closed=lambda p: peers.pop(session.id, None) if peers.get(session.id) is p else None,
-            )
-            try:
-                answer = await peer.answer(offer.sdp)  # a bad offer leaves the current peer untouched
-            except ValueError as e:
-                raise HTTPException(400, str(e)) from None
-            old = peers.get(session.id)
-            peers[session.id] = peer
-            if old is not None:
-                await old.aclose()
+        peers: PeerRegistry = request.app.state.peers
+        try:
+            answer = await peers.offer(session, offer.sdp)  # a bad offer leaves the current peer untouched
+        except InvalidOffer as e:
+            raise HTTPException(400, str(e)) from None
+        except ValueError as e:
+            raise HTTPException(400, _printable(e, 300)) from None
         return SdpAnswer(sdp=answer.sdp, type="answer")
 
-    @app.post("/v1/sessions/{session_id}/rpc")
+    @app.post("/v1/sessions/{session_id}/rpc", responses={204: {"description": "a JSON-RPC 2.0 notification"}})
     async def rpc(
-        body: dict[str, Any],
+        body: Annotated[Any, Body()],
         session: Annotated[Session, Depends(session_dep)],
         request: Request,
-    ) -> JSONResponse:
-        reply = await RpcHandler(session, request.app.state.model.encode_prompt).handle(body)
+    ) -> Response:
+        peers: PeerRegistry = request.app.state.peers
+        handler = RpcHandler(session, request.app.state.model.encode_prompt,
+                             settle=lambda epoch: peers.settle(session, epoch))
+        reply = await handler.handle(body)
+        if reply is None:
+            return Response(status_code=204)
         status = 200
         if "error" in reply:
             status = 404 if reply["error"]["code"] == errors.METHOD_NOT_FOUND else 400

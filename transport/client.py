@@ -12,6 +12,13 @@ The client offers a recvonly video transceiver and two data channels
 gathering (no trickle), and posts the offer. Control replies resolve the
 futures returned by `rpc`; server events are kept in `events`.
 
+It sends UTF-8 JSON (not ASCII-escaped) and checks each message against the
+server's size limits before sending (`MessageTooLarge`, nothing sent). Every
+call ends as soon as its outcome is known: its reply, an `rpc_rejected`
+summary naming its id (rate-limited past the server's reply budget), or the
+control channel closing (`ConnectionError`); `RPC_TIMEOUT_S` only bounds a
+server that says nothing.
+
 aiortc's video jitter buffer hands a frame to the decoder only when the
 first packet of the *next* frame arrives, which adds one frame period of
 latency that browsers do not have (libwebrtc completes a frame at the RTP
@@ -36,6 +43,7 @@ from aiortc.utils import uint16_add
 
 # the WebSocket (fMP4) stream client lives beside this module; both are importable from here
 from worldcast.transport.ws_client import StreamClient, StreamError, StreamFrame  # noqa: F401
+from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
 
 #: How long to wait for a control reply, s.
 RPC_TIMEOUT_S = 10.0
@@ -55,6 +63,32 @@ class RpcFailed(Exception):
         self.code = code
 
 
+class MessageTooLarge(ValueError):
+    """A message over the server's size limit; it was not sent.
+
+    Attributes:
+        size_bytes: its UTF-8 size.
+        limit_bytes: the limit.
+    """
+
+    def __init__(self, what: str, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(f"{what} message of {size_bytes} bytes exceeds the server's limit of {limit_bytes} bytes")
+        self.size_bytes, self.limit_bytes = size_bytes, limit_bytes
+
+
+def encode_message(obj: Any, *, what: str, limit_bytes: int) -> str:
+    """Serialise `obj` as compact UTF-8 JSON and check its size, as the server counts it.
+
+    Raises:
+        MessageTooLarge: over `limit_bytes` bytes.
+    """
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    size = len(text.encode("utf-8"))
+    if size > limit_bytes:
+        raise MessageTooLarge(what, size, limit_bytes)
+    return text
+
+
 class MarkerJitterBuffer(JitterBuffer):
     """A video jitter buffer that completes a frame at its RTP marker bit (RFC 3550 5.1).
 
@@ -63,6 +97,17 @@ class MarkerJitterBuffer(JitterBuffer):
     at once. Otherwise (a packet lost or reordered) aiortc's rule applies:
     a frame is complete when a packet of a later timestamp follows it.
     """
+
+    def __init__(self, capacity: int, prefetch: int = 0, is_video: bool = False) -> None:
+        super().__init__(capacity, prefetch=prefetch, is_video=is_video)
+        #: (RTP timestamp, client monotonic s) of the last frames released to the decoder
+        self.released: deque[tuple[int, float]] = deque(maxlen=4096)
+
+    def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+        pli, frame = super().add(packet)
+        if frame is not None:
+            self.released.append((frame.timestamp, time.monotonic()))
+        return pli, frame
 
     def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
         if self._origin is not None:
@@ -93,8 +138,10 @@ class WebRTCClient:
         self.actions = self.pc.createDataChannel("actions", ordered=False, maxRetransmits=0)
         self.control = self.pc.createDataChannel("control")
         video = self.pc.addTransceiver("video", direction="recvonly")
+        self.jitter_buffer: MarkerJitterBuffer | None = None
         if marker_frames and hasattr(video.receiver, "_RTCRtpReceiver__jitter_buffer"):  # see the module docstring
-            video.receiver._RTCRtpReceiver__jitter_buffer = MarkerJitterBuffer(capacity=512, is_video=True)
+            self.jitter_buffer = MarkerJitterBuffer(capacity=512, is_video=True)
+            video.receiver._RTCRtpReceiver__jitter_buffer = self.jitter_buffer
         self.events: deque[dict[str, Any]] = deque(maxlen=10_000)
         self.frame_events: deque[dict[str, Any]] = deque(maxlen=10_000)
         self.seq = -1
@@ -105,6 +152,12 @@ class WebRTCClient:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._event_waiters: list[tuple[Any, asyncio.Future[dict[str, Any]]]] = []
         self.control.on("message", self._on_control)
+        self.control.on("close", lambda: self._fail_pending("the control channel closed"))
+
+        @self.pc.on("connectionstatechange")
+        def _on_state() -> None:
+            if self.pc.connectionState in ("failed", "closed"):
+                self._fail_pending(f"the peer connection is {self.pc.connectionState}")
 
         @self.pc.on("track")
         def _on_track(track: Any) -> None:
@@ -164,38 +217,62 @@ class WebRTCClient:
 
     # -- control -------------------------------------------------------------------------
 
+    def _fail_pending(self, why: str) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(why))
+        self._pending.clear()
+
+    def _resolve(self, rid: Any, reply: dict[str, Any]) -> None:
+        fut = self._pending.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
+
     def _on_control(self, message: str | bytes) -> None:
         msg = json.loads(message)
+        msg["received_at"] = time.monotonic()
         if "event" in msg:
-            msg["received_at"] = time.monotonic()
             (self.frame_events if msg["event"] == "frame" else self.events).append(msg)
+            if msg["event"] == "rpc_rejected":  # refused past the reply budget: those calls fail now
+                for rid in msg.get("ids", []):
+                    self._resolve(rid, {"id": rid, "error": {"code": msg["code"], "message": msg["message"]}})
+            elif msg["event"] == "disconnect":
+                self._fail_pending(f"the server disconnected this client: {msg.get('message')}")
             for pred, fut in list(self._event_waiters):
                 if not fut.done() and pred(msg):
                     fut.set_result(msg)
             return
-        fut = self._pending.pop(msg.get("id"), None)
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
+        self._resolve(msg.get("id"), msg)
 
     async def rpc(self, method: str, params: dict[str, Any] | None = None, *, raw: Any = None) -> dict[str, Any]:
         """Call a control RPC and return its result.
 
         Args:
-            raw: send this exact payload instead of a well-formed request (for error tests);
-                its reply is returned whole.
+            raw: send this exact payload instead of a well-formed request (for error tests; a str
+                or bytes goes out as it is, unchecked); its reply is returned whole.
 
         Raises:
             RpcFailed: the server answered with an error.
+            MessageTooLarge: the request is over the server's control message limit (not sent).
+            ConnectionError: the control channel closed before the reply.
+            TimeoutError: no reply within RPC_TIMEOUT_S.
         """
+        if self.control.readyState != "open":
+            raise ConnectionError(f"the control channel is {self.control.readyState}")
         self._rpc_id += 1
         rid = self._rpc_id
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         if raw is not None:
-            self._pending[raw.get("id") if isinstance(raw, dict) else None] = fut  # type: ignore[index]
-            self.control.send(raw if isinstance(raw, str) else json.dumps(raw))
+            key = raw.get("id") if isinstance(raw, dict) else None
+            payload = raw if isinstance(raw, str | bytes) else encode_message(
+                raw, what="control", limit_bytes=10 * MAX_CONTROL_BYTES)
+            self._pending[key] = fut  # type: ignore[index]
+            self.control.send(payload)
             return await asyncio.wait_for(fut, RPC_TIMEOUT_S)
+        text = encode_message({"id": rid, "method": method, "params": params or {}}, what="control",
+                              limit_bytes=MAX_CONTROL_BYTES)
         self._pending[rid] = fut
-        self.control.send(json.dumps({"id": rid, "method": method, "params": params or {}}))
+        self.control.send(text)
         reply = await asyncio.wait_for(fut, RPC_TIMEOUT_S)
         if "error" in reply:
             raise RpcFailed(reply["error"]["code"], reply["error"]["message"])
@@ -214,11 +291,17 @@ class WebRTCClient:
     # -- actions and frames -------------------------------------------------------------
 
     def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0)) -> int:
-        """Send one action message; returns its seq."""
-        self.seq += 1
+        """Send one action message; returns its seq.
+
+        Raises:
+            MessageTooLarge: over the server's action message limit (not sent, seq not used).
+        """
         now = time.monotonic()
+        text = encode_message({"seq": self.seq + 1, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)},
+                              what="action", limit_bytes=MAX_MESSAGE_BYTES)
+        self.seq += 1
         self.sent_at[self.seq] = now
-        self.actions.send(json.dumps({"seq": self.seq, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)}))
+        self.actions.send(text)
         return self.seq
 
     def send_raw_action(self, payload: str | bytes) -> None:

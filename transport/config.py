@@ -11,6 +11,7 @@ from worldcast.engine.device_worker import EngineConfig
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
+from worldcast.transport.limits import InputLimits
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class ServerConfig:
     sessions: SessionConfig = field(default_factory=SessionConfig)
     livekit: LiveKitConfig | None = None  #: LiveKit server for `"transport": "livekit"` sessions (None: off)
     agent: AgentWorkerConfig | None = None  #: register with `livekit` as an agent worker (None: don't)
+    negotiation_timeout_s: float = 15.0  #: an answered peer not `connected` after this is closed, s
+    input_limits: InputLimits = field(default_factory=InputLimits)  #: per-connection rates, sizes, flood policy
 
     def __post_init__(self) -> None:
         if self.agent is not None and self.livekit is None:
@@ -56,6 +59,8 @@ class ServerConfig:
                              "causal-wan:tiny runs without (random weights)")
         if not 0 < self.dreamverse_segment_s <= 600 or not self.dreamverse_session_timeout_s > 0:
             raise ValueError("dreamverse_segment_s must lie in (0, 600] and dreamverse_session_timeout_s be > 0")
+        if not 0 < self.negotiation_timeout_s < float("inf"):
+            raise ValueError("negotiation_timeout_s must be positive and finite")
 
     @staticmethod
     def default_ice_hosts(host: str) -> list[str] | None:

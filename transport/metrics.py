@@ -105,6 +105,11 @@ class Metrics:
                                   buckets=LATENESS_BUCKETS_S, registry=r)
         self.frames = Counter("worldcast_frames", "Frames by outcome", ["outcome"], registry=r)
         self.admissions = Counter("worldcast_admission_decisions", "Admission decisions", ["outcome"], registry=r)
+        self.input_messages = Counter("worldcast_input_messages", "Client messages by channel and outcome "
+                                      "(accepted, ignored, too_large, rate_limited, parse_error, invalid, closed, "
+                                      "internal)", ["channel", "outcome"], registry=r)
+        self.peer_closes = Counter("worldcast_peer_closes", "Peer connections closed, by reason", ["reason"],
+                                   registry=r)
         r.register(_LiveCollector(manager))
 
     def on_step(self, plan: StepSchedulerOutput, result: StepRunnerOutput) -> None:
@@ -123,3 +128,10 @@ class Metrics:
 
     def on_admission(self, admitted: bool) -> None:
         self.admissions.labels("admitted" if admitted else "refused").inc()
+
+    def on_input(self, channel: str, outcome: str, n: int = 1) -> None:
+        """`InputGuard` hook: one client message counted."""
+        self.input_messages.labels(channel, outcome).inc(n)
+
+    def on_peer_close(self, reason: str) -> None:
+        self.peer_closes.labels(reason).inc()

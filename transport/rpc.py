@@ -1,7 +1,14 @@
 """Control RPCs and action messages: parse, validate, apply to a session.
 
-Shared by the `control` / `actions` data channels and the HTTP RPC route.
-A request that fails validation changes nothing and gets a precise error.
+Shared by every transport (the `control` / `actions` data channels, the HTTP
+RPC route, LiveKit, WebSocket): one parser. A request that fails validation
+changes nothing and gets a precise error, with the request's id whenever it
+can be recovered (from the parsed object, or from the start of a message that
+does not parse). JSON-RPC 2.0 framing (`"jsonrpc": "2.0"`, JSON-RPC 2.0
+section 4) is accepted and echoed; a 2.0 request without an `id` member is a
+notification: it runs and gets no reply (`handle` returns None). Batches
+(JSON arrays) are refused. Limits and flood feedback live in
+`transport/limits.py` (`InputGuard`), so every transport shares them too.
 
 Methods:
     flush()              -> {"epoch": int}  drop stale frames, restart the chunk
@@ -23,9 +30,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from worldcast.sessions.actions import SeqOutcome
 from worldcast.sessions.errors import InvalidAction, SessionError
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
+from worldcast.transport.limits import InputGuard, TokenBucket, head_id
 from worldcast.transport.schemas import (
     MAX_CONTROL_BYTES,
     MAX_MESSAGE_BYTES,
@@ -59,7 +68,7 @@ def parse_json(raw: str | bytes, *, what: str, max_bytes: int = MAX_MESSAGE_BYTE
     Raises:
         RpcError: too large (INVALID_REQUEST) or not JSON (PARSE_ERROR).
     """
-    size = len(raw.encode() if isinstance(raw, str) else raw)
+    size = len(raw) if not isinstance(raw, str) or len(raw) > max_bytes else len(raw.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise RpcError(errors.INVALID_REQUEST, f"{what} message of {size} bytes exceeds {max_bytes}")
     try:
@@ -77,17 +86,46 @@ def _params(model: type[BaseModel], params: dict[str, Any]) -> Any:
         raise RpcError(errors.INVALID_PARAMS, _validation_message(e)) from None
 
 
+def _valid_id(x: Any) -> bool:
+    """A JSON-RPC id this server echoes: an integer within +-2**53, a string of at most 64 characters, or null."""
+    if x is None:
+        return True
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return -(2**53) <= x <= 2**53
+    return isinstance(x, str) and len(x) <= 64
+
+
+def _frame(request: Any, rid: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """A reply: `{"jsonrpc": "2.0"}` first when the request used 2.0 framing, then the id and the body."""
+    out: dict[str, Any] = {}
+    if isinstance(request, dict) and request.get("jsonrpc") == "2.0":
+        out["jsonrpc"] = "2.0"
+    out["id"] = rid
+    out.update(body)
+    return out
+
+
+#: Runs after a flush or cancel with the new epoch, before the reply goes out: a transport waits there
+#: until its sinks have sent nothing older (see `SessionVideoTrack.settle`).
+Settle = Callable[[int], Awaitable[None]]
+
+
 class RpcHandler:
     """Dispatches control RPCs to one session.
 
     Args:
         session: the target.
         encode_prompt: text -> embedding (run off the event loop).
+        settle: awaited with the new epoch after `flush` and `cancel`, before they reply
+            (None: reply at once).
     """
 
-    def __init__(self, session: Session, encode_prompt: Callable[[str], Any]) -> None:
+    def __init__(self, session: Session, encode_prompt: Callable[[str], Any], *, settle: Settle | None = None) -> None:
         self.session = session
         self.encode_prompt = encode_prompt
+        self.settle = settle
         self._methods: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             "flush": self._flush,
             "cancel": self._cancel,
@@ -101,37 +139,63 @@ class RpcHandler:
     def methods(self) -> list[str]:
         return sorted(self._methods)
 
-    async def handle(self, request: Any) -> dict[str, Any]:
-        """Run one request (already JSON-decoded) and build its reply: {"id", "result"} or {"id", "error"}."""
+    async def handle(self, request: Any) -> dict[str, Any] | None:
+        """Run one request (already JSON-decoded) and build its reply: {"id", "result"} or {"id", "error"}
+        (with "jsonrpc": "2.0" first if the request had it). None for a JSON-RPC 2.0 notification."""
         rid = request.get("id") if isinstance(request, dict) else None
+        rid = rid if _valid_id(rid) else None
+        notification = isinstance(request, dict) and request.get("jsonrpc") == "2.0" and "id" not in request
         try:
             try:
-                req = RpcRequest.model_validate(request)
-            except ValidationError as e:
-                raise RpcError(errors.INVALID_REQUEST, _validation_message(e)) from None
-            fn = self._methods.get(req.method)
-            if fn is None:
-                raise RpcError(errors.METHOD_NOT_FOUND, f"unknown method {req.method!r}; methods are {self.methods}")
-            return {"id": req.id, "result": await fn(req.params)}
-        except RpcError as e:
-            return {"id": rid, "error": {"code": e.code, "message": e.message}}
-        except SessionError as e:
-            return {"id": rid, "error": {"code": errors.rpc_code(e), "message": str(e)}}
+                if isinstance(request, list):
+                    raise RpcError(errors.INVALID_REQUEST, "batch requests (JSON arrays) are not supported; "
+                                   "send one request per message")
+                if isinstance(request, dict) and not _valid_id(request.get("id")):
+                    raise RpcError(errors.INVALID_REQUEST, "id: must be an integer within +-2**53, a string of "
+                                   "at most 64 characters, or null")
+                try:
+                    req = RpcRequest.model_validate(request)
+                except ValidationError as e:
+                    raise RpcError(errors.INVALID_REQUEST, _validation_message(e)) from None
+                fn = self._methods.get(req.method)
+                if fn is None:
+                    raise RpcError(errors.METHOD_NOT_FOUND,
+                                   f"unknown method {req.method!r}; methods are {self.methods}")
+                reply = _frame(request, req.id, {"result": await fn(req.params)})
+            except RpcError as e:
+                reply = _frame(request, rid, {"error": {"code": e.code, "message": e.message}})
+            except SessionError as e:
+                reply = _frame(request, rid, {"error": {"code": errors.rpc_code(e), "message": str(e)}})
+        except Exception:
+            if notification:
+                logger.exception("%r: notification failed", self.session)
+                return None
+            raise
+        return None if notification else reply
 
-    async def handle_raw(self, raw: str | bytes) -> dict[str, Any]:
+    async def handle_raw(self, raw: str | bytes, *, max_bytes: int = MAX_CONTROL_BYTES) -> dict[str, Any] | None:
+        """Decode and run one message; errors that stop it parsing carry the id read from its start."""
         try:
-            request = parse_json(raw, what="control", max_bytes=MAX_CONTROL_BYTES)
+            request = parse_json(raw, what="control", max_bytes=max_bytes)
         except RpcError as e:
-            return {"id": None, "error": {"code": e.code, "message": e.message}}
+            return {"id": head_id(raw), "error": {"code": e.code, "message": e.message}}
         return await self.handle(request)
+
+    async def _settle(self, epoch: int) -> None:
+        if self.settle is not None:
+            await self.settle(epoch)
 
     async def _flush(self, params: dict[str, Any]) -> dict[str, Any]:
         _params(NoParams, params)
-        return {"epoch": self.session.flush()}
+        epoch = self.session.flush()
+        await self._settle(epoch)
+        return {"epoch": epoch}
 
     async def _cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         _params(NoParams, params)
-        return {"epoch": self.session.cancel()}
+        epoch = self.session.cancel()
+        await self._settle(epoch)
+        return {"epoch": epoch}
 
     async def _set_prompt(self, params: dict[str, Any]) -> dict[str, Any]:
         p = _params(SetPromptParams, params)
@@ -154,60 +218,63 @@ class RpcHandler:
         return self.session.info()
 
 
-class TokenBucket:
-    """Rate limiter: `rate_hz` tokens per second, bursts up to `burst` (time passed in)."""
-
-    def __init__(self, rate_hz: float, burst: float) -> None:
-        self.rate_hz, self.burst = rate_hz, burst
-        self._tokens, self._last_s = burst, None
-
-    def take(self, now_s: float) -> bool:
-        if self._last_s is not None:
-            self._tokens = min(self.burst, self._tokens + (now_s - self._last_s) * self.rate_hz)
-        self._last_s = now_s
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        return False
-
-
 class ActionHandler:
-    """Validates `actions` channel messages and pushes them into a session.
+    """Validates `actions` messages and pushes them into a session, for any transport.
 
-    At most `rate_hz` messages per second are applied (bursts of `burst`);
-    the excess is rejected. `handle_raw` returns None on success or an error
-    event to send back.
+    Each message is checked for size and rate by its `InputGuard` before it is parsed;
+    rejections and stale messages come back as the guard's coalesced events.
+
+    Args:
+        session: the target.
+        guard: the connection's limits and feedback (default: `InputLimits()`).
     """
 
-    def __init__(self, session: Session, *, rate_hz: float = 250.0, burst: float = 60.0) -> None:
+    def __init__(self, session: Session, *, guard: InputGuard | None = None) -> None:
         self.session = session
-        self.bucket = TokenBucket(rate_hz, burst)
+        self.guard = guard or InputGuard()
         self.accepted = 0
         self.rejected = 0
+        self.ignored = 0
 
-    def handle_raw(self, raw: str | bytes) -> dict[str, Any] | None:
+    def receive(self, raw: str | bytes, now_s: float) -> list[dict[str, Any]]:
+        """Handle one message received at `now_s` (s, monotonic); returns the events to send now."""
+        g = self.guard
+        rej = g.admit("actions", raw, now_s)
+        if rej is not None:
+            self.rejected += 1
+            return g.rejected_action(rej.code, rej.message, seq=None, now_s=now_s, outcome=rej.outcome)
         msg: Any = None
         try:
-            msg = parse_json(raw, what="action")
-            if not self.bucket.take(time.monotonic()):
-                raise RpcError(errors.RATE_LIMITED, "too many action messages; slow down")
+            msg = parse_json(raw, what="action", max_bytes=g.limits.max_action_bytes)
             try:
                 a = ActionMessage.model_validate(msg)
             except ValidationError as e:
                 raise RpcError(errors.INVALID_PARAMS, _validation_message(e)) from None
-            self.session.push_action(a.seq, a.keys, (float(a.mouse[0]), float(a.mouse[1])))
+            outcome = self.session.push_action(a.seq, a.keys, (float(a.mouse[0]), float(a.mouse[1])))
         except RpcError as e:
             self.rejected += 1
-            return {"event": "action_rejected", "seq": _seq_of(msg), "code": e.code, "message": e.message}
+            return g.rejected_action(e.code, e.message, seq=_seq_of(msg), now_s=now_s)
         except InvalidAction as e:
             self.rejected += 1
-            return {"event": "action_rejected", "seq": _seq_of(msg), "code": errors.INVALID_PARAMS,
-                    "message": str(e)}
+            return g.rejected_action(errors.INVALID_PARAMS, str(e), seq=_seq_of(msg), now_s=now_s)
         except SessionError as e:
             self.rejected += 1
-            return {"event": "action_rejected", "seq": None, "code": errors.rpc_code(e), "message": str(e)}
+            return g.rejected_action(errors.rpc_code(e), str(e), seq=None, now_s=now_s)
+        if outcome is SeqOutcome.STALE:
+            self.ignored += 1
+            return g.ignored_action(a.seq, f"seq {a.seq} is not newer than {self.session.actions.last_seq}: "
+                                    "keys ignored, mouse movement kept", now_s)
         self.accepted += 1
-        return None
+        g.accepted("actions", now_s)
+        return []
+
+    def handle_raw(self, raw: str | bytes) -> dict[str, Any] | None:
+        """`receive` now, returning its first event or None (for callers that send one reply at most)."""
+        events = self.receive(raw, time.monotonic())
+        return events[0] if events else None
+
+
+__all__ = ["ActionHandler", "RpcError", "RpcHandler", "Settle", "TokenBucket", "parse_json"]
 
 
 def _seq_of(msg: Any) -> Any:

@@ -6,7 +6,7 @@ Field names here are the protocol; `web_demo/` uses them unchanged.
 from __future__ import annotations
 
 import unicodedata
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
@@ -132,9 +132,15 @@ class ActionMessage(_Strict):
 
 
 class RpcRequest(_Strict):
-    """A control RPC: on the `control` data channel or POST /v1/sessions/{id}/rpc."""
+    """A control RPC: on the `control` data channel or POST /v1/sessions/{id}/rpc.
 
-    id: StrictInt | str | None = None
+    JSON-RPC 2.0 framing (section 4) is accepted: `"jsonrpc": "2.0"` is echoed in the reply, and
+    a 2.0 request without an `id` member is a notification (run, never answered).
+    """
+
+    jsonrpc: Literal["2.0"] | None = Field(None, description='"2.0" for JSON-RPC 2.0 framing; echoed')
+    id: Annotated[StrictInt, Field(ge=-(2**53), le=2**53)] | Annotated[str, Field(max_length=64)] | None = Field(
+        None, description="echoed in the reply: an integer within +-2**53 or a string of at most 64 characters")
     method: str = Field(min_length=1, max_length=64)
     params: dict[str, Any] = Field(default_factory=dict)
 

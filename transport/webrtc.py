@@ -6,6 +6,10 @@
 - `WebRTCPeer` answers an SDP offer, publishes the track, and serves the
   client's data channels: `actions` (may be unordered/unreliable; see
   `schemas.ActionMessage`) and `control` (reliable; RPCs and server events).
+  Every way it can end closes its RTCPeerConnection: a negotiation that does
+  not reach `connected` within `negotiation_timeout_s`, a failed or closed
+  connection, its session closing, a flood verdict (`transport/limits.py`), an
+  error while answering, or `aclose()`.
 - `configure_ice` pins the host addresses aioice gathers ICE candidates on;
   by default aioice skips loopback, so a server bound to 127.0.0.1 (and every
   test) pins 127.0.0.1.
@@ -15,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import json
 import logging
 import time
@@ -27,18 +30,22 @@ import av
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from worldcast.sessions.session import Session, VideoFrame
-from worldcast.transport.errors import INTERNAL_ERROR, RATE_LIMITED
-from worldcast.transport.rpc import ActionHandler, RpcHandler, TokenBucket
+from worldcast.sessions.session import Session, SessionState, VideoFrame
+from worldcast.transport.errors import INTERNAL_ERROR
+from worldcast.transport.limits import InputGuard, InputLimits, head_id
+from worldcast.transport.rpc import ActionHandler, RpcHandler, Settle
 from worldcast.transport.stamp import cell_px_for_width, write_stamp
 
 logger = logging.getLogger(__name__)
 
 _original_get_host_addresses = aioice.ice.get_host_addresses
 
-#: Control RPCs per second a client may send (bursts of CONTROL_BURST); each may embed a prompt.
-CONTROL_RATE_HZ = 10.0
-CONTROL_BURST = 20.0
+#: Default time an answered peer has to reach `connected` before it is closed, s. ICE over a
+#: real network with relays takes a few seconds; a client that never applies the answer, never more.
+NEGOTIATION_TIMEOUT_S = 15.0
+#: Longest a flush or cancel reply waits for aiortc's sender to finish sending a frame it holds, s
+#: (one VP8 encode plus its packets take milliseconds; this bounds a sender that never comes back).
+SETTLE_TIMEOUT_S = 1.0
 
 
 def configure_ice(host_addresses: list[str] | None) -> None:
@@ -62,6 +69,13 @@ def configure_ice(host_addresses: list[str] | None) -> None:
 class SessionVideoTrack(MediaStreamTrack):
     """A video track fed by a session: a frame sink of depth `depth` (1 or 2).
 
+    aiortc's sender calls `recv`, encodes the frame it gets (in a thread), sends
+    all of that frame's RTP packets, and only then calls `recv` again: between
+    the two the frame is in the sender's hands. `settle(epoch)` waits until no
+    frame older than `epoch` is there, so a flush reply sent after it is
+    followed by no older-epoch video (bar RTP retransmissions of packets sent
+    before it, on loss).
+
     Args:
         epoch_fn: the session's current flush epoch; frames of older epochs are dropped at `recv`.
         scale: integer upscale factor applied before encoding (1 = model resolution).
@@ -83,6 +97,9 @@ class SessionVideoTrack(MediaStreamTrack):
         self.frames_out = 0
         self.frames_dropped = 0
         self.last_pts = -1
+        self._out_epoch: int | None = None  #: epoch of the frame the sender holds (None: none)
+        self._sender_back = asyncio.Event()
+        self._sender_back.set()
 
     def put(self, frame: VideoFrame) -> None:
         if len(self._queue) == self._queue.maxlen:
@@ -96,7 +113,30 @@ class SessionVideoTrack(MediaStreamTrack):
         self._queue.clear()
         self._ready.clear()
 
+    def stop(self) -> None:
+        super().stop()
+        self._ready.set()  # a pending recv ends with MediaStreamError
+        self._sender_back.set()
+
+    async def settle(self, epoch: int, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
+        """Wait until the sender holds no frame older than `epoch` (the frame it holds is then sent).
+
+        Returns:
+            False if the sender did not come back within `timeout_s`, s.
+        """
+        if self._out_epoch is None or self._out_epoch >= epoch or self.readyState != "live":
+            return True
+        try:
+            await asyncio.wait_for(self._sender_back.wait(), timeout_s)
+        except TimeoutError:
+            logger.warning("SessionVideoTrack: sender held an epoch-%s frame for over %.1f s", self._out_epoch,
+                           timeout_s)
+            return False
+        return True
+
     async def recv(self) -> av.VideoFrame:
+        self._out_epoch = None  # the sender is back: the previous frame's packets are all sent
+        self._sender_back.set()
         while True:
             if self.readyState != "live":
                 raise MediaStreamError
@@ -122,7 +162,15 @@ class SessionVideoTrack(MediaStreamTrack):
         out.pts, out.time_base = f.pts, f.time_base
         self.last_pts = f.pts
         self.frames_out += 1
+        self._out_epoch = f.epoch  # no await from the epoch check to here: a flush cannot slip between
+        self._sender_back.clear()
         return out
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Done-callback for aiortc's own tasks: retrieve their exception so it is logged once, not lost."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.info("aiortc task %s ended: %r", task.get_name(), task.exception())
 
 
 class WebRTCPeer:
@@ -132,7 +180,12 @@ class WebRTCPeer:
         session: the session it serves.
         encode_prompt: for `set_prompt` RPCs.
         video_scale: integer upscale of the published video.
-        on_closed: called once when the connection ends.
+        on_closed: called once when the connection ends, with the peer (its `close_reason` set).
+        on_connected: called once when the connection reaches `connected`.
+        settle: for flush/cancel replies (default: this peer's track only).
+        limits: per-connection input limits.
+        negotiation_timeout_s: time from the answer to `connected` before the peer is closed, s.
+        on_count: metrics hook of its `InputGuard`.
     """
 
     def __init__(
@@ -142,70 +195,120 @@ class WebRTCPeer:
         encode_prompt: Callable[[str], Any],
         video_scale: int = 1,
         on_closed: Callable[[WebRTCPeer], None] | None = None,
+        on_connected: Callable[[WebRTCPeer], None] | None = None,
+        settle: Settle | None = None,
+        limits: InputLimits | None = None,
+        negotiation_timeout_s: float = NEGOTIATION_TIMEOUT_S,
+        on_count: Callable[[str, str, int], None] | None = None,
     ) -> None:
         self.session = session
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.negotiation_timeout_s = negotiation_timeout_s
         self.track = SessionVideoTrack(session.current_epoch, scale=video_scale, stamp=session.stamp_frames)
-        self.rpc = RpcHandler(session, encode_prompt)
-        self.actions = ActionHandler(session)
-        self.control_bucket = TokenBucket(CONTROL_RATE_HZ, CONTROL_BURST)
+        self.guard = InputGuard(limits, on_count=on_count)
+        self.rpc = RpcHandler(session, encode_prompt, settle=settle or self.track.settle)
+        self.actions = ActionHandler(session, guard=self.guard)
+        self.close_reason: str | None = None
+        self.closed = asyncio.Event()
+        self.connected = asyncio.Event()
         self._control: Any = None
         self._on_closed = on_closed
-        self._closed = False
+        self._on_connected = on_connected
+        self._closing = False
+        self._drain_handle: asyncio.TimerHandle | None = None
         self._unsubscribe: list[Callable[[], None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # from here on, every path ends in aclose()
         self.pc.addTrack(self.track)
 
         @self.pc.on("datachannel")
         def _on_datachannel(channel: Any) -> None:
             if channel.label == "actions":
-                channel.on("message", lambda m: self._on_action(m))
+                channel.on("message", self._on_action)
             elif channel.label == "control":
                 self._control = channel
-                channel.on("message", lambda m: self._spawn(self._on_control(m)))
+                channel.on("message", self._on_control)
             else:
-                logger.info("%r: ignoring data channel %r", session, channel.label)
+                logger.info("%r: ignoring data channel %r", session, channel.label[:64])
 
         @self.pc.on("connectionstatechange")
-        async def _on_state() -> None:
-            logger.info("%r: peer connection %s", session, self.pc.connectionState)
-            if self.pc.connectionState in ("failed", "closed"):
-                await self.aclose()
+        def _on_state() -> None:
+            state = self.pc.connectionState
+            logger.info("%r: peer connection %s", session, state)
+            if state == "connected" and not self.connected.is_set():
+                self.connected.set()
+                if self._on_connected is not None and not self._closing:
+                    self._on_connected(self)
+            elif state in ("failed", "closed"):
+                self._spawn(self.aclose(state))
+
+    def __repr__(self) -> str:
+        return f"WebRTCPeer({self.session.id}, {self.pc.connectionState})"
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.get_running_loop().create_task(coro, name=f"webrtc-{self.session.id}")
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        t.add_done_callback(_retrieve)
 
     def send_event(self, event: dict[str, Any]) -> None:
-        """Send a server event on the control channel, if open."""
+        """Send a server event (or reply) on the control channel, if open."""
         ch = self._control
         if ch is not None and ch.readyState == "open":
-            ch.send(json.dumps(event, separators=(",", ":")))
+            ch.send(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+
+    def _send_all(self, events: list[dict[str, Any]]) -> None:
+        for ev in events:
+            self.send_event(ev)
+        self._after_input()
+
+    def _after_input(self) -> None:
+        """Arm the summary timer; disconnect a flooder."""
+        verdict = self.guard.verdict()
+        if verdict is not None and not self._closing:
+            logger.warning("%r: disconnecting: %s", self.session, verdict["message"])
+            for ev in self.guard.drain(float("inf")):
+                self.send_event(ev)
+            self.send_event(verdict)
+            self._spawn(self.aclose("flood"))
+            return
+        due = self.guard.next_drain_s
+        if due is not None and self._drain_handle is None and not self._closing:
+            loop = asyncio.get_running_loop()
+            self._drain_handle = loop.call_later(max(0.0, due - time.monotonic()), self._drain)
+
+    def _drain(self) -> None:
+        self._drain_handle = None
+        if self._closing:
+            return
+        self._send_all(self.guard.drain(time.monotonic()))
 
     def _on_action(self, message: str | bytes) -> None:
         try:
-            err = self.actions.handle_raw(message)
+            events = self.actions.receive(message, time.monotonic())
         except Exception:  # noqa: BLE001 - never let a message break aiortc's receive loop
             logger.exception("%r: action handler failed", self.session)
-            err = {"event": "action_rejected", "seq": None, "code": INTERNAL_ERROR, "message": "internal error"}
-        if err is not None:
-            self.send_event(err)
+            events = [{"event": "action_rejected", "seq": None, "code": INTERNAL_ERROR, "message": "internal error"}]
+        if events or self.guard.next_drain_s is not None:
+            self._send_all(events)
 
-    async def _on_control(self, message: str | bytes) -> None:
-        if not self.control_bucket.take(time.monotonic()):
-            rid = None
-            with contextlib.suppress(Exception):  # best effort: answer with the request's id
-                req = json.loads(message)
-                rid = req.get("id") if isinstance(req, dict) else None
-            self.send_event({"id": rid, "error": {"code": RATE_LIMITED, "message": "too many control messages"}})
+    def _on_control(self, message: str | bytes) -> None:
+        now = time.monotonic()
+        rej = self.guard.admit("control", message, now)
+        if rej is not None:  # refused before parsing: answered (or summarised) without a task
+            self._send_all(self.guard.rejected_control(head_id(message), rej, now))
             return
+        self._spawn(self._run_control(message, now))
+
+    async def _run_control(self, message: str | bytes, now_s: float) -> None:
         try:
-            reply = await self.rpc.handle_raw(message)
+            reply = await self.rpc.handle_raw(message, max_bytes=self.guard.limits.max_control_bytes)
         except Exception:  # noqa: BLE001
             logger.exception("%r: control handler failed", self.session)
-            reply = {"id": None, "error": {"code": INTERNAL_ERROR, "message": "internal error"}}
-        self.send_event(reply)
+            reply = {"id": head_id(message), "error": {"code": INTERNAL_ERROR, "message": "internal error"}}
+        if reply is not None:
+            self.guard.control_result(reply, now_s)
+            self.send_event(reply)
+        self._after_input()
 
     def _on_frame(self, session: Session, frame: object) -> None:
         assert isinstance(frame, VideoFrame)
@@ -219,41 +322,70 @@ class WebRTCPeer:
             "timings_ms": {k: round(v, 2) for k, v in frame.timings_ms.items()},
         })
 
+    def _on_session_state(self, session: Session, state: object) -> None:
+        self.send_event({"event": "state", "state": state.name.lower()})  # type: ignore[attr-defined]
+        if state == SessionState.CLOSED:
+            self._spawn(self.aclose("session_closed"))
+
     async def answer(self, offer_sdp: str) -> RTCSessionDescription:
-        """Apply the client's offer and return our answer (ICE gathering complete).
+        """Apply the client's offer, start the negotiation timer, attach the track to the session,
+        and return our answer (ICE gathering complete).
+
+        Validate the offer first (`transport/sdp.py`): this only reports what aiortc refuses.
 
         Raises:
-            ValueError: the SDP cannot be parsed or negotiated (the peer is closed).
+            ValueError: aiortc cannot negotiate the SDP (the peer is closed).
+            SessionClosedError: the session closed meanwhile (the peer is closed).
         """
-        if "\nm=video" not in "\n" + offer_sdp.replace("\r\n", "\n"):
-            await self.aclose()
-            raise ValueError("invalid SDP offer: no video m-line (offer a recvonly video transceiver)")
+        before = asyncio.all_tasks()
         try:
-            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-            await self.pc.setLocalDescription(await self.pc.createAnswer())
-        except Exception as e:
-            await self.aclose()
-            raise ValueError(f"invalid SDP offer: {e}") from e
-        self.session.actions.new_client()
-        self.session.attach_sink(self.track)
-        self._unsubscribe.append(self.session.on("frame", self._on_frame))
-        self._unsubscribe.append(self.session.on("error", lambda s, r: self.send_event(
-            {"event": "error", "code": "session_failed", "message": str(r)})))
-        self._unsubscribe.append(self.session.on("state", lambda s, st: self.send_event(
-            {"event": "state", "state": st.name.lower()})))  # type: ignore[attr-defined]
+            try:
+                await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+                await self.pc.setLocalDescription(await self.pc.createAnswer())
+            except Exception as e:
+                raise ValueError(f"invalid SDP offer: {e}") from e
+            finally:
+                for t in asyncio.all_tasks() - before:  # aiortc's connect task, and the like
+                    t.add_done_callback(_retrieve)
+            self.session.attach_sink(self.track)  # SessionClosedError if a DELETE won the race
+            self._unsubscribe.append(self.session.on("frame", self._on_frame))
+            self._unsubscribe.append(self.session.on("error", lambda s, r: self.send_event(
+                {"event": "error", "code": "session_failed", "message": str(r)})))
+            self._unsubscribe.append(self.session.on("state", self._on_session_state))
+            self._spawn(self._negotiation_timer())
+        except BaseException:
+            await self.aclose("answer_failed")
+            raise
         return self.pc.localDescription
 
-    async def aclose(self) -> None:
-        """Close the connection and detach from the session (idempotent)."""
-        if self._closed:
+    async def _negotiation_timer(self) -> None:
+        try:
+            await asyncio.wait_for(self.connected.wait(), self.negotiation_timeout_s)
+        except TimeoutError:
+            logger.info("%r: not connected %.1f s after the answer: closing", self.session,
+                        self.negotiation_timeout_s)
+            await self.aclose("negotiation_timeout")
+
+    async def aclose(self, reason: str = "closed") -> None:
+        """Close the connection and detach from the session (idempotent); `closed` is set when done."""
+        if self._closing:
+            await self.closed.wait()
             return
-        self._closed = True
-        for u in self._unsubscribe:
-            u()
-        self.session.detach_sink(self.track)
-        self.track.stop()
-        for t in list(self._tasks):
-            t.cancel()
-        await self.pc.close()
-        if self._on_closed is not None:
-            self._on_closed(self)
+        self._closing = True
+        self.close_reason = reason
+        if self._drain_handle is not None:
+            self._drain_handle.cancel()
+        try:
+            for u in self._unsubscribe:
+                u()
+            self.session.detach_sink(self.track)
+            self.track.stop()
+            current = asyncio.current_task()
+            for t in list(self._tasks):
+                if t is not current:
+                    t.cancel()
+            await self.pc.close()
+        finally:
+            self.closed.set()
+            if self._on_closed is not None:
+                self._on_closed(self)

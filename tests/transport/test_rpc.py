@@ -1,0 +1,105 @@
+"""The shared RPC and action parser (transport/rpc.py) on a real session: JSON-RPC 2.0 framing, ids on every
+error, notifications, seq feedback; no network."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.fakes import FakeClock
+from worldcast.sessions.session import Session
+from worldcast.transport import errors
+from worldcast.transport.limits import InputGuard, InputLimits
+from worldcast.transport.rpc import ActionHandler, RpcHandler
+
+
+@pytest.fixture
+def session(model) -> Session:  # type: ignore[no-untyped-def]
+    return Session("sid", "tok", model=model, prompt="a green meadow", prompt_embedding=np.zeros(384, np.float32),
+                   seed=0, clock=FakeClock())
+
+
+@pytest.fixture
+def rpc(session: Session, model) -> RpcHandler:  # type: ignore[no-untyped-def]
+    return RpcHandler(session, model.encode_prompt)
+
+
+async def test_jsonrpc_2_framing_is_accepted_and_echoed(rpc: RpcHandler) -> None:
+    r = await rpc.handle({"jsonrpc": "2.0", "id": "a", "method": "flush"})
+    assert r == {"jsonrpc": "2.0", "id": "a", "result": {"epoch": 1}}
+    assert list(r) == ["jsonrpc", "id", "result"]
+    err = await rpc.handle({"jsonrpc": "2.0", "id": 2, "method": "warp"})
+    assert err["jsonrpc"] == "2.0" and err["id"] == 2 and err["error"]["code"] == errors.METHOD_NOT_FOUND
+    assert await rpc.handle({"id": 3, "method": "get_state"}) == {"id": 3, "result": rpc.session.info()}  # plain
+
+
+@pytest.mark.parametrize("version", ["1.0", "2", 2.0, None, ["2.0"]])
+async def test_any_other_jsonrpc_value_is_refused_precisely(rpc: RpcHandler, version) -> None:  # type: ignore[no-untyped-def]
+    r = await rpc.handle({"jsonrpc": version, "id": 5, "method": "flush"})
+    if version is None:  # an explicit null is the same as leaving it out
+        assert r == {"id": 5, "result": {"epoch": 1}}
+        return
+    assert r["id"] == 5 and r["error"]["code"] == errors.INVALID_REQUEST and "jsonrpc" in r["error"]["message"]
+    assert rpc.session.current_epoch() == 0  # nothing ran
+
+
+async def test_a_notification_runs_and_gets_no_reply(rpc: RpcHandler) -> None:
+    assert await rpc.handle({"jsonrpc": "2.0", "method": "flush"}) is None
+    assert rpc.session.current_epoch() == 1
+    assert await rpc.handle({"jsonrpc": "2.0", "method": "warp"}) is None  # errors of notifications too
+    assert (await rpc.handle({"method": "flush"}))["id"] is None  # without 2.0 framing: answered, id null
+
+
+@pytest.mark.parametrize("raw, rid, code, needle", [
+    ('{"id": 41, "method": "flush", ', 41, errors.PARSE_ERROR, "not valid JSON"),
+    ('{"jsonrpc": "2.0", "id": "q", "method": }', "q", errors.PARSE_ERROR, "not valid JSON"),
+    ('{"id": 42, "method": "set_prompt", "params": {"prompt": "' + "x" * 5000 + '"}}', 42, errors.INVALID_REQUEST,
+     "exceeds 4096"),
+    ('[{"id": 1, "method": "flush"}]', None, errors.INVALID_REQUEST, "batch"),
+    ('{"id": [1], "method": "flush"}', None, errors.INVALID_REQUEST, "id: must be"),
+    ('{"id": true, "method": "flush"}', None, errors.INVALID_REQUEST, "id: must be"),
+    ('{"id": "' + "k" * 65 + '", "method": "flush"}', None, errors.INVALID_REQUEST, "id: must be"),
+    ('{"id": 43, "method": "flush", "params": [1]}', 43, errors.INVALID_REQUEST, "params"),
+])
+async def test_every_error_carries_the_id_when_it_can_be_recovered(rpc: RpcHandler, raw, rid, code,  # type: ignore[no-untyped-def]
+                                                                    needle) -> None:
+    r = await rpc.handle_raw(raw)
+    assert r["id"] == rid and r["error"]["code"] == code and needle in r["error"]["message"], r
+    assert rpc.session.current_epoch() == 0
+
+
+async def test_a_500_emoji_prompt_fits_as_utf8(rpc: RpcHandler) -> None:
+    prompt = "\U0001f30b" * 500
+    text = json.dumps({"id": 1, "method": "set_prompt", "params": {"prompt": prompt}}, ensure_ascii=False)
+    assert len(text.encode()) < 4096 < len(json.dumps({"params": {"prompt": prompt}}))  # escaped it would not fit
+    assert (await rpc.handle_raw(text)) == {"id": 1, "result": {"prompt": prompt}}
+
+
+def test_actions_report_stale_seqs_and_one_wild_seq_does_not_freeze(session: Session) -> None:
+    h = ActionHandler(session, guard=InputGuard(InputLimits(report_interval_s=1.0)))
+
+    def send(seq: int, keys: list[str], t: float) -> list:  # type: ignore[type-arg]
+        return h.receive(json.dumps({"seq": seq, "t": 0, "keys": keys}), t)
+
+    assert send(5, ["w"], 0.0) == []
+    (ev,) = send(3, ["s"], 0.0)
+    assert ev["event"] == "action_ignored" and ev["seq"] == 3 and ev["count"] == 1 and "not newer than 5" in ev["message"]
+    assert send(2**53, ["space"], 0.1) == []
+    assert send(6, ["d"], 0.2) == []  # the client's next message is applied: nothing frozen
+    assert session.actions.last_seq == 6 and session.sample_chunk(1).actions[0, 3] == 1  # d held
+    assert send(4, [], 0.3) == []  # stale again: coalesced into the next summary
+    (summary,) = h.guard.drain(1.0)
+    assert summary["event"] == "action_ignored" and summary["count"] == 1 and summary["seq"] == 4
+    assert (h.accepted, h.ignored, h.rejected) == (3, 2, 0)
+
+
+def test_actions_are_refused_by_size_and_rate_before_parsing(session: Session) -> None:
+    h = ActionHandler(session, guard=InputGuard(InputLimits(action_rate_hz=1, action_burst=2)))
+    (big,) = h.receive("{" * 5000, 0.0)  # would be a parse error, but the size is checked first
+    assert big["code"] == errors.INVALID_REQUEST and "exceeds 2048" in big["message"]
+    assert h.receive('{"seq": 0, "t": 0}', 0.0) == [] and h.receive('{"seq": 1, "t": 0}', 0.0) == []
+    assert h.receive("not json at all", 0.0) == []  # rate-limited before parsing; coalesced
+    (summary,) = h.guard.drain(0.5)
+    assert summary["counts"] == {"-32001": 1}
