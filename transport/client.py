@@ -41,6 +41,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.utils import uint16_add
 
+from worldcast.transport.limits import head_id
 # the WebSocket (fMP4) stream client lives beside this module; both are importable from here
 from worldcast.transport.ws_client import StreamClient, StreamError, StreamFrame  # noqa: F401
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
@@ -263,7 +264,7 @@ class WebRTCClient:
         rid = self._rpc_id
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         if raw is not None:
-            key = raw.get("id") if isinstance(raw, dict) else None
+            key = raw.get("id") if isinstance(raw, dict) else head_id(raw)
             payload = raw if isinstance(raw, str | bytes) else encode_message(
                 raw, what="control", limit_bytes=10 * MAX_CONTROL_BYTES)
             self._pending[key] = fut  # type: ignore[index]

@@ -46,6 +46,8 @@ NEGOTIATION_TIMEOUT_S = 15.0
 #: Longest a flush or cancel reply waits for aiortc's sender to finish sending a frame it holds, s
 #: (one VP8 encode plus its packets take milliseconds; this bounds a sender that never comes back).
 SETTLE_TIMEOUT_S = 1.0
+#: Longest a disconnect waits for its reason event to leave the control channel, s.
+DISCONNECT_FLUSH_S = 1.0
 
 
 def configure_ice(host_addresses: list[str] | None) -> None:
@@ -214,6 +216,7 @@ class WebRTCPeer:
         self._on_closed = on_closed
         self._on_connected = on_connected
         self._closing = False
+        self._closing_soon = False  #: a disconnect is under way
         self._drain_handle: asyncio.TimerHandle | None = None
         self._unsubscribe: list[Callable[[], None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -264,17 +267,25 @@ class WebRTCPeer:
     def _after_input(self) -> None:
         """Arm the summary timer; disconnect a flooder."""
         verdict = self.guard.verdict()
-        if verdict is not None and not self._closing:
+        if verdict is not None and not self._closing and not self._closing_soon:
             logger.warning("%r: disconnecting: %s", self.session, verdict["message"])
             for ev in self.guard.drain(float("inf")):
                 self.send_event(ev)
             self.send_event(verdict)
-            self._spawn(self.aclose("flood"))
+            self._spawn(self._disconnect("flood"))
             return
         due = self.guard.next_drain_s
         if due is not None and self._drain_handle is None and not self._closing:
             loop = asyncio.get_running_loop()
             self._drain_handle = loop.call_later(max(0.0, due - time.monotonic()), self._drain)
+
+    async def _disconnect(self, reason: str) -> None:
+        """Close after the control channel has sent what is queued (the reason event), bounded."""
+        self._closing_soon = True
+        ch, deadline = self._control, time.monotonic() + DISCONNECT_FLUSH_S
+        while ch is not None and ch.readyState == "open" and ch.bufferedAmount > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await self.aclose(reason)
 
     def _drain(self) -> None:
         self._drain_handle = None
@@ -283,6 +294,8 @@ class WebRTCPeer:
         self._send_all(self.guard.drain(time.monotonic()))
 
     def _on_action(self, message: str | bytes) -> None:
+        if self._closing_soon:
+            return
         try:
             events = self.actions.receive(message, time.monotonic())
         except Exception:  # noqa: BLE001 - never let a message break aiortc's receive loop
