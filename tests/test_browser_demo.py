@@ -26,9 +26,6 @@ SCREENSHOT = "/tmp/worldcast_demo.png"
 BUILD_COMMAND = "npm --prefix web_demo ci && npm --prefix web_demo run build"
 #: Longest wait for any one condition in the page, s. Generous: 2 CPU cores shared with the model.
 WAIT_S = 20.0
-#: How long the test holds a key, ms.
-HOLD_MS = 1000
-
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
 
@@ -85,10 +82,9 @@ def test_demo_connects_plays_and_applies_a_key_press(live_server) -> None:  # ty
             # Hold D: the key state goes out at once and then at ~60 Hz; the server applies it.
             assert stat(page, "lastSentSeq") == -1, "no action should be sent before any input"
             page.keyboard.down("d")
-            page.wait_for_timeout(HOLD_MS)
+            wait_js(page, "window.__worldcast.lastSentSeq >= 9", "action messages repeated while the key is held")
             sent, keys = page.evaluate("[window.__worldcast.lastSentSeq, window.__worldcast.lastSentKeys]")
             assert keys == ["d"]
-            assert sent >= 10, f"only {sent + 1} action messages in {HOLD_MS} ms of holding a key"
             applied = wait_js(page, f"window.__worldcast.lastAppliedSeq >= {sent} && window.__worldcast.lastAppliedSeq",
                               f"a frame applying action seq {sent} (key d held)")
             assert applied >= sent

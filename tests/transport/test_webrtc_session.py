@@ -23,9 +23,7 @@ async def frames_for(c: WebRTCClient, seconds: float) -> list:  # type: ignore[t
 
 async def test_video_flows_with_increasing_pts_and_metadata(live_server) -> None:  # type: ignore[no-untyped-def]
     async with await WebRTCClient.connect(live_server.url, seed=1) as c:
-        first = await c.next_frame()
-        ttff = time.monotonic() - c.answered_at
-        assert ttff < 5.0  # the 2 s bar is measured by the benchmark on an idle machine
+        first = await c.next_frame()  # time to first frame is the benchmark's to measure, not a test's
         scale = live_server.config.video_scale
         assert (first.width, first.height) == (64 * scale, 64 * scale)
         frames = await frames_for(c, 2.0)
@@ -82,15 +80,20 @@ async def test_flush_drops_stale_frames(live_server) -> None:  # type: ignore[no
 
 
 async def test_cancel_stops_frames_until_resume(live_server) -> None:  # type: ignore[no-untyped-def]
-    async with await WebRTCClient.connect(live_server.url, seed=4) as c:
+    """Proven by events: while another session on the same engine gets 10 frames (the engine is running,
+    however busy the machine), the cancelled one gets none; after resume it gets frames of the new epoch."""
+    async with await WebRTCClient.connect(live_server.url, seed=4) as c, \
+            await WebRTCClient.connect(live_server.url, seed=40) as clock:
         await c.next_frame()
+        await clock.next_frame()
         epoch = (await c.rpc("cancel"))["epoch"]
-        n = len(c.frame_events)
-        await asyncio.sleep(0.5)  # window in which no frame may arrive
-        assert [e for e in list(c.frame_events)[n:] if e["epoch"] < epoch] == []
-        assert len(c.frame_events) == n
+        n, m = len(c.frame_events), len(clock.frame_events)
+        for _ in range(10):
+            await clock.wait_event(lambda e: e.get("event") == "frame")
+        assert len(clock.frame_events) >= m + 10
+        assert list(c.frame_events)[n:] == [], "frames after cancel"
         await c.rpc("resume")
-        ev = await c.wait_event(lambda m: m.get("event") == "frame")
+        ev = await c.wait_event(lambda e: e.get("event") == "frame")
         assert ev["epoch"] == epoch
 
 
@@ -156,12 +159,19 @@ async def test_hostile_data_channel_messages_keep_the_connection(live_server) ->
         assert ev["code"] == -32700 and "nested" in ev["message"]
         reply = await c.rpc("", raw=deep)
         assert reply["error"]["code"] == -32700
-        # a flood of control messages is rate-limited, not queued without bound
+        # a flood of control messages is rate-limited, not queued without bound; every call still ends
+        # (answered, or named in an rpc_rejected summary past the reply budget)
         replies = await asyncio.gather(*(c.rpc("", raw={"id": 1000 + i, "method": "get_state"}) for i in range(60)))
         limited = [r for r in replies if r.get("error", {}).get("code") == -32001]
         assert 0 < len(limited) < 60
-        await asyncio.sleep(2.5)  # let the bucket refill
-        assert (await c.rpc("get_state"))["epoch"] == 0
+        t0 = time.monotonic()
+        while True:  # the bucket refills at 10/s: calls succeed again
+            try:
+                assert (await c.rpc("get_state"))["epoch"] == 0
+                break
+            except RpcFailed as e:
+                assert e.code == -32001 and time.monotonic() - t0 < 30
+                await c.wait_event(lambda m: m.get("event") == "frame")  # pace the retries by frames
         assert c.pc.connectionState == "connected"
         await c.next_frame()
 
@@ -171,7 +181,7 @@ async def test_a_bad_second_offer_leaves_the_live_peer_alone(live_server) -> Non
         await c.next_frame()
         url = f"/v1/sessions/{c.session_id}/webrtc"
         r = await c.http.post(url, json={"sdp": "v=0\r\ngarbage", "type": "offer"})
-        assert r.status_code == 400 and "video" in r.json()["detail"]
+        assert r.status_code == 400 and "invalid SDP offer: line 2" in r.json()["detail"]
         n = len(c.frame_events)
         await c.wait_event(lambda m: m.get("event") == "frame")
         assert len(c.frame_events) > n and c.pc.connectionState == "connected"

@@ -1,0 +1,144 @@
+"""`python -m tests.fuzz`: fuzz every input surface, pure and against a live server, and write a JSON report.
+
+    python -m tests.fuzz --cases 10000 --live-cases 2000 --out fuzz_report.json
+
+Surfaces: action messages, control RPCs and SDP offers, each through the real parser on a real session
+(`--cases` each) and over a real server's data channels / signaling route (`--live-cases` each; SDP: a
+tenth of it), and the HTTP routes by schemathesis from the server's OpenAPI schema (`--cases`). A second
+session streams throughout the live part; a surface fails if it went `MAX_WATCH_GAP_S` without a frame.
+Exit status 1 if any surface crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.fuzz import harness
+from tests.fuzz.strategies import action_messages, control_messages, sdp_offers
+
+
+def real_offers() -> list[str]:
+    """Offers of real aiortc peers: with and without a data channel."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    from worldcast.transport.webrtc import configure_ice
+
+    async def one(dc: bool) -> str:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        try:
+            if dc:
+                pc.createDataChannel("actions")
+            pc.addTransceiver("video", direction="recvonly")
+            await pc.setLocalDescription(await pc.createOffer())
+            return pc.localDescription.sdp
+        finally:
+            await pc.close()
+
+    configure_ice(["127.0.0.1"])
+    return [asyncio.run(one(True)), asyncio.run(one(False))]
+
+
+async def live(url: str, bases: list[str], *, live_cases: int, http_cases: int, seed: int,
+               surfaces: set[str]) -> list[harness.SurfaceResult]:
+    from worldcast.transport.client import WebRTCClient
+
+    out = []
+    watcher = await WebRTCClient.connect(url, seed=1)
+    target = await WebRTCClient.connect(url, seed=2)
+    try:
+        await watcher.next_frame()
+        await target.next_frame()
+        def seen() -> list[float]:
+            return [e["received_at"] for e in watcher.frame_events]
+
+        if live_cases and "actions" in surfaces:
+            acts = harness.collect(action_messages, live_cases, seed)
+            reliable = target.pc.createDataChannel("actions")  # reliable: every fuzz case arrives
+            while reliable.readyState != "open":
+                await asyncio.sleep(0.01)
+            out.append(await harness.fuzz_channel_live(target, reliable, acts, "actions", watcher_times=seen))
+        if live_cases and "rpc" in surfaces:
+            msgs = harness.collect(control_messages, live_cases, seed + 1)
+            out.append(await harness.fuzz_channel_live(target, target.control, msgs, "rpc", watcher_times=seen))
+            await target.rpc("resume")  # the fuzz may have paused or cancelled it
+        if live_cases and "sdp" in surfaces:
+            offers = harness.collect(sdp_offers(bases), max(1, live_cases // 10), seed + 2)
+            out.append(await harness.fuzz_sdp_live(target, offers, watcher_times=seen))
+        if http_cases:
+            t0 = time.monotonic()
+            r = await asyncio.to_thread(harness.fuzz_http_live, url, http_cases, token=target.token,
+                                        session_id=target.session_id, seed=seed + 3)
+            r.watcher = harness.watch_stats(seen(), t0, time.monotonic())
+            if r.watcher["max_gap_s"] > harness.MAX_WATCH_GAP_S:
+                r.crash(f"the watching session went {r.watcher['max_gap_s']} s without a frame")
+            out.append(r)
+        if watcher.pc.connectionState != "connected":
+            out[-1].crash(f"the watching session is {watcher.pc.connectionState}")
+    finally:
+        await target.aclose()
+        await watcher.aclose()
+    return out
+
+
+def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_cases: int | None = None) -> dict[str, Any]:
+    """Run the fuzz; returns the report."""
+    from tests.conftest import _serve, server_config
+    from worldcast.models.tinyworld import TinyWorldModel
+
+    torch.set_num_threads(1)
+    model = TinyWorldModel.from_pretrained()
+    bases = real_offers()
+    results: list[harness.SurfaceResult] = []
+    if "actions" in surfaces:
+        results.append(harness.fuzz_actions_pure(model, cases, seed))
+    if "rpc" in surfaces:
+        results.append(harness.fuzz_rpc_pure(model, cases, seed))
+    if "sdp" in surfaces:
+        results.append(harness.fuzz_sdp_pure(bases, cases, seed))
+    errors = harness.ServerErrors()
+    if live_cases or "http" in surfaces:
+        with errors.installed():
+            gen = _serve(harness.fuzz_config(server_config()), model)
+            srv = next(gen)
+            try:
+                results += asyncio.run(live(srv.url, bases, live_cases=live_cases,
+                                            http_cases=(cases if http_cases is None else http_cases) if "http" in surfaces else 0, seed=seed,
+                                            surfaces=surfaces))
+            finally:
+                gen.close()
+    report = {"cases": cases, "live_cases": live_cases, "seed": seed,
+              "surfaces": [r.as_dict() for r in results],
+              "server_errors": errors.records[:20], "server_error_count": len(errors.records),
+              "crashes": sum(r.crash_count for r in results) + len(errors.records)}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=int, default=10_000, help="cases per pure surface and for HTTP (default 10000)")
+    p.add_argument("--live-cases", type=int, default=2_000, help="cases per live data-channel surface (SDP: a tenth)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--surfaces", default="actions,rpc,sdp,http")
+    p.add_argument("--out", type=Path, default=Path("fuzz_report.json"))
+    a = p.parse_args(argv)
+    if a.cases < 1 or a.live_cases < 0:
+        p.error("--cases must be >= 1 and --live-cases >= 0")
+    report = run(a.cases, a.live_cases, a.seed, set(a.surfaces.split(",")))
+    a.out.write_text(json.dumps(report, indent=2))
+    for r in report["surfaces"]:
+        print(f"{r['surface']:8s} {r['level']:5s} cases {r['cases']:6d}  crashes {r['crash_count']}  "
+              f"{r['seconds']:.0f} s  watcher {r['watcher'] or '-'}")
+    print(f"server errors logged: {report['server_error_count']}; report: {a.out}")
+    return 1 if report["crashes"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
