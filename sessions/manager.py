@@ -85,6 +85,11 @@ class SessionManager:
         self.worker.start()
         self._tick_task = asyncio.create_task(self._tick_loop(), name="session-manager-tick")
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the manager runs on (None before `start`)."""
+        return self._loop
+
     async def aclose(self) -> None:
         """Close every session and stop the worker (idempotent)."""
         if self._tick_task is not None:

@@ -51,7 +51,7 @@ from worldcast.transport.schemas import (
     SdpAnswer,
     SdpOffer,
 )
-from worldcast.transport.webrtc import WebRTCPeer, configure_ice
+from worldcast.transport.webrtc import WebRTCPeer, configure_ice, quiet_closed_transport_errors
 from worldcast.transport.ws_stream import StreamSocketTuning, serve_stream
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,8 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        configure_ice(config.ice_host_addresses)
+        configure_ice(config.ice_host_addresses, consent_timeout_s=config.ice_consent_timeout_s)
+        quiet_closed_transport_errors(asyncio.get_running_loop())
         m = model if model is not None else config.load_model()
         manager = SessionManager(m, engine_config=config.engine, config=config.sessions)
         metrics = Metrics(manager)

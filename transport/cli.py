@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a session is observed before admission charges its own measured duty cycle "
                         "fully (before that, partly the mean of measured sessions)")
     s.add_argument("--idle-after", type=float, default=30.0, help="seconds without actions before a session idles")
+    s.add_argument("--session-timeout", type=float, default=120.0,
+                   help="seconds a session with no peer and no activity lives before it is closed")
+    s.add_argument("--negotiation-timeout", type=float, default=15.0,
+                   help="seconds an answered peer may take to connect before it is closed")
+    s.add_argument("--ice-consent-timeout", type=float, default=None,
+                   help="seconds a peer may stay silent to ICE consent checks before it is closed (default 30, "
+                        "RFC 7675)")
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
@@ -151,10 +158,13 @@ def main(argv: list[str] | None = None) -> None:
             dreamverse_segment_s=args.dreamverse_segment,
             livekit=livekit,
             agent=agent,
+            negotiation_timeout_s=args.negotiation_timeout,
+            ice_consent_timeout_s=args.ice_consent_timeout,
             engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
                                 torch_threads=args.threads, reserved_cores=args.reserved_cores),
             sessions=SessionConfig(
                 idle_after_s=args.idle_after,
+                timeout_s=args.session_timeout,
                 admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
                                           target_utilization=args.target_utilization,
                                           max_overload_probability=args.max_overload,

@@ -43,6 +43,7 @@ class ServerConfig:
     livekit: LiveKitConfig | None = None  #: LiveKit server for `"transport": "livekit"` sessions (None: off)
     agent: AgentWorkerConfig | None = None  #: register with `livekit` as an agent worker (None: don't)
     negotiation_timeout_s: float = 15.0  #: an answered peer not `connected` after this is closed, s
+    ice_consent_timeout_s: float | None = None  #: a peer silent to ICE consent checks this long is closed, s (None: 30)
     input_limits: InputLimits = field(default_factory=InputLimits)  #: per-connection rates, sizes, flood policy
 
     def __post_init__(self) -> None:

@@ -50,11 +50,24 @@ SETTLE_TIMEOUT_S = 1.0
 DISCONNECT_FLUSH_S = 1.0
 
 
-def configure_ice(host_addresses: list[str] | None) -> None:
-    """Gather host ICE candidates only on `host_addresses` (None: aioice's default, all but loopback).
+#: aioice's consent freshness defaults (RFC 7675 5.1: a check every 5 s, consent lost after 30 s).
+_CONSENT_DEFAULTS = (aioice.ice.CONSENT_INTERVAL, aioice.ice.CONSENT_FAILURES)
 
-    Process-wide: aioice looks host addresses up through a module function.
+
+def configure_ice(host_addresses: list[str] | None, *, consent_timeout_s: float | None = None) -> None:
+    """Gather host ICE candidates only on `host_addresses` (None: aioice's default, all but loopback), and
+    end a connection whose peer stopped answering ICE consent checks after about `consent_timeout_s`
+    (None: RFC 7675's 30 s). A client that vanishes without closing (a killed process, a lost network)
+    is noticed this way.
+
+    Process-wide: aioice reads host addresses and consent timing from its module.
     """
+    if consent_timeout_s is None:
+        aioice.ice.CONSENT_INTERVAL, aioice.ice.CONSENT_FAILURES = _CONSENT_DEFAULTS
+    else:
+        interval = min(5.0, consent_timeout_s / 3)  # at least 3 checks before giving up
+        aioice.ice.CONSENT_INTERVAL = interval
+        aioice.ice.CONSENT_FAILURES = max(1, round(consent_timeout_s / interval))
     if host_addresses:
         addrs = list(host_addresses)
         v4 = [a for a in addrs if ":" not in a]
@@ -167,6 +180,34 @@ class SessionVideoTrack(MediaStreamTrack):
         self._out_epoch = f.epoch  # no await from the epoch check to here: a flush cannot slip between
         self._sender_back.clear()
         return out
+
+
+def quiet_closed_transport_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Log aiortc's fire-and-forget tasks that fail because their transport already closed at INFO.
+
+    aiortc starts some tasks with `ensure_future` and never awaits them (SCTP retransmissions, DTLS and
+    ICE starts); when the peer has gone, they end in ConnectionError or InvalidStateError, which asyncio
+    would report as "Task exception was never retrieved". Every other unhandled exception still goes to
+    the loop's previous handler.
+    """
+    from aiortc.exceptions import InvalidStateError
+
+    previous = loop.get_exception_handler()
+
+    def handler(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc, task = context.get("exception"), context.get("future")
+        coro = getattr(task, "get_coro", lambda: None)()
+        module = getattr(getattr(coro, "cr_code", None), "co_filename", "")
+        if isinstance(exc, ConnectionError | InvalidStateError) and ("/aiortc/" in module or "/aioice/" in module):
+            logger.info("aiortc task %s ended after its transport closed: %r", getattr(coro, "__qualname__", "?"),
+                        exc)
+            return
+        if previous is not None:
+            previous(lp, context)
+        else:
+            lp.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
