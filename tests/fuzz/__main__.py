@@ -90,6 +90,7 @@ async def live(url: str, bases: list[str], *, live_cases: int, http_cases: int, 
 
 def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_cases: int | None = None) -> dict[str, Any]:
     """Run the fuzz; returns the report."""
+    import worldcast.transport.app  # noqa: F401 - everything the server needs, imported before a long run
     from tests.conftest import _serve, server_config
     from worldcast.models.tinyworld import TinyWorldModel
 
