@@ -11,7 +11,7 @@ LIVEKIT_VERSION := v1.13.5
 LIVEKIT_SERVER := $(HOME)/.cache/worldcast/livekit-server-$(LIVEKIT_VERSION)/server
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: serve test setup demo train evaluate bench gpu-check livekit-server
+.PHONY: serve test setup demo train evaluate bench gpu-check livekit-server fuzz cycles flood soak
 
 setup: $(VENV)/.installed
 
@@ -59,3 +59,18 @@ bench: $(VENV)/.installed
 # On a machine with a CUDA device: gpu-marked tests, the causal-Wan 1.3B engine path per batch size, TinyWorld's bench.
 gpu-check: $(VENV)/.installed
 	$(PY) -m worldcast.engine.gpu_check --out gpu_results
+
+# Hardening (BENCHMARKS.md, RELIABILITY): fuzz every input surface (10,000 cases each), connect/disconnect
+# cycles, the flood bar, and the soak (1 hour by default: make soak MINUTES=10).
+MINUTES ?= 60
+fuzz: $(VENV)/.installed
+	$(PY) -m tests.fuzz --cases 10000 --live-cases 2000 --out fuzz_report.json
+
+cycles: $(VENV)/.installed
+	$(PY) -m tests.cycles --cycles 100 --out cycles_report.json
+
+flood: $(VENV)/.installed
+	$(PY) -m worldcast.latency_bench.flood --seconds 10 --rate 2000
+
+soak: $(VENV)/.installed
+	$(PY) -m worldcast.latency_bench.soak --minutes $(MINUTES)

@@ -147,6 +147,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
                               on_count=metrics.on_input, **callbacks)
 
         peers = PeerRegistry(make_peer, on_close=metrics.on_peer_close)
+        metrics.peer_count = lambda: len(peers)
         app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, peers, metrics
         app.state.streams = {}  # session id -> its WebSocket stream (ws_stream.StreamConnection)
         app.state.livekit = None

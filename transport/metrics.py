@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import asyncio
+import threading
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -22,11 +26,20 @@ LATENESS_BUCKETS_S = (-0.05, -0.02, -0.01, 0.0, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5
 
 
 class _LiveCollector(Collector):
-    def __init__(self, manager: SessionManager) -> None:
+    def __init__(self, manager: SessionManager, metrics: Metrics) -> None:
         self.m = manager
+        self.metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         m = self.m
+        loop = m.loop
+        if loop is not None and not loop.is_closed():
+            yield GaugeMetricFamily("worldcast_event_loop_tasks", "asyncio tasks on the server's event loop",
+                                    value=len(asyncio.all_tasks(loop)))
+        yield GaugeMetricFamily("worldcast_threads", "Threads of the server process", value=threading.active_count())
+        if self.metrics.peer_count is not None:
+            yield GaugeMetricFamily("worldcast_peer_connections", "WebRTC peer connections not yet closed",
+                                    value=self.metrics.peer_count())
         states = GaugeMetricFamily("worldcast_sessions", "Open sessions by state", labels=["state"])
         counts = {s.name.lower(): 0 for s in SessionState if s != SessionState.CLOSED}
         for s in list(m.sessions.values()):
@@ -110,7 +123,10 @@ class Metrics:
                                       "internal)", ["channel", "outcome"], registry=r)
         self.peer_closes = Counter("worldcast_peer_closes", "Peer connections closed, by reason", ["reason"],
                                    registry=r)
-        r.register(_LiveCollector(manager))
+        #: open peer connections, set by the app (None: not reported)
+        self.peer_count: Callable[[], int] | None = None
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ... (Linux /proc)
+        r.register(_LiveCollector(manager, self))
 
     def on_step(self, plan: StepSchedulerOutput, result: StepRunnerOutput) -> None:
         """Device-worker hook (worker thread; prometheus-client is thread-safe)."""

@@ -1,0 +1,159 @@
+"""`flood`: does one client's action flood cost its neighbours more than a plain CPU burner would?
+
+    python -m worldcast.latency_bench.flood --seconds 10 --rate 2000 --out flood_results/
+
+Starts `worldcast serve` in a child process, opens a *victim* session that acts at 4 Hz, and measures its
+delivered frames/s over three windows of `--seconds` each:
+
+1. quiet: nothing else runs;
+2. burner: a child process spinning one core (`while True: pass`);
+3. flood: a child process with its own session sending `--rate` action messages/s on its `actions` data
+   channel, every other one junk (not JSON), the rest valid but far over the rate limit (issue 13).
+
+It reports the victim's frames/s in each, the ratio flood / burner (issue 13's bar: >= 0.75), what the
+flooder saw (messages sent, events back, when it was disconnected and why) and the server's input
+counters. Frames/s is counted from 1 s into each window. The machine this runs on is shared: compare
+ratios of one run, not absolute numbers across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from worldcast.latency_bench import report
+from worldcast.latency_bench.probe import SessionProbe
+from worldcast.latency_bench.server import ServerProfile, spawn
+
+SETTLE_S = 1.0
+
+
+def _fps(p: SessionProbe, start: float, end: float) -> float:
+    n = sum(1 for f in p.frames if start + SETTLE_S <= f.arrival_s < end)
+    return n / max(1e-9, end - start - SETTLE_S)
+
+
+async def _input_counts(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        text = (await http.get("/metrics")).text
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in ("worldcast_input_messages_total", "worldcast_peer_closes_total"):
+                key = f"{s.labels.get('channel', 'peer')}:{s.labels.get('outcome', s.labels.get('reason'))}"
+                out[key] = s.value
+    return out
+
+
+async def _window(p: SessionProbe, seconds: float, child: list[str] | None, *,
+                  wait_child: bool = False) -> tuple[float, str]:
+    """The victim's frames/s over `seconds` while `child` runs; its stdout if `wait_child` (else it is killed)."""
+    proc = subprocess.Popen(child, stdout=subprocess.PIPE, text=True, env=os.environ.copy()) if child else None
+    out = ""
+    try:
+        if proc is not None and wait_child:  # the flooder says when it is connected and starts flooding
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 120)  # type: ignore[union-attr]
+            if line.strip() != "ready":
+                raise RuntimeError(f"flooder: {line!r}")
+        start = time.monotonic()
+        await p.act_for(seconds, 4.0)
+        fps = _fps(p, start, time.monotonic())
+        if proc is not None and wait_child:
+            out, _ = await asyncio.to_thread(proc.communicate, None, 60)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    return fps, out
+
+
+async def run(url: str, *, seconds: float, rate: float) -> dict[str, Any]:
+    victim = await SessionProbe.open(url, seed=1, stamped=False)
+    try:
+        await victim.first_frame(60.0)
+        await victim.act_for(2.0, 4.0)  # warm
+        quiet, _ = await _window(victim, seconds, None)
+        burner, _ = await _window(victim, seconds, [sys.executable, "-c", "while True: pass"])
+        before = await _input_counts(url)
+        flooder_cmd = [sys.executable, "-m", "worldcast.latency_bench.flood", "--flooder", url,
+                       "--rate", str(rate), "--seconds", str(seconds)]
+        flood, out = await _window(victim, seconds, flooder_cmd, wait_child=True)
+        after = await _input_counts(url)
+    finally:
+        await victim.close()
+    lines = out.strip().splitlines()
+    flooder = json.loads(lines[-1]) if lines else {}
+    return {
+        "seconds": seconds, "rate_hz": rate,
+        "victim_fps": {"quiet": quiet, "burner": burner, "flood": flood},
+        "flood_over_burner": flood / burner if burner else float("nan"),
+        "bar_met": bool(burner and flood / burner >= 0.75),
+        "flooder": flooder,
+        "server_counts_during_flood": {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)},
+    }
+
+
+async def flooder(url: str, *, rate: float, seconds: float) -> dict[str, Any]:
+    """The flooding client (its own process): `rate` messages/s, half junk, for `seconds`."""
+    from worldcast.transport.client import WebRTCClient
+    from worldcast.transport.webrtc import configure_ice
+
+    configure_ice(["127.0.0.1"])
+    c = await WebRTCClient.connect(url, seed=2)
+    await c.next_frame()
+    print("ready", flush=True)
+    sent, t0 = 0, time.monotonic()
+    batch = max(1, int(rate / 100))  # 100 batches a second
+    disconnected_at = None
+    try:
+        while (now := time.monotonic()) < t0 + seconds:
+            if c.actions.readyState == "open":
+                for i in range(batch):
+                    n = sent + i
+                    c.actions.send("{junk" if n % 2 else json.dumps({"seq": n, "t": 0, "keys": ["w"]}))
+                sent += batch
+            elif disconnected_at is None:
+                disconnected_at = now - t0
+            await asyncio.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
+        events = [e for e in c.events if e.get("event") in ("action_rejected", "disconnect")]
+        disc = next((e for e in events if e["event"] == "disconnect"), None)
+        return {"sent": sent, "events_back": len(events), "disconnect": disc and {
+            "after_s": disc["received_at"] - t0, "message": disc["message"]}, "channel_closed_after_s": disconnected_at}
+    finally:
+        await c.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m worldcast.latency_bench.flood", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=10.0, help="each window, s")
+    p.add_argument("--rate", type=float, default=2000.0, help="flood messages per second")
+    p.add_argument("--profile", default="shared")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default flood_results/<time>/)")
+    p.add_argument("--flooder", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.flooder:
+        print(json.dumps(report._strict(asyncio.run(flooder(a.flooder, rate=a.rate, seconds=a.seconds)))))
+        return 0
+    if not a.seconds > SETTLE_S or not a.rate > 0:
+        p.error(f"--seconds must exceed {SETTLE_S} and --rate be positive")
+    with spawn(ServerProfile.parse(a.profile)) as url:
+        res = asyncio.run(run(url, seconds=a.seconds, rate=a.rate))
+    out = a.out or Path("flood_results") / time.strftime("%Y%m%d-%H%M%S")
+    report.write_json(out / "report.json", res)
+    print(json.dumps(report._strict(res), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
