@@ -62,7 +62,7 @@ def _pct(a: float, b: float) -> float:
     return (b - a) / a * 100.0 if a else float("nan")
 
 
-async def _settle_leaks(http: httpx.AsyncClient, baseline: dict[str, float], timeout_s: float = 60.0) -> dict[str, float]:
+async def _settle_leaks(http: httpx.AsyncClient, timeout_s: float = 60.0) -> dict[str, float]:
     """Gauges once no peer is left and the counts stop falling (bounded)."""
     end = time.monotonic() + timeout_s
     last = await server_gauges(http)
@@ -84,7 +84,7 @@ async def soak(url: str, *, minutes: float, sessions: int, action_hz: float, sam
         await warm.first_frame(60.0)
         await warm.act_for(2.0, action_hz)
         await warm.close()
-        baseline = await _settle_leaks(http, {})
+        baseline = await _settle_leaks(http)
         probes = [await SessionProbe.open(url, seed=i, stamped=True) for i in range(sessions)]
         for p in probes:
             await p.first_frame(60.0)
@@ -115,7 +115,7 @@ async def soak(url: str, *, minutes: float, sessions: int, action_hz: float, sam
                 t.cancel()
             for p in probes:
                 await p.close()
-        after = await _settle_leaks(http, baseline)
+        after = await _settle_leaks(http)
     warm_s = min(warmup_minutes * 60.0, duration_s / 2)
     rss_warm, rss_end = _median_last(samples, "rss_bytes", before_s=warm_s), _median_last(samples, "rss_bytes")
     mtp_start = stats.percentiles([x for m in start_m for x in m.mtp_ms])

@@ -108,7 +108,8 @@ def _fds() -> int:
 
 def _thread_names() -> list[str]:
     """Threads other than pooled workers (asyncio's default executor, AnyIO's: reused, bounded in number)."""
-    return sorted(t.name for t in threading.enumerate() if not t.name.startswith(("asyncio_", "ThreadPoolExecutor", "AnyIO worker")))
+    pooled = ("asyncio_", "ThreadPoolExecutor", "AnyIO worker")
+    return sorted(t.name for t in threading.enumerate() if not t.name.startswith(pooled))
 
 
 def _threads() -> int:

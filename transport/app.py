@@ -43,7 +43,6 @@ from worldcast.transport.dreamverse import serve_dreamverse
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.peers import PeerRegistry
 from worldcast.transport.rpc import RpcHandler
-from worldcast.transport.sdp import InvalidOffer
 from worldcast.transport.schemas import (
     CreateSessionRequest,
     CreateSessionResponse,
@@ -51,6 +50,7 @@ from worldcast.transport.schemas import (
     SdpAnswer,
     SdpOffer,
 )
+from worldcast.transport.sdp import InvalidOffer
 from worldcast.transport.webrtc import WebRTCPeer, configure_ice, quiet_closed_transport_errors
 from worldcast.transport.ws_stream import StreamSocketTuning, serve_stream
 

@@ -112,7 +112,7 @@ class MarkerJitterBuffer(JitterBuffer):
 
     def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
         if self._origin is not None:
-            packets = []
+            packets: list[Any] = []
             for count in range(self._capacity):
                 p = self._packets[uint16_add(self._origin, count) % self._capacity]
                 if p is None or (packets and p.timestamp != packets[0].timestamp):

@@ -36,7 +36,8 @@ Channel = Literal["actions", "control"]
 #: Ids of rate-limited control requests listed in one `rpc_rejected` summary, at most.
 MAX_SUMMARY_IDS = 64
 #: A JSON-RPC id near the start of a message, read without parsing it (for replies to unparsed messages).
-_HEAD_ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"[^"\\]{0,8}"\s*,\s*)?"id"\s*:\s*(-?\d{1,16}|"[^"\\]{0,64}")\s*[,}]')
+_HEAD_ID = re.compile(
+    rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"[^"\\]{0,8}"\s*,\s*)?"id"\s*:\s*(-?\d{1,16}|"[^"\\]{0,64}")\s*[,}]')
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class TokenBucket:
 
     def __init__(self, rate_hz: float, burst: float) -> None:
         self.rate_hz, self.burst = rate_hz, burst
-        self._tokens, self._last_s = burst, None
+        self._tokens = burst
+        self._last_s: float | None = None
 
     def take(self, now_s: float) -> bool:
         """Take one token if there is one."""

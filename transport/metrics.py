@@ -7,11 +7,9 @@ scrape time by a custom collector, so they are never stale.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

@@ -27,7 +27,7 @@ from aiortc import RTCSessionDescription
 from worldcast.sessions.errors import SessionClosedError
 from worldcast.sessions.session import Session, SessionState
 from worldcast.transport.sdp import validate_offer
-from worldcast.transport.webrtc import WebRTCPeer
+from worldcast.transport.webrtc import WebRTCPeer, _retrieve
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class PeerRegistry:
 
     def _connected(self, peer: WebRTCPeer) -> None:
         sid = peer.session.id
-        if self.pending.get(sid) is not peer:
+        if sid not in self.pending or self.pending[sid] is not peer:
             return
         del self.pending[sid]
         old = self.live.get(sid)
@@ -105,7 +105,8 @@ class PeerRegistry:
         peer.session.actions.new_client()  # the new client's seq numbering starts afresh
         if old is not None:
             logger.info("%r: replaced by a renegotiated peer", old.session)
-            asyncio.get_running_loop().create_task(old.aclose("replaced"), name=f"replace-{sid}")
+            t = asyncio.get_running_loop().create_task(old.aclose("replaced"), name=f"replace-{sid}")
+            t.add_done_callback(_retrieve)
 
     def _closed(self, peer: WebRTCPeer) -> None:
         self._all.discard(peer)

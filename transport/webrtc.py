@@ -66,7 +66,7 @@ def configure_ice(host_addresses: list[str] | None, *, consent_timeout_s: float 
         aioice.ice.CONSENT_INTERVAL, aioice.ice.CONSENT_FAILURES = _CONSENT_DEFAULTS
     else:
         interval = min(5.0, consent_timeout_s / 3)  # at least 3 checks before giving up
-        aioice.ice.CONSENT_INTERVAL = interval
+        aioice.ice.CONSENT_INTERVAL = interval  # type: ignore[assignment]  # a float works: it feeds asyncio.sleep
         aioice.ice.CONSENT_FAILURES = max(1, round(consent_timeout_s / interval))
     if host_addresses:
         addrs = list(host_addresses)

@@ -104,6 +104,7 @@ def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_case
         results.append(harness.fuzz_rpc_pure(model, cases, seed))
     if "sdp" in surfaces:
         results.append(harness.fuzz_sdp_pure(bases, cases, seed))
+    http_n = (cases if http_cases is None else http_cases) if "http" in surfaces else 0
     errors = harness.ServerErrors()
     if live_cases or "http" in surfaces:
         with errors.installed():
@@ -111,7 +112,7 @@ def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_case
             srv = next(gen)
             try:
                 results += asyncio.run(live(srv.url, bases, live_cases=live_cases,
-                                            http_cases=(cases if http_cases is None else http_cases) if "http" in surfaces else 0, seed=seed,
+                                            http_cases=http_n, seed=seed,
                                             surfaces=surfaces))
             finally:
                 gen.close()

@@ -320,35 +320,41 @@ def fuzz_http_live(url: str, cases: int, *, token: str, session_id: str, seed: i
     with httpx.Client(base_url=url, timeout=30) as http:
         for op in ops:
             for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
-                strategy = op.as_strategy(generation_mode=mode)
-
-                @_settings(per_op, seed)
-                @given(case=strategy, real=st.booleans())
-                def run(case: Any, real: bool) -> None:
-                    res.cases += 1
-                    headers = dict(case.headers or {})
-                    if real and "session_id" in (case.path_parameters or {}) and op.method.upper() != "DELETE":
-                        case.path_parameters = dict(case.path_parameters, session_id=session_id)
-                        headers["Authorization"] = f"Bearer {token}"
-                    try:
-                        r = case.call(base_url=url, headers=headers, timeout=30)
-                    except Exception as e:  # noqa: BLE001 - a malformed request the HTTP library refuses
-                        res.outcomes[f"not sent: {type(e).__name__}"] += 1
-                        return
-                    res.outcomes[f"{op.method.upper()} {r.status_code}"] += 1
-                    if r.status_code == 503 and "retry-after" in {k.lower() for k in r.headers}:
-                        return  # admission refused, with a retry hint: a precise answer
-                    if r.status_code >= 500:
-                        res.crash(f"{op.method.upper()} {op.path} -> {r.status_code}: {r.text[:200]}")
-
-                try:
-                    run()
-                except Unsatisfiable:  # e.g. negative cases of an operation without parameters
-                    res.outcomes[f"no {mode.value} cases: {op.method.upper()} {op.path}"] += 1
+                _http_operation(res, op, mode, url=url, cases=per_op, seed=seed, token=token, session_id=session_id)
         if http.get("/healthz").status_code != 200:
             res.crash("server unhealthy after the HTTP fuzz")
     res.seconds = time.monotonic() - t0
     return res
+
+
+def _http_operation(res: SurfaceResult, op: Any, mode: Any, *, url: str, cases: int, seed: int, token: str,
+                    session_id: str) -> None:
+    """`cases` schemathesis cases of one operation in one generation mode."""
+    method = op.method.upper()
+
+    @_settings(cases, seed)
+    @given(case=op.as_strategy(generation_mode=mode), real=st.booleans())
+    def run(case: Any, real: bool) -> None:
+        res.cases += 1
+        headers = dict(case.headers or {})
+        if real and "session_id" in (case.path_parameters or {}) and method != "DELETE":
+            case.path_parameters = dict(case.path_parameters, session_id=session_id)
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            r = case.call(base_url=url, headers=headers, timeout=30)
+        except Exception as e:  # noqa: BLE001 - a malformed request the HTTP library refuses
+            res.outcomes[f"not sent: {type(e).__name__}"] += 1
+            return
+        res.outcomes[f"{method} {r.status_code}"] += 1
+        if r.status_code == 503 and "retry-after" in {k.lower() for k in r.headers}:
+            return  # admission refused, with a retry hint: a precise answer
+        if r.status_code >= 500:
+            res.crash(f"{method} {op.path} -> {r.status_code}: {r.text[:200]}")
+
+    try:
+        run()
+    except Unsatisfiable:  # e.g. negative cases of an operation without parameters
+        res.outcomes[f"no {mode.value} cases: {method} {op.path}"] += 1
 
 
 def fuzz_config(base: Any) -> Any:

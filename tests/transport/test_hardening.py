@@ -440,7 +440,7 @@ async def test_jsonrpc_2_over_the_data_channel_and_http(server) -> None:  # type
             assert st["epoch"] == 3
 
 
-# -- 8. seq semantics -----------------------------------------------------------------------------------------------------
+# -- 8. seq semantics ---------------------------------------------------------------------------------------------
 
 
 async def test_one_wild_seq_cannot_freeze_the_keys_and_stale_ones_get_feedback(server) -> None:  # type: ignore[no-untyped-def]

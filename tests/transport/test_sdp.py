@@ -71,7 +71,7 @@ def _drop(sdp: str, prefix: str) -> str:
     (lambda s: "v=0\r\n", "no m-lines"),
     (lambda s: "", "empty"),
     (lambda s: s.replace("m=video ", "m=video x"), "is not 'm=<media> <port>"),
-    (lambda s: s + "".join(f"m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n" for _ in range(8)), "more than 8"),
+    (lambda s: s + "".join("m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n" for _ in range(8)), "more than 8"),
     (lambda s: s.replace("a=end-of-candidates", "\r\n".join(
         f"a=candidate:{i} 1 udp 1 127.0.0.{i % 250 + 1} 9 typ host" for i in range(MAX_CANDIDATES)), 1),
      f"more than {MAX_CANDIDATES}"),
