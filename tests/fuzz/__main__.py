@@ -88,8 +88,9 @@ async def live(url: str, bases: list[str], *, live_cases: int, http_cases: int, 
     return out
 
 
-def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_cases: int | None = None) -> dict[str, Any]:
-    """Run the fuzz; returns the report."""
+def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_cases: int | None = None,
+        progress: Path | None = None) -> dict[str, Any]:
+    """Run the fuzz; returns the report (and writes what is done so far to `progress` after each pure surface)."""
     import worldcast.transport.app  # noqa: F401 - everything the server needs, imported before a long run
     from tests.conftest import _serve, server_config
     from worldcast.models.tinyworld import TinyWorldModel
@@ -98,12 +99,20 @@ def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_case
     model = TinyWorldModel.from_pretrained()
     bases = real_offers()
     results: list[harness.SurfaceResult] = []
+
+    def saved() -> None:
+        if progress is not None:
+            progress.write_text(json.dumps([r.as_dict() for r in results], indent=2))
+
     if "actions" in surfaces:
         results.append(harness.fuzz_actions_pure(model, cases, seed))
+        saved()
     if "rpc" in surfaces:
         results.append(harness.fuzz_rpc_pure(model, cases, seed))
+        saved()
     if "sdp" in surfaces:
         results.append(harness.fuzz_sdp_pure(bases, cases, seed))
+        saved()
     http_n = (cases if http_cases is None else http_cases) if "http" in surfaces else 0
     errors = harness.ServerErrors()
     if live_cases or "http" in surfaces:
@@ -133,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.cases < 1 or a.live_cases < 0:
         p.error("--cases must be >= 1 and --live-cases >= 0")
-    report = run(a.cases, a.live_cases, a.seed, set(a.surfaces.split(",")))
+    report = run(a.cases, a.live_cases, a.seed, set(a.surfaces.split(",")),
+                 progress=a.out.with_suffix(".partial.json"))
     a.out.write_text(json.dumps(report, indent=2))
     for r in report["surfaces"]:
         print(f"{r['surface']:8s} {r['level']:5s} cases {r['cases']:6d}  crashes {r['crash_count']}  "

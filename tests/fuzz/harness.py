@@ -263,6 +263,11 @@ async def fuzz_channel_live(client: Any, channel: Any, messages: list[Any], surf
     """Send `messages` on a data channel of the fuzzed client; it must stay connected and answer get_state."""
     res, t0 = SurfaceResult(surface, "live"), time.monotonic()
     for i, m in enumerate(messages):
+        if isinstance(m, str):
+            try:
+                m.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: aiortc cannot send it as text; send its bytes
+                m = m.encode("utf-8", "surrogatepass")
         channel.send(m)
         res.cases += 1
         if i % 25 == 24:
