@@ -104,7 +104,7 @@ def check_event(ev: dict[str, Any]) -> str | None:
 
 def _session(model: Any) -> Session:
     return Session("fuzz", "tok", model=model, prompt="a green meadow",
-                   prompt_embedding=np.zeros(model.spec.prompt_dim, np.float32), seed=0, clock=FakeClock())
+                   prompt_embedding=np.zeros(model.spec.prompt_shape, np.float32), seed=0, clock=FakeClock())
 
 
 def _quiet_random(fn: Callable[..., None]) -> Callable[..., None]:
@@ -258,21 +258,49 @@ def _watch_check(res: SurfaceResult, times: Callable[[], list[float]], start: fl
         res.crash(f"the watching session went {res.watcher['max_gap_s']} s without a frame")
 
 
+def _expects_reply(m: str | bytes) -> bool:
+    """Whether the server answers this control message (all but JSON-RPC 2.0 notifications)."""
+    try:
+        req = json.loads(m)
+    except (ValueError, RecursionError):
+        return True
+    return not (isinstance(req, dict) and req.get("jsonrpc") == "2.0" and "id" not in req)
+
+
 async def fuzz_channel_live(client: Any, channel: Any, messages: list[Any], surface: str,
-                            watcher_times: Callable[[], list[float]]) -> SurfaceResult:
-    """Send `messages` on a data channel of the fuzzed client; it must stay connected and answer get_state."""
+                            watcher_times: Callable[[], list[float]], *, in_flight: int = 16) -> SurfaceResult:
+    """Send `messages` on a data channel of the fuzzed client; it must stay connected and answer get_state.
+
+    On the control channel at most `in_flight` requests await their replies at a time (the server runs
+    them concurrently; the production rate limit is lifted for the fuzz, so this keeps the queue bounded).
+    """
     res, t0 = SurfaceResult(surface, "live"), time.monotonic()
+    replies = [0]
+    control = channel is client.control
+    if control:
+        channel.on("message", lambda m: replies.__setitem__(0, replies[0] + ("\"event\"" not in str(m)[:200])))
+    expected = 0
     for i, m in enumerate(messages):
         if isinstance(m, str):
             try:
                 m.encode("utf-8")
             except UnicodeEncodeError:  # a lone surrogate: aiortc cannot send it as text; send its bytes
                 m = m.encode("utf-8", "surrogatepass")
+        if channel.readyState != "open":
+            res.crash(f"the {surface} channel closed after {i} messages ({client.pc.connectionState})")
+            break
         channel.send(m)
         res.cases += 1
+        expected += control and _expects_reply(m)
+        deadline = time.monotonic() + 30
+        while control and expected - replies[0] > in_flight and channel.readyState == "open":
+            if time.monotonic() > deadline:
+                res.crash(f"no reply to {expected - replies[0]} control messages in 30 s")
+                break
+            await asyncio.sleep(0.005)
         if i % 25 == 24:
             await asyncio.sleep(0.005)  # let SCTP and the server keep up; a flood is the flood benchmark's
-            while channel.bufferedAmount > 64 * 1024:
+            while channel.bufferedAmount > 64 * 1024 and channel.readyState == "open":
                 await asyncio.sleep(0.005)
     try:
         state = await client.rpc("get_state")

@@ -1,0 +1,28 @@
+"""The soak and flood commands' measuring parts, short, against a real server: what they report, not how fast."""
+
+from __future__ import annotations
+
+import pytest
+
+from worldcast.latency_bench import flood, soak
+
+pytestmark = pytest.mark.timeout(300)
+
+
+async def test_a_short_soak_reports_drift_pts_and_leaks(live_server) -> None:  # type: ignore[no-untyped-def]
+    r = await soak.soak(live_server.url, minutes=0.25, sessions=1, action_hz=4.0, sample_s=2.0, warmup_minutes=0.05,
+                        mtp_window_s=5.0)
+    assert r["frames"] > 0 and r["pts_not_increasing"] == [0]
+    assert len(r["samples"]) >= 3 and all(s["rss_bytes"] > 0 and s["fds"] > 0 for s in r["samples"])
+    assert r["mtp_ms"]["start"]["p50"] > 0 and r["mtp_ms"]["end"]["p50"] > 0
+    assert r["leaks"]["peers"] == 0 and set(r["leaks"]) == {"fds", "threads", "tasks", "peers"}
+    assert set(r["bars"]) == {"rss_growth_le_5pct", "mtp_p50_end_within_10pct", "no_leaks", "pts_monotonic"}
+
+
+async def test_the_flood_command_floods_and_measures_a_neighbour(live_server) -> None:  # type: ignore[no-untyped-def]
+    r = await flood.run(live_server.url, seconds=3.0, rate=1000.0)
+    assert set(r["victim_fps"]) == {"quiet", "burner", "flood"} and r["victim_fps"]["quiet"] > 0
+    assert r["flooder"]["sent"] > 500
+    counts = r["server_counts_during_flood"]
+    assert counts.get("actions:parse_error", 0) + counts.get("actions:rate_limited", 0) > 0, counts
+    assert r["flooder"]["events_back"] < r["flooder"]["sent"] / 20  # coalesced: far fewer replies than messages
