@@ -277,8 +277,15 @@ async def fuzz_channel_live(client: Any, channel: Any, messages: list[Any], surf
     res, t0 = SurfaceResult(surface, "live"), time.monotonic()
     replies = [0]
     control = channel is client.control
+    def on_message(m: str | bytes) -> None:
+        msg = json.loads(m)
+        if "event" not in msg:
+            replies[0] += 1
+        elif msg["event"] == "rpc_rejected":  # refused past the reply budget: answered in a summary
+            replies[0] += msg["count"]
+
     if control:
-        channel.on("message", lambda m: replies.__setitem__(0, replies[0] + ("\"event\"" not in str(m)[:200])))
+        channel.on("message", on_message)
     expected = 0
     for i, m in enumerate(messages):
         if isinstance(m, str):
