@@ -13,8 +13,8 @@ aiortc or the session's live peer:
   (RFC 8841 4.1); anything else, `RTP/AVP` included, is refused;
 - in every m-section (or at session level): `a=fingerprint` with a known hash function and
   a digest of its length (RFC 8122 5), `a=ice-ufrag` (4-256 ice-chars) and `a=ice-pwd`
-  (22-256 ice-chars) (RFC 8839 5.4), `a=setup` if present one of actpass/active/passive
-  (RFC 4145 4);
+  (22-256 ice-chars) (RFC 8839 5.4), `a=setup` actpass/active/passive (RFC 4145 4, RFC 8842 5.2),
+  and `a=rtcp-mux` on RTP sections (RFC 8829 5.2.1);
 - ICE candidates in the offer (no trickle ICE here: offer after gathering completes), at
   most `MAX_CANDIDATES` of them (each is a connectivity-check target).
 
@@ -144,9 +144,13 @@ def _check_transport(s: _Section, session: list[tuple[str, str]]) -> None:
         raise InvalidOffer(f"invalid SDP offer: {where}: ice-ufrag must be 4-256 of A-Z a-z 0-9 + /")
     if not (22 <= len(pwd) <= 256 and _ICE_CHARS.fullmatch(pwd)):
         raise InvalidOffer(f"invalid SDP offer: {where}: ice-pwd must be 22-256 of A-Z a-z 0-9 + /")
-    setup = _one(s, session, "setup")
-    if setup is not None and setup.strip() not in ("actpass", "active", "passive"):
+    setups = s.get("setup") or [v for k, v in session if k == "setup"]
+    if not setups:
+        raise InvalidOffer(f"invalid SDP offer: {where} has no a=setup (DTLS role; RFC 8842 5.2: actpass)")
+    if any(v.strip() not in ("actpass", "active", "passive") for v in setups):
         raise InvalidOffer(f"invalid SDP offer: {where}: a=setup must be actpass, active or passive (RFC 4145)")
+    if s.media != "application" and not (s.has("rtcp-mux") or any(k == "rtcp-mux" for k, _ in session)):
+        raise InvalidOffer(f"invalid SDP offer: {where} has no a=rtcp-mux (required by WebRTC; RFC 8829 5.2.1)")
 
 
 def validate_offer(sdp: str) -> OfferSummary:

@@ -210,6 +210,21 @@ def quiet_closed_transport_errors(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handler)
 
 
+async def close_peer_connection(pc: RTCPeerConnection) -> None:
+    """`pc.close()`, and if aiortc fails half-way (it can, for a peer an odd offer left half-configured),
+    stop its ICE transports anyway so their sockets are released; never raises."""
+    try:
+        await pc.close()
+        return
+    except Exception as e:  # noqa: BLE001
+        logger.info("RTCPeerConnection.close failed (%r); stopping its ICE transports", e)
+    for t in list(getattr(pc, "_RTCPeerConnection__iceTransports", ())):  # aiortc keeps them privately
+        try:
+            await t.stop()
+        except Exception as e:  # noqa: BLE001
+            logger.info("RTCIceTransport.stop failed: %r", e)
+
+
 def _retrieve(task: asyncio.Task[Any]) -> None:
     """Done-callback for aiortc's own tasks: retrieve their exception so it is logged once, not lost."""
     if not task.cancelled() and task.exception() is not None:
@@ -438,7 +453,7 @@ class WebRTCPeer:
             for t in list(self._tasks):
                 if t is not current:
                     t.cancel()
-            await self.pc.close()
+            await close_peer_connection(self.pc)
         finally:
             self.closed.set()
             if self._on_closed is not None:

@@ -333,10 +333,16 @@ async def fuzz_sdp_live(client: Any, offers: list[str], watcher_times: Callable[
     url = f"/v1/sessions/{client.session_id}/webrtc"
     for sdp in offers:
         res.cases += 1
-        r = await client.http.post(url, json={"sdp": sdp, "type": "offer"})
+        try:
+            r = await client.http.post(url, json={"sdp": sdp, "type": "offer"})
+        except httpx.HTTPError as e:
+            res.crash(f"{type(e).__name__} for the offer {sdp!r:.2000}")
+            continue
         res.outcomes[str(r.status_code)] += 1
         if r.status_code >= 500 or r.status_code not in (200, 400, 422):
-            res.crash(f"{r.status_code} for an offer: {r.text[:200]}")
+            res.crash(f"{r.status_code} for the offer {sdp!r:.2000}: {r.text[:200]}")
+        elif r.status_code == 400 and "invalid SDP offer:" in r.text and "line" not in r.text and "m-line" not in r.text:
+            res.outcomes["aiortc refused: " + r.json()["detail"][18:70]] += 1
     n = len(client.frame_events)
     deadline = time.monotonic() + 30
     while len(client.frame_events) < n + 3 and time.monotonic() < deadline:
