@@ -46,8 +46,8 @@ def real_offers() -> list[str]:
     return [asyncio.run(one(True)), asyncio.run(one(False))]
 
 
-async def live(url: str, bases: list[str], *, live_cases: int, http_cases: int, seed: int,
-               surfaces: set[str]) -> list[harness.SurfaceResult]:
+async def live(url: str, drawn: dict[str, list[Any]], *, surfaces: set[str]) -> list[harness.SurfaceResult]:
+    """The live surfaces, with cases drawn beforehand (`drawn`), so the run itself only sends."""
     from worldcast.transport.client import WebRTCClient
 
     out = []
@@ -56,26 +56,26 @@ async def live(url: str, bases: list[str], *, live_cases: int, http_cases: int, 
     try:
         await watcher.next_frame()
         await target.next_frame()
+
         def seen() -> list[float]:
             return [e["received_at"] for e in watcher.frame_events]
 
-        if live_cases and "actions" in surfaces:
-            acts = harness.collect(action_messages, live_cases, seed)
+        if drawn.get("actions"):
             reliable = target.pc.createDataChannel("actions")  # reliable: every fuzz case arrives
             while reliable.readyState != "open":
                 await asyncio.sleep(0.01)
-            out.append(await harness.fuzz_channel_live(target, reliable, acts, "actions", watcher_times=seen))
-        if live_cases and "rpc" in surfaces:
-            msgs = harness.collect(control_messages, live_cases, seed + 1)
-            out.append(await harness.fuzz_channel_live(target, target.control, msgs, "rpc", watcher_times=seen))
+            out.append(await harness.fuzz_channel_live(target, reliable, drawn["actions"], "actions",
+                                                       watcher_times=seen))
+        if drawn.get("rpc"):
+            out.append(await harness.fuzz_channel_live(target, target.control, drawn["rpc"], "rpc",
+                                                       watcher_times=seen))
             await target.rpc("resume")  # the fuzz may have paused or cancelled it
-        if live_cases and "sdp" in surfaces:
-            offers = harness.collect(sdp_offers(bases), max(1, live_cases // 10), seed + 2)
-            out.append(await harness.fuzz_sdp_live(target, offers, watcher_times=seen))
-        if http_cases:
+        if drawn.get("sdp"):
+            out.append(await harness.fuzz_sdp_live(target, drawn["sdp"], watcher_times=seen))
+        if drawn.get("http"):
             t0 = time.monotonic()
-            r = await asyncio.to_thread(harness.fuzz_http_live, url, http_cases, token=target.token,
-                                        session_id=target.session_id, seed=seed + 3)
+            r = await asyncio.to_thread(harness.fuzz_http_live, url, drawn["http"], token=target.token,
+                                        session_id=target.session_id)
             r.watcher = harness.watch_stats(seen(), t0, time.monotonic())
             if r.watcher["max_gap_s"] > harness.MAX_WATCH_GAP_S:
                 r.crash(f"the watching session went {r.watcher['max_gap_s']} s without a frame")
@@ -114,15 +114,25 @@ def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_case
         results.append(harness.fuzz_sdp_pure(bases, cases, seed))
         saved()
     http_n = (cases if http_cases is None else http_cases) if "http" in surfaces else 0
+    from worldcast.transport.app import create_app
+
+    drawn: dict[str, list[Any]] = {}  # drawn before the server starts: generation would compete with it
+    if live_cases and "actions" in surfaces:
+        drawn["actions"] = harness.collect(action_messages, live_cases, seed)
+    if live_cases and "rpc" in surfaces:
+        drawn["rpc"] = harness.collect(control_messages, live_cases, seed + 1)
+    if live_cases and "sdp" in surfaces:
+        drawn["sdp"] = harness.collect(sdp_offers(bases), max(1, live_cases // 10), seed + 2)
+    config = harness.fuzz_config(server_config())
+    if http_n:
+        drawn["http"] = harness.http_cases(create_app(config, model=model).openapi(), http_n, seed + 3)
     errors = harness.ServerErrors()
-    if live_cases or "http" in surfaces:
+    if drawn:
         with errors.installed():
-            gen = _serve(harness.fuzz_config(server_config()), model)
+            gen = _serve(config, model)
             srv = next(gen)
             try:
-                results += asyncio.run(live(srv.url, bases, live_cases=live_cases,
-                                            http_cases=http_n, seed=seed,
-                                            surfaces=surfaces))
+                results += asyncio.run(live(srv.url, drawn, surfaces=surfaces))
             finally:
                 gen.close()
     report = {"cases": cases, "live_cases": live_cases, "seed": seed,

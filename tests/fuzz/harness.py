@@ -354,53 +354,54 @@ async def fuzz_sdp_live(client: Any, offers: list[str], watcher_times: Callable[
     return res
 
 
-def fuzz_http_live(url: str, cases: int, *, token: str, session_id: str, seed: int = 0) -> SurfaceResult:
-    """schemathesis against the server's OpenAPI schema: positive and negative cases of every operation,
-    half of them on a real session with its token (never its DELETE). Any 5xx is a crash."""
+def http_cases(openapi: dict[str, Any], cases: int, seed: int = 0) -> list[tuple[Any, bool]]:
+    """Draw schemathesis cases from the app's OpenAPI schema, before any server runs: positive and negative
+    cases of every operation (about `cases` in all), each with a flag: send it on the real session."""
     import schemathesis
 
-    res, t0 = SurfaceResult("http", "live"), time.monotonic()
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    schema = schemathesis.openapi.from_dict(openapi)
     ops = [r.ok() for r in schema.get_all_operations()]
     per_op = max(1, cases // (2 * len(ops)))
-    with httpx.Client(base_url=url, timeout=30) as http:
+    out: list[tuple[Any, bool]] = []
+    rounds = 0
+    while len(out) < cases and rounds < 20:  # small operations run out of distinct cases: draw again
         for op in ops:
             for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
-                _http_operation(res, op, mode, url=url, cases=per_op, seed=seed, token=token, session_id=session_id)
-        if http.get("/healthz").status_code != 200:
-            res.crash("server unhealthy after the HTTP fuzz")
-    res.seconds = time.monotonic() - t0
-    return res
+                try:
+                    out += collect(st.tuples(op.as_strategy(generation_mode=mode), st.booleans()), per_op,
+                                   seed + rounds)
+                except Unsatisfiable:  # e.g. negative cases of an operation without parameters
+                    pass
+        rounds += 1
+    return out
 
 
-def _http_operation(res: SurfaceResult, op: Any, mode: Any, *, url: str, cases: int, seed: int, token: str,
-                    session_id: str) -> None:
-    """`cases` schemathesis cases of one operation in one generation mode."""
-    method = op.method.upper()
-
-    @_settings(cases, seed)
-    @given(case=op.as_strategy(generation_mode=mode), real=st.booleans())
-    def run(case: Any, real: bool) -> None:
+def fuzz_http_live(url: str, cases: list[tuple[Any, bool]], *, token: str, session_id: str) -> SurfaceResult:
+    """Send schemathesis cases (`http_cases`) to the server: half of them on a real session with its token
+    (never its DELETE). Any 5xx but an admission refusal with Retry-After is a crash."""
+    res, t0 = SurfaceResult("http", "live"), time.monotonic()
+    for case, real in cases:
         res.cases += 1
+        method = case.operation.method.upper()
         headers = dict(case.headers or {})
         if real and "session_id" in (case.path_parameters or {}) and method != "DELETE":
             case.path_parameters = dict(case.path_parameters, session_id=session_id)
             headers["Authorization"] = f"Bearer {token}"
         try:
             r = case.call(base_url=url, headers=headers, timeout=30)
-        except Exception as e:  # noqa: BLE001 - a malformed request the HTTP library refuses
+        except Exception as e:  # noqa: BLE001 - a malformed request the HTTP library refuses to send
             res.outcomes[f"not sent: {type(e).__name__}"] += 1
-            return
+            continue
         res.outcomes[f"{method} {r.status_code}"] += 1
         if r.status_code == 503 and "retry-after" in {k.lower() for k in r.headers}:
-            return  # admission refused, with a retry hint: a precise answer
+            continue  # admission refused, with a retry hint: a precise answer
         if r.status_code >= 500:
-            res.crash(f"{method} {op.path} -> {r.status_code}: {r.text[:200]}")
-
-    try:
-        run()
-    except Unsatisfiable:  # e.g. negative cases of an operation without parameters
-        res.outcomes[f"no {mode.value} cases: {method} {op.path}"] += 1
+            res.crash(f"{method} {case.operation.path} -> {r.status_code}: {r.text[:200]}")
+    with httpx.Client(base_url=url, timeout=30) as http:
+        if http.get("/healthz").status_code != 200:
+            res.crash("server unhealthy after the HTTP fuzz")
+    res.seconds = time.monotonic() - t0
+    return res
 
 
 def fuzz_config(base: Any) -> Any:
