@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m worldcast.latency_bench.flood", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=10.0, help="each window, s")
     p.add_argument("--rate", type=float, default=2000.0, help="flood messages per second")
-    p.add_argument("--profile", default="shared")
+    p.add_argument("--profile", default="static", help="server profile (static: both sessions are admitted)")
     p.add_argument("--out", type=Path, default=None, help="report folder (default flood_results/<time>/)")
     p.add_argument("--flooder", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
