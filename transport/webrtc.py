@@ -328,6 +328,7 @@ class WebRTCPeer:
             for ev in self.guard.drain(float("inf")):
                 self.send_event(ev)
             self.send_event(verdict)
+            self._closing_soon = True  # now, not when the task runs: one verdict, one event
             self._spawn(self._disconnect("flood"))
             return
         due = self.guard.next_drain_s
@@ -337,7 +338,6 @@ class WebRTCPeer:
 
     async def _disconnect(self, reason: str) -> None:
         """Close after the control channel has sent what is queued (the reason event), bounded."""
-        self._closing_soon = True
         ch, deadline = self._control, time.monotonic() + DISCONNECT_FLUSH_S
         while ch is not None and ch.readyState == "open" and ch.bufferedAmount > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
