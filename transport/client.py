@@ -42,9 +42,10 @@ from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.utils import uint16_add
 
 from worldcast.transport.limits import head_id
+from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
+
 # the WebSocket (fMP4) stream client lives beside this module; both are importable from here
 from worldcast.transport.ws_client import StreamClient, StreamError, StreamFrame  # noqa: F401
-from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
 
 #: How long to wait for a control reply, s.
 RPC_TIMEOUT_S = 10.0

@@ -10,8 +10,8 @@ from pathlib import Path
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
-from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
 from worldcast.transport.limits import InputLimits
+from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
 
 logger = logging.getLogger(__name__)
 

@@ -383,7 +383,9 @@ class StreamConnection:
     async def handle_control(self, obj: dict[str, Any]) -> None:
         """Run one queued request (RPCs and directions here), one at a time, in arrival order."""
         if "method" in obj:
-            self.send_json(await self.rpc.handle(obj))
+            reply = await self.rpc.handle(obj)
+            if reply is not None:  # None: a JSON-RPC 2.0 notification, never answered
+                self.send_json(reply)
         else:
             await self._direct(obj)
 
