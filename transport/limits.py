@@ -212,9 +212,9 @@ class InputGuard:
     # -- feedback ------------------------------------------------------------------------------
 
     def _record(self, kind: str, payload: dict[str, Any], key: str, now_s: float, *,
-                rid: Any = None) -> list[dict[str, Any]]:
+                rid: Any = None, coalesce: bool = True) -> list[dict[str, Any]]:
         c = self._kinds.setdefault(kind, _Coalescer())
-        if c.first is None and now_s - c.last_sent_s >= self.limits.report_interval_s:
+        if not coalesce or (c.first is None and now_s - c.last_sent_s >= self.limits.report_interval_s):
             c.last_sent_s = now_s
             ev = dict(payload, count=1)
             if kind == "action_rejected":
@@ -231,18 +231,19 @@ class InputGuard:
         return []
 
     def rejected_action(self, code: int, message: str, *, seq: Any, now_s: float,
-                        outcome: str | None = None) -> list[dict[str, Any]]:
-        """Count a refused action message; returns the events to send now (often none: see `drain`)."""
+                        outcome: str | None = None, coalesce: bool = True) -> list[dict[str, Any]]:
+        """Count a refused action message; returns the events to send now (often none: see `drain`).
+        With `coalesce` False, its own event at once (for callers that never drain)."""
         self._count("actions", outcome or _OUTCOMES.get(code, "invalid"), now_s)
         seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
         return self._record("action_rejected", {"event": "action_rejected", "seq": seq, "code": code,
-                                                "message": message}, str(code), now_s)
+                                                "message": message}, str(code), now_s, coalesce=coalesce)
 
-    def ignored_action(self, seq: int, message: str, now_s: float) -> list[dict[str, Any]]:
+    def ignored_action(self, seq: int, message: str, now_s: float, *, coalesce: bool = True) -> list[dict[str, Any]]:
         """Count an action applied for mouse movement only (stale seq); returns the events to send now."""
         self._count("actions", "ignored", now_s)
         return self._record("action_ignored", {"event": "action_ignored", "reason": "stale_seq", "seq": seq,
-                                               "message": message}, "stale_seq", now_s)
+                                               "message": message}, "stale_seq", now_s, coalesce=coalesce)
 
     def rejected_control(self, rid: Any, rejection: Rejection, now_s: float) -> list[dict[str, Any]]:
         """Count a control request refused before parsing (`admit`); returns what to send now.

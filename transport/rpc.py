@@ -236,13 +236,18 @@ class ActionHandler:
         self.rejected = 0
         self.ignored = 0
 
-    def receive(self, raw: str | bytes, now_s: float) -> list[dict[str, Any]]:
-        """Handle one message received at `now_s` (s, monotonic); returns the events to send now."""
-        g = self.guard
+    def receive(self, raw: str | bytes, now_s: float, *, coalesce: bool = True) -> list[dict[str, Any]]:
+        """Handle one message received at `now_s` (s, monotonic); returns the events to send now.
+
+        With `coalesce` (the default) a flood's rejections come back as the guard's summaries, and the
+        caller must also send `guard.drain(now)` at `guard.next_drain_s`; without it, each rejected
+        or stale message gets its own event at once.
+        """
+        g, c = self.guard, coalesce
         rej = g.admit("actions", raw, now_s)
         if rej is not None:
             self.rejected += 1
-            return g.rejected_action(rej.code, rej.message, seq=None, now_s=now_s, outcome=rej.outcome)
+            return g.rejected_action(rej.code, rej.message, seq=None, now_s=now_s, outcome=rej.outcome, coalesce=c)
         msg: Any = None
         try:
             msg = parse_json(raw, what="action", max_bytes=g.limits.max_action_bytes)
@@ -253,24 +258,25 @@ class ActionHandler:
             outcome = self.session.push_action(a.seq, a.keys, (float(a.mouse[0]), float(a.mouse[1])))
         except RpcError as e:
             self.rejected += 1
-            return g.rejected_action(e.code, e.message, seq=_seq_of(msg), now_s=now_s)
+            return g.rejected_action(e.code, e.message, seq=_seq_of(msg), now_s=now_s, coalesce=c)
         except InvalidAction as e:
             self.rejected += 1
-            return g.rejected_action(errors.INVALID_PARAMS, str(e), seq=_seq_of(msg), now_s=now_s)
+            return g.rejected_action(errors.INVALID_PARAMS, str(e), seq=_seq_of(msg), now_s=now_s, coalesce=c)
         except SessionError as e:
             self.rejected += 1
-            return g.rejected_action(errors.rpc_code(e), str(e), seq=None, now_s=now_s)
+            return g.rejected_action(errors.rpc_code(e), str(e), seq=None, now_s=now_s, coalesce=c)
         if outcome is SeqOutcome.STALE:
             self.ignored += 1
             return g.ignored_action(a.seq, f"seq {a.seq} is not newer than {self.session.actions.last_seq}: "
-                                    "keys ignored, mouse movement kept", now_s)
+                                    "keys ignored, mouse movement kept", now_s, coalesce=c)
         self.accepted += 1
         g.accepted("actions", now_s)
         return []
 
     def handle_raw(self, raw: str | bytes) -> dict[str, Any] | None:
-        """`receive` now, returning its first event or None (for callers that send one reply at most)."""
-        events = self.receive(raw, time.monotonic())
+        """`receive` now, uncoalesced: the message's own event, or None (for transports that do not drain
+        the guard's summaries; they get limits before parsing, but a flood is answered per message)."""
+        events = self.receive(raw, time.monotonic(), coalesce=False)
         return events[0] if events else None
 
 

@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 _original_get_host_addresses = aioice.ice.get_host_addresses
 
+#: Control RPCs per second a client may send, and the burst: `InputLimits`' defaults (other transports import these).
+CONTROL_RATE_HZ = InputLimits().control_rate_hz
+CONTROL_BURST = InputLimits().control_burst
 #: Default time an answered peer has to reach `connected` before it is closed, s. ICE over a
 #: real network with relays takes a few seconds; a client that never applies the answer, never more.
 NEGOTIATION_TIMEOUT_S = 15.0
