@@ -43,6 +43,7 @@ from aiortc.utils import uint16_add
 
 from worldcast.transport.limits import head_id
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
+from worldcast.transport.session_api import create_session
 
 # the WebSocket (fMP4) stream client lives beside this module; both are importable from here
 from worldcast.transport.ws_client import StreamClient, StreamError, StreamFrame  # noqa: F401
@@ -183,17 +184,7 @@ class WebRTCClient:
             httpx.HTTPStatusError: session creation or signaling was refused.
             TimeoutError: the data channels did not open in time.
         """
-        body: dict[str, Any] = {}
-        if prompt is not None:
-            body["prompt"] = prompt
-        if seed is not None:
-            body["seed"] = seed
-        if stamp_frames:
-            body["stamp_frames"] = True
-        async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
-            r = await http.post("/v1/sessions", json=body)
-            r.raise_for_status()
-            info = r.json()
+        info = await create_session(base_url, prompt=prompt, seed=seed, stamp_frames=stamp_frames)
         self = cls(base_url, info["session_id"], info["token"], info["model"], marker_frames=marker_frames)
         try:
             await self._negotiate()

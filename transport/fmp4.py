@@ -29,7 +29,6 @@ frame's session PTS (90 kHz) travels beside it in the stream's events.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import io
 import logging
@@ -42,6 +41,7 @@ import av
 import numpy as np
 
 from worldcast.sessions.session import VideoFrame
+from worldcast.transport.frame_queue import FrameQueue
 from worldcast.transport.mp4box import (
     Sample,
     annexb_to_avcc,
@@ -228,16 +228,13 @@ class Fmp4Sink:
             raise ValueError("a frame sink holds 1 to 64 frames (two, or one chunk's)")
         self.fps, self.scale, self.stamp, self.name = fps, scale, stamp, name
         self._on_sample, self._epoch_fn, self._on_clear = on_sample, epoch_fn, on_clear
-        self._queue: collections.deque[VideoFrame] = collections.deque(maxlen=depth)
-        self._ready = asyncio.Event()
+        self.queue = FrameQueue(depth, epoch_fn, on_drop=self._done)
         self._keyframe = False
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"fmp4-{name}")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.encoder: Fmp4Encoder | None = None
-        self.frames_in = 0
         self.frames_encoded = 0
-        self.frames_dropped = 0  #: dropped before encoding (sink full) or after it (stale epoch)
         self.keyframes = 0
         self.encode_ms_max = 0.0
         self._frames_done = 0  #: frames put and since handed on or dropped
@@ -249,22 +246,23 @@ class Fmp4Sink:
         """Queue a frame for encoding (never blocks; drops the oldest queued frame when full)."""
         if self._closed:
             return
-        if len(self._queue) == self._queue.maxlen:
-            self.frames_dropped += 1
-            self._done(1)
-        self._queue.append(frame)
-        self.frames_in += 1
-        self._ready.set()
+        self.queue.put(frame)
 
     def clear(self) -> None:
         """Drop queued frames; the next encoded frame is an IDR."""
-        self.frames_dropped += len(self._queue)
-        n = len(self._queue)
-        self._queue.clear()
         self._keyframe = True
         if self._on_clear is not None:
             self._on_clear()
-        self._done(n)
+        self.queue.clear()
+
+    @property
+    def frames_in(self) -> int:
+        return self.queue.frames_in
+
+    @property
+    def frames_dropped(self) -> int:
+        """Frames dropped before encoding (sink full, cleared, stale) or after it (flushed while encoding)."""
+        return self.queue.frames_dropped
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call `callback` (on the event loop) once every frame put so far has been handed on or dropped."""
@@ -295,18 +293,15 @@ class Fmp4Sink:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while not self._queue:
-                self._ready.clear()
-                await self._ready.wait()
-            frame = self._queue.popleft()
+            frame = await self.queue.get()
+            assert frame is not None
             keyframe, self._keyframe = self._keyframe, False
             samples = await loop.run_in_executor(self._executor, self._encode, frame, keyframe)
             enc = self.encoder
             assert enc is not None
-            if frame.epoch < self._epoch_fn() or self._closed:  # flushed while it was being encoded
-                self.frames_dropped += 1
+            if not self.queue.is_current(frame) or self._closed:  # flushed while it was being encoded
                 self._keyframe = True  # the decoder never sees this one: restart the references
-                self._done(1)
+                self.queue.drop(1)
                 continue
             for s in samples:
                 self.frames_encoded += 1
@@ -334,7 +329,7 @@ class Fmp4Sink:
         if self._closed:
             return
         self._closed = True
-        self._queue.clear()
+        self.queue.clear()
         if self._task is not None:
             self._task.cancel()
             try:

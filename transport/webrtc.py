@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import time
@@ -32,6 +31,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from worldcast.sessions.session import Session, SessionState, VideoFrame
 from worldcast.transport.errors import INTERNAL_ERROR
+from worldcast.transport.frame_queue import FrameQueue
 from worldcast.transport.limits import InputGuard, InputLimits, head_id
 from worldcast.transport.rpc import ActionHandler, RpcHandler, Settle
 from worldcast.transport.stamp import cell_px_for_width, write_stamp
@@ -107,33 +107,32 @@ class SessionVideoTrack(MediaStreamTrack):
     def __init__(self, epoch_fn: Callable[[], int], *, scale: int = 1, depth: int = 2, stamp: bool = False) -> None:
         super().__init__()
         self.stamp = stamp
-        self._queue: collections.deque[VideoFrame] = collections.deque(maxlen=depth)
-        self._ready = asyncio.Event()
+        self.queue = FrameQueue(depth, epoch_fn)
         self._epoch_fn = epoch_fn
         self.scale = scale
-        self.frames_in = 0
         self.frames_out = 0
-        self.frames_dropped = 0
         self.last_pts = -1
         self._out_epoch: int | None = None  #: epoch of the frame the sender holds (None: none)
         self._sender_back = asyncio.Event()
         self._sender_back.set()
 
     def put(self, frame: VideoFrame) -> None:
-        if len(self._queue) == self._queue.maxlen:
-            self.frames_dropped += 1
-        self._queue.append(frame)
-        self.frames_in += 1
-        self._ready.set()
+        self.queue.put(frame)
 
     def clear(self) -> None:
-        self.frames_dropped += len(self._queue)
-        self._queue.clear()
-        self._ready.clear()
+        self.queue.clear()
+
+    @property
+    def frames_in(self) -> int:
+        return self.queue.frames_in
+
+    @property
+    def frames_dropped(self) -> int:
+        return self.queue.frames_dropped
 
     def stop(self) -> None:
         super().stop()
-        self._ready.set()  # a pending recv ends with MediaStreamError
+        self.queue.wake()  # a pending recv ends with MediaStreamError
         self._sender_back.set()
 
     async def settle(self, epoch: int, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
@@ -155,18 +154,9 @@ class SessionVideoTrack(MediaStreamTrack):
     async def recv(self) -> av.VideoFrame:
         self._out_epoch = None  # the sender is back: the previous frame's packets are all sent
         self._sender_back.set()
-        while True:
-            if self.readyState != "live":
-                raise MediaStreamError
-            while not self._queue:
-                self._ready.clear()
-                await self._ready.wait()
-                if self.readyState != "live":
-                    raise MediaStreamError
-            f = self._queue.popleft()
-            if f.epoch >= self._epoch_fn() and f.pts > self.last_pts:
-                break
-            self.frames_dropped += 1
+        f = await self.queue.get(alive=lambda: self.readyState == "live", accept=lambda f: f.pts > self.last_pts)
+        if f is None:
+            raise MediaStreamError
         if self.stamp:  # upscale first so the code's cells keep their size in the video
             image = f.image if self.scale == 1 else f.image.repeat(self.scale, 0).repeat(self.scale, 1)
             cell = cell_px_for_width(image.shape[1])

@@ -31,6 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from worldcast.transport.mp4box import parse_init, parse_media_segment
+from worldcast.transport.session_api import create_session, delete_session
 
 #: How long to wait for an RPC reply or a direction's ack, s.
 REPLY_TIMEOUT_S = 10.0
@@ -134,24 +135,11 @@ class StreamClient:
             httpx.HTTPStatusError: session creation refused (503 with Retry-After when full).
             StreamError: the stream was refused.
         """
-        body: dict[str, Any] = {"mode": mode}
-        if prompt is not None:
-            body["prompt"] = prompt
-        if seed is not None:
-            body["seed"] = seed
-        if stamp_frames:
-            body["stamp_frames"] = True
-        async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
-            r = await http.post("/v1/sessions", json=body)
-            r.raise_for_status()
-            info = r.json()
+        info = await create_session(base_url, prompt=prompt, seed=seed, stamp_frames=stamp_frames, mode=mode)
         try:
             return await cls.attach(base_url, info["session_id"], info["token"], model=info["model"], **kw)
         except BaseException:
-            async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
-                with contextlib.suppress(httpx.HTTPError):
-                    await http.delete(f"/v1/sessions/{info['session_id']}",
-                                      headers={"Authorization": f"Bearer {info['token']}"})
+            await delete_session(base_url, info["session_id"], info["token"])
             raise
 
     @classmethod

@@ -200,7 +200,7 @@ async def test_sink_holds_at_most_two_frames_encodes_off_the_loop_and_keys_after
     sink.start()
     for i in range(10):  # a burst: put never blocks, the sink keeps the newest two
         sink.put(frame(i))
-    assert len(sink._queue) <= 2
+    assert len(sink.queue) <= 2
     while sink.frames_encoded + sink.frames_dropped < 10:
         arrived.clear()
         await asyncio.wait_for(arrived.wait(), 10)

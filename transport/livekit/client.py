@@ -30,6 +30,7 @@ from livekit import rtc
 from worldcast.sessions.clock import VIDEO_CLOCK_RATE
 from worldcast.transport.livekit.tokens import WORLD_PREFIX
 from worldcast.transport.livekit.world import ACTIONS_TOPIC, EVENTS_TOPIC, FRAMES_TOPIC, USER_ATTRIBUTE
+from worldcast.transport.session_api import create_session
 
 #: Longest wait for the world to join and its track to arrive, s.
 WORLD_TIMEOUT_S = 20.0
@@ -105,17 +106,8 @@ class LiveKitUser:
         Raises:
             httpx.HTTPStatusError: creation refused (503 when full, 502 when the world could not join).
         """
-        body: dict[str, Any] = {"transport": "livekit", "room": room}
-        if prompt is not None:
-            body["prompt"] = prompt
-        if seed is not None:
-            body["seed"] = seed
-        if stamp_frames:
-            body["stamp_frames"] = True
-        async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
-            r = await http.post("/v1/sessions", json=body)
-            r.raise_for_status()
-            info = r.json()
+        info = await create_session(base_url, prompt=prompt, seed=seed, stamp_frames=stamp_frames,
+                                    transport="livekit", room=room)
         lk = info["livekit"]
         self = cls(session_id=info["session_id"], token=info["token"], model=info["model"], base_url=base_url,
                    world_identity=lk["world_identity"])

@@ -25,7 +25,6 @@ Publishers:
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import logging
 import time
@@ -39,6 +38,7 @@ from livekit import rtc
 
 from worldcast.sessions.clock import VIDEO_CLOCK_RATE
 from worldcast.sessions.session import VideoFrame
+from worldcast.transport.frame_queue import FrameQueue
 from worldcast.transport.livekit.config import SourceKind
 from worldcast.transport.stamp import cell_px_for_width, write_stamp
 
@@ -195,27 +195,29 @@ class LiveKitVideoSink:
         self.scale, self.stamp = scale, stamp
         self._epoch_fn = epoch_fn
         self._on_published = on_published
-        self._queue: collections.deque[VideoFrame] = collections.deque(maxlen=depth)
-        self._ready = asyncio.Event()
+        self.queue = FrameQueue(depth, epoch_fn)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._base_us: int | None = None
         self._last_ts_us = -1
-        self.frames_in = self.frames_out = self.frames_dropped = 0
+        self.frames_out = 0
         self.publish_ms_total = 0.0  #: time spent preparing and handing pictures to the SDK, ms
 
     def put(self, frame: VideoFrame) -> None:
         """Queue a frame (never blocks; drops the oldest when full)."""
-        if len(self._queue) == self._queue.maxlen:
-            self.frames_dropped += 1
-        self._queue.append(frame)
-        self.frames_in += 1
-        self._ready.set()
+        self.queue.put(frame)
 
     def clear(self) -> None:
         """Drop every queued frame."""
-        self.frames_dropped += len(self._queue)
-        self._queue.clear()
+        self.queue.clear()
+
+    @property
+    def frames_in(self) -> int:
+        return self.queue.frames_in
+
+    @property
+    def frames_dropped(self) -> int:
+        return self.queue.frames_dropped
 
     def start(self) -> None:
         """Start the pump task (on the running loop)."""
@@ -234,17 +236,12 @@ class LiveKitVideoSink:
 
     async def _pump(self) -> None:
         while True:
-            while not self._queue:
-                self._ready.clear()
-                await self._ready.wait()
-            f = self._queue.popleft()
+            f = await self.queue.get()
+            assert f is not None
 
             def current(f: VideoFrame = f) -> bool:
-                return f.epoch >= self._epoch_fn()
+                return self.queue.is_current(f)
 
-            if not current():
-                self.frames_dropped += 1
-                continue
             t0 = time.perf_counter()
             try:
                 ok = await self.publisher.publish(picture(f, scale=self.scale, stamp=self.stamp),
@@ -254,7 +251,7 @@ class LiveKitVideoSink:
                 continue
             self.publish_ms_total += (time.perf_counter() - t0) * 1e3
             if not ok or not current():  # flushed meanwhile: no metadata for a stale frame
-                self.frames_dropped += int(not ok)
+                self.queue.drop(int(not ok))
                 continue
             self.frames_out += 1
             if self._on_published is not None:

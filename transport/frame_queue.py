@@ -1,0 +1,106 @@
+"""FrameQueue: the bounded, drop-oldest frame buffer every frame sink is built on.
+
+A sink (aiortc track, LiveKit source, fMP4 muxer) must never block the
+session that delivers to it and never delay a frame behind stale ones: it
+holds at most `depth` frames (two, or one chunk's), drops the oldest when a
+new one arrives and it is full, drops everything on `clear` (a flush), and
+skips frames whose flush epoch is older than the session's current one when
+they are taken (`get`). Counters say what happened to every frame.
+
+Event-loop only (not thread-safe); `put` and `clear` never await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+
+from worldcast.sessions.session import VideoFrame
+
+
+class FrameQueue:
+    """At most `depth` frames, oldest dropped first; `get` waits for the next current one.
+
+    Args:
+        depth: frames held at most (>= 1).
+        epoch_fn: the session's current flush epoch; older frames are skipped by `get`.
+        on_drop: called with the number of frames each time some are dropped (full, cleared or stale).
+
+    Attributes:
+        frames_in: frames put.
+        frames_dropped: frames dropped without being taken.
+    """
+
+    def __init__(self, depth: int, epoch_fn: Callable[[], int], *,
+                 on_drop: Callable[[int], None] | None = None) -> None:
+        if depth < 1:
+            raise ValueError("a frame queue holds at least one frame")
+        self._q: collections.deque[VideoFrame] = collections.deque(maxlen=depth)
+        self._ready = asyncio.Event()
+        self._epoch_fn = epoch_fn
+        self._on_drop = on_drop
+        self.frames_in = 0
+        self.frames_dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    @property
+    def depth(self) -> int:
+        return self._q.maxlen or 0
+
+    def _dropped(self, n: int) -> None:
+        if n:
+            self.frames_dropped += n
+            if self._on_drop is not None:
+                self._on_drop(n)
+
+    def put(self, frame: VideoFrame) -> None:
+        """Add a frame, dropping the oldest when full (never blocks)."""
+        full = len(self._q) == self._q.maxlen
+        self._q.append(frame)
+        self.frames_in += 1
+        if full:
+            self._dropped(1)
+        self._ready.set()
+
+    def clear(self) -> int:
+        """Drop every queued frame; returns how many."""
+        n = len(self._q)
+        self._q.clear()
+        self._ready.clear()
+        self._dropped(n)
+        return n
+
+    def wake(self) -> None:
+        """Wake a waiting `get` (e.g. to let it see that its sink stopped)."""
+        self._ready.set()
+
+    def is_current(self, frame: VideoFrame) -> bool:
+        """Whether `frame` belongs to the session's current flush epoch."""
+        return frame.epoch >= self._epoch_fn()
+
+    def drop(self, n: int = 1) -> None:
+        """Count frames the sink itself dropped after taking them (e.g. stale once encoded)."""
+        self._dropped(n)
+
+    async def get(self, *, alive: Callable[[], bool] = lambda: True,
+                  accept: Callable[[VideoFrame], bool] | None = None) -> VideoFrame | None:
+        """The next queued frame of the current epoch (and passing `accept`), waiting for one.
+
+        Returns:
+            the frame, or None once `alive()` is false (checked on every wake-up).
+        """
+        while True:
+            if not alive():
+                return None
+            while not self._q:
+                self._ready.clear()
+                await self._ready.wait()
+                if not alive():
+                    return None
+            f = self._q.popleft()
+            if self.is_current(f) and (accept is None or accept(f)):
+                return f
+            self._dropped(1)
