@@ -10,9 +10,9 @@
   not reach `connected` within `negotiation_timeout_s`, a failed or closed
   connection, its session closing, a flood verdict (`transport/limits.py`), an
   error while answering, or `aclose()`.
-- `configure_ice` pins the host addresses aioice gathers ICE candidates on;
-  by default aioice skips loopback, so a server bound to 127.0.0.1 (and every
-  test) pins 127.0.0.1.
+- `SessionVideoTrack` (`video_track.py`) and the ICE settings (`ice.py`:
+  `configure_ice`, `quiet_closed_transport_errors`) live beside it and are
+  re-exported here.
 """
 
 from __future__ import annotations
@@ -24,21 +24,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aioice.ice
-import av
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from worldcast.sessions.session import Session, SessionState, VideoFrame
 from worldcast.transport.errors import INTERNAL_ERROR
-from worldcast.transport.frame_queue import FrameQueue
+from worldcast.transport.ice import (  # noqa: F401 - configure_ice, quiet_closed_transport_errors re-exported
+    close_peer_connection,
+    configure_ice,
+    quiet_closed_transport_errors,
+)
 from worldcast.transport.limits import InputGuard, InputLimits, head_id
 from worldcast.transport.rpc import ActionHandler, RpcHandler, Settle
-from worldcast.transport.stamp import cell_px_for_width, write_stamp
+from worldcast.transport.video_track import SessionVideoTrack
 
 logger = logging.getLogger(__name__)
-
-_original_get_host_addresses = aioice.ice.get_host_addresses
 
 #: Control RPCs per second a client may send, and the burst: `InputLimits`' defaults (other transports import these).
 CONTROL_RATE_HZ = InputLimits().control_rate_hz
@@ -46,176 +45,8 @@ CONTROL_BURST = InputLimits().control_burst
 #: Default time an answered peer has to reach `connected` before it is closed, s. ICE over a
 #: real network with relays takes a few seconds; a client that never applies the answer, never more.
 NEGOTIATION_TIMEOUT_S = 15.0
-#: Longest a flush or cancel reply waits for aiortc's sender to finish sending a frame it holds, s
-#: (one VP8 encode plus its packets take milliseconds; this bounds a sender that never comes back).
-SETTLE_TIMEOUT_S = 1.0
 #: Longest a disconnect waits for its reason event to leave the control channel, s.
 DISCONNECT_FLUSH_S = 1.0
-
-
-#: aioice's consent freshness defaults (RFC 7675 5.1: a check every 5 s, consent lost after 30 s).
-_CONSENT_DEFAULTS = (aioice.ice.CONSENT_INTERVAL, aioice.ice.CONSENT_FAILURES)
-
-
-def configure_ice(host_addresses: list[str] | None, *, consent_timeout_s: float | None = None) -> None:
-    """Gather host ICE candidates only on `host_addresses` (None: aioice's default, all but loopback), and
-    end a connection whose peer stopped answering ICE consent checks after about `consent_timeout_s`
-    (None: RFC 7675's 30 s). A client that vanishes without closing (a killed process, a lost network)
-    is noticed this way.
-
-    Process-wide: aioice reads host addresses and consent timing from its module.
-    """
-    if consent_timeout_s is None:
-        aioice.ice.CONSENT_INTERVAL, aioice.ice.CONSENT_FAILURES = _CONSENT_DEFAULTS
-    else:
-        interval = min(5.0, consent_timeout_s / 3)  # at least 3 checks before giving up
-        aioice.ice.CONSENT_INTERVAL = interval  # type: ignore[assignment]  # a float works: it feeds asyncio.sleep
-        aioice.ice.CONSENT_FAILURES = max(1, round(consent_timeout_s / interval))
-    if host_addresses:
-        addrs = list(host_addresses)
-        v4 = [a for a in addrs if ":" not in a]
-        v6 = [a for a in addrs if ":" in a]
-
-        def _pinned(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-            return (v4 if use_ipv4 else []) + (v6 if use_ipv6 else [])
-
-        aioice.ice.get_host_addresses = _pinned
-    else:
-        aioice.ice.get_host_addresses = _original_get_host_addresses
-
-
-class SessionVideoTrack(MediaStreamTrack):
-    """A video track fed by a session: a frame sink of depth `depth` (1 or 2).
-
-    aiortc's sender calls `recv`, encodes the frame it gets (in a thread), sends
-    all of that frame's RTP packets, and only then calls `recv` again: between
-    the two the frame is in the sender's hands. `settle(epoch)` waits until no
-    frame older than `epoch` is there, so a flush reply sent after it is
-    followed by no older-epoch video (bar RTP retransmissions of packets sent
-    before it, on loss).
-
-    Args:
-        epoch_fn: the session's current flush epoch; frames of older epochs are dropped at `recv`.
-        scale: integer upscale factor applied before encoding (1 = model resolution).
-        depth: frames held at most.
-        stamp: stamp each frame's index and applied action seq into its bottom rows, after
-            upscaling (`transport/stamp.py`; for latency measurement).
-    """
-
-    kind = "video"
-
-    def __init__(self, epoch_fn: Callable[[], int], *, scale: int = 1, depth: int = 2, stamp: bool = False) -> None:
-        super().__init__()
-        self.stamp = stamp
-        self.queue = FrameQueue(depth, epoch_fn)
-        self._epoch_fn = epoch_fn
-        self.scale = scale
-        self.frames_out = 0
-        self.last_pts = -1
-        self._out_epoch: int | None = None  #: epoch of the frame the sender holds (None: none)
-        self._sender_back = asyncio.Event()
-        self._sender_back.set()
-
-    def put(self, frame: VideoFrame) -> None:
-        self.queue.put(frame)
-
-    def clear(self) -> None:
-        self.queue.clear()
-
-    @property
-    def frames_in(self) -> int:
-        return self.queue.frames_in
-
-    @property
-    def frames_dropped(self) -> int:
-        return self.queue.frames_dropped
-
-    def stop(self) -> None:
-        super().stop()
-        self.queue.wake()  # a pending recv ends with MediaStreamError
-        self._sender_back.set()
-
-    async def settle(self, epoch: int, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
-        """Wait until the sender holds no frame older than `epoch` (the frame it holds is then sent).
-
-        Returns:
-            False if the sender did not come back within `timeout_s`, s.
-        """
-        if self._out_epoch is None or self._out_epoch >= epoch or self.readyState != "live":
-            return True
-        try:
-            await asyncio.wait_for(self._sender_back.wait(), timeout_s)
-        except TimeoutError:
-            logger.warning("SessionVideoTrack: sender held an epoch-%s frame for over %.1f s", self._out_epoch,
-                           timeout_s)
-            return False
-        return True
-
-    async def recv(self) -> av.VideoFrame:
-        self._out_epoch = None  # the sender is back: the previous frame's packets are all sent
-        self._sender_back.set()
-        f = await self.queue.get(alive=lambda: self.readyState == "live", accept=lambda f: f.pts > self.last_pts)
-        if f is None:
-            raise MediaStreamError
-        if self.stamp:  # upscale first so the code's cells keep their size in the video
-            image = f.image if self.scale == 1 else f.image.repeat(self.scale, 0).repeat(self.scale, 1)
-            cell = cell_px_for_width(image.shape[1])
-            out = av.VideoFrame.from_ndarray(write_stamp(image, f.frame_index, f.action_seq, cell_px=cell),
-                                             format="rgb24").reformat(format="yuv420p")
-        else:
-            h, w = f.image.shape[:2]
-            out = av.VideoFrame.from_ndarray(f.image, format="rgb24").reformat(
-                width=w * self.scale, height=h * self.scale, format="yuv420p",
-                interpolation="BILINEAR" if self.scale > 1 else None)
-        out.pts, out.time_base = f.pts, f.time_base
-        self.last_pts = f.pts
-        self.frames_out += 1
-        self._out_epoch = f.epoch  # no await from the epoch check to here: a flush cannot slip between
-        self._sender_back.clear()
-        return out
-
-
-def quiet_closed_transport_errors(loop: asyncio.AbstractEventLoop) -> None:
-    """Log aiortc's fire-and-forget tasks that fail because their transport already closed at INFO.
-
-    aiortc starts some tasks with `ensure_future` and never awaits them (SCTP retransmissions, DTLS and
-    ICE starts); when the peer has gone, they end in ConnectionError or InvalidStateError, which asyncio
-    would report as "Task exception was never retrieved". Every other unhandled exception still goes to
-    the loop's previous handler.
-    """
-    from aiortc.exceptions import InvalidStateError
-
-    previous = loop.get_exception_handler()
-
-    def handler(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc, task = context.get("exception"), context.get("future")
-        coro = getattr(task, "get_coro", lambda: None)()
-        module = getattr(getattr(coro, "cr_code", None), "co_filename", "")
-        if isinstance(exc, ConnectionError | InvalidStateError) and ("/aiortc/" in module or "/aioice/" in module):
-            logger.info("aiortc task %s ended after its transport closed: %r", getattr(coro, "__qualname__", "?"),
-                        exc)
-            return
-        if previous is not None:
-            previous(lp, context)
-        else:
-            lp.default_exception_handler(context)
-
-    loop.set_exception_handler(handler)
-
-
-async def close_peer_connection(pc: RTCPeerConnection) -> None:
-    """`pc.close()`, and if aiortc fails half-way (it can, for a peer an odd offer left half-configured),
-    stop its ICE transports anyway so their sockets are released; never raises."""
-    try:
-        await pc.close()
-        return
-    except Exception as e:  # noqa: BLE001
-        logger.info("RTCPeerConnection.close failed (%r); stopping its ICE transports", e)
-    for t in list(getattr(pc, "_RTCPeerConnection__iceTransports", ())):  # aiortc keeps them privately
-        try:
-            await t.stop()
-        except Exception as e:  # noqa: BLE001
-            logger.info("RTCIceTransport.stop failed: %r", e)
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
