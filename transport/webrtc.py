@@ -28,6 +28,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from worldcast.sessions.session import Session, SessionState, VideoFrame
 from worldcast.transport.errors import INTERNAL_ERROR
+from worldcast.transport.feedback import InputFeedback
 from worldcast.transport.ice import (  # noqa: F401 - configure_ice, quiet_closed_transport_errors re-exported
     close_peer_connection,
     configure_ice,
@@ -89,6 +90,7 @@ class WebRTCPeer:
         self.guard = InputGuard(limits, on_count=on_count)
         self.rpc = RpcHandler(session, encode_prompt, settle=settle or self.track.settle)
         self.actions = ActionHandler(session, guard=self.guard)
+        self.feedback = InputFeedback(self.guard, send=self.send_event, on_flood=self._flood)
         self.close_reason: str | None = None
         self.closed = asyncio.Event()
         self.connected = asyncio.Event()
@@ -97,7 +99,6 @@ class WebRTCPeer:
         self._on_connected = on_connected
         self._closing = False
         self._closing_soon = False  #: a disconnect is under way
-        self._drain_handle: asyncio.TimerHandle | None = None
         self._unsubscribe: list[Callable[[], None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # from here on, every path ends in aclose()
@@ -140,25 +141,13 @@ class WebRTCPeer:
             ch.send(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
 
     def _send_all(self, events: list[dict[str, Any]]) -> None:
-        for ev in events:
-            self.send_event(ev)
-        self._after_input()
+        self.feedback.send_all(events)
 
-    def _after_input(self) -> None:
-        """Arm the summary timer; disconnect a flooder."""
-        verdict = self.guard.verdict()
-        if verdict is not None and not self._closing and not self._closing_soon:
-            logger.warning("%r: disconnecting: %s", self.session, verdict["message"])
-            for ev in self.guard.drain(float("inf")):
-                self.send_event(ev)
-            self.send_event(verdict)
-            self._closing_soon = True  # now, not when the task runs: one verdict, one event
-            self._spawn(self._disconnect("flood"))
-            return
-        due = self.guard.next_drain_s
-        if due is not None and self._drain_handle is None and not self._closing:
-            loop = asyncio.get_running_loop()
-            self._drain_handle = loop.call_later(max(0.0, due - time.monotonic()), self._drain)
+    def _flood(self, verdict: dict[str, Any]) -> None:
+        """The guard's verdict was sent: close once the control channel has sent it."""
+        logger.warning("%r: disconnecting: %s", self.session, verdict["message"])
+        self._closing_soon = True
+        self._spawn(self._disconnect("flood"))
 
     async def _disconnect(self, reason: str) -> None:
         """Close after the control channel has sent what is queued (the reason event), bounded."""
@@ -166,12 +155,6 @@ class WebRTCPeer:
         while ch is not None and ch.readyState == "open" and ch.bufferedAmount > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await self.aclose(reason)
-
-    def _drain(self) -> None:
-        self._drain_handle = None
-        if self._closing:
-            return
-        self._send_all(self.guard.drain(time.monotonic()))
 
     def _on_action(self, message: str | bytes) -> None:
         if self._closing_soon:
@@ -201,7 +184,7 @@ class WebRTCPeer:
         if reply is not None:
             self.guard.control_result(reply, now_s)
             self.send_event(reply)
-        self._after_input()
+        self._send_all([])
 
     def _on_frame(self, session: Session, frame: object) -> None:
         assert isinstance(frame, VideoFrame)
@@ -266,8 +249,7 @@ class WebRTCPeer:
             return
         self._closing = True
         self.close_reason = reason
-        if self._drain_handle is not None:
-            self._drain_handle.cancel()
+        self.feedback.close()
         try:
             for u in self._unsubscribe:
                 u()

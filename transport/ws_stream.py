@@ -45,7 +45,9 @@ from worldcast.sessions.errors import SessionError, SessionNotFound
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState, VideoFrame
 from worldcast.transport import errors
+from worldcast.transport.feedback import InputFeedback
 from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter, Fmp4Sink
+from worldcast.transport.limits import InputGuard
 from worldcast.transport.rpc import ActionHandler, RpcError, RpcHandler, TokenBucket, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
 from worldcast.transport.ws_queue import Close, MediaItem, OutboundQueue, QueueOverflow, Render
@@ -202,7 +204,10 @@ class StreamConnection:
                              depth=max(2, session.model.spec.frames_per_chunk), name=session.id)
         self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe)
         self.rpc = RpcHandler(session, encode_prompt)
-        self.actions = ActionHandler(session)
+        self.guard = InputGuard()
+        self.actions = ActionHandler(session, guard=self.guard)
+        #: rejected and stale actions are answered with coalesced summaries; a flooder is told and closed
+        self.feedback = InputFeedback(self.guard, send=self.send_json, on_flood=lambda v: self.close(CLOSE_POLICY))
         self.control_bucket = TokenBucket(CONTROL_RATE_HZ, CONTROL_BURST)
         self._control: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING_CONTROL)
         self._fragmenter: Fmp4Fragmenter | None = None
@@ -344,14 +349,15 @@ class StreamConnection:
                 self.error("unknown_type", f"unknown message type {shown!r}; types are {list(MESSAGE_TYPES)} "
                            "(actions and RPCs carry no type)", type=shown)
         elif "seq" in obj:
+            if self.feedback.closed:
+                return
             try:
-                err = self.actions.handle_raw(text)
+                events = self.actions.receive(text, time.monotonic())
             except Exception:  # noqa: BLE001 - a handler bug must not end the stream
                 logger.exception("%r: action handler failed", self)
-                err = {"event": "action_rejected", "seq": None, "code": errors.INTERNAL_ERROR,
-                       "message": "internal error"}
-            if err is not None:
-                self.send_json(err)
+                events = [{"event": "action_rejected", "seq": None, "code": errors.INTERNAL_ERROR,
+                           "message": "internal error"}]
+            self.feedback.send_all(events)
         else:
             self.error("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
                        f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}")
@@ -481,6 +487,7 @@ class StreamConnection:
         if self._closed:
             return
         self._closed = True
+        self.feedback.close()
         for u in self._unsubscribe:
             u()
         if self.director is not None:

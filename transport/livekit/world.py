@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,8 @@ from livekit.rtc._proto import participant_pb2
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session, SessionState, VideoFrame
 from worldcast.transport.errors import INTERNAL_ERROR
+from worldcast.transport.feedback import InputFeedback
+from worldcast.transport.limits import InputGuard
 from worldcast.transport.livekit.config import LiveKitConfig
 from worldcast.transport.livekit.rpc import LiveKitRpc
 from worldcast.transport.livekit.source import LiveKitVideoSink, make_publisher
@@ -86,7 +89,11 @@ class LiveKitWorld:
         self.user_identity = user_identity
         self.config = config
         self.room = rtc.Room()
-        self.actions = ActionHandler(session)
+        self.guard = InputGuard()
+        self.actions = ActionHandler(session, guard=self.guard)
+        #: coalesced feedback; a flooding user (whom the world cannot remove from the room) is told and
+        #: its packets are dropped for the rest of the session
+        self.feedback = InputFeedback(self.guard, send=self.send_event, on_flood=self._on_flood)
         self.rpc = LiveKitRpc(session, encode_prompt, user_identity=lambda: self.user_identity)
         spec = session.model.spec
         self.width, self.height = spec.frame_width * video_scale, spec.frame_height * video_scale
@@ -101,7 +108,7 @@ class LiveKitWorld:
         self._left_called = False
         self._unsubscribe: list[Callable[[], None]] = []
         self._sends: set[asyncio.Task[Any]] = set()
-        self.dropped: dict[str, int] = {"topic": 0, "sender": 0}  #: data packets dropped, by reason
+        self.dropped: dict[str, int] = {"topic": 0, "sender": 0, "flood": 0}  #: data packets dropped, by reason
         self.frame_events_dropped = 0  #: frame metadata not sent (too many sends in flight)
         self.room.on("participant_connected", self._on_participant_connected)
         self.room.on("participant_disconnected", self._on_participant_disconnected)
@@ -198,13 +205,18 @@ class LiveKitWorld:
         if not sender or sender != self.user_identity:
             self._drop("sender", f"action packet from {sender!r}, not the session's user")
             return
+        if self.feedback.closed:
+            self._drop("flood", f"action packet from {sender!r} after its flood verdict")
+            return
         try:
-            err = self.actions.handle_raw(packet.data)
+            events = self.actions.receive(packet.data, time.monotonic())
         except Exception:  # noqa: BLE001 - never let a packet break the SDK's event loop
             logger.exception("%r: action handler failed", self)
-            err = {"event": "action_rejected", "seq": None, "code": INTERNAL_ERROR, "message": "internal error"}
-        if err is not None:
-            self.send_event(err)
+            events = [{"event": "action_rejected", "seq": None, "code": INTERNAL_ERROR, "message": "internal error"}]
+        self.feedback.send_all(events)
+
+    def _on_flood(self, verdict: dict[str, Any]) -> None:
+        logger.warning("%r: %s; dropping the user's actions from now on", self, verdict["message"])
 
     def _drop(self, reason: str, what: str) -> None:
         self.dropped[reason] += 1
@@ -263,6 +275,7 @@ class LiveKitWorld:
         if self._closed:
             return
         self._closed = True
+        self.feedback.close()
         for u in self._unsubscribe:
             u()
         self.session.detach_sink(self.sink)
