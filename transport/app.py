@@ -23,6 +23,7 @@ Routes:
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -42,7 +43,7 @@ from worldcast.transport.config import ServerConfig
 from worldcast.transport.dreamverse import serve_dreamverse
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.peers import PeerRegistry
-from worldcast.transport.rpc import RpcHandler
+from worldcast.transport.rpc import RpcHandler, TokenBucket, error_reply
 from worldcast.transport.schemas import (
     CreateSessionRequest,
     CreateSessionResponse,
@@ -51,7 +52,13 @@ from worldcast.transport.schemas import (
     SdpOffer,
 )
 from worldcast.transport.sdp import InvalidOffer
-from worldcast.transport.webrtc import WebRTCPeer, configure_ice, quiet_closed_transport_errors
+from worldcast.transport.webrtc import (
+    CONTROL_BURST,
+    CONTROL_RATE_HZ,
+    WebRTCPeer,
+    configure_ice,
+    quiet_closed_transport_errors,
+)
 from worldcast.transport.ws_stream import StreamSocketTuning, serve_stream
 
 logger = logging.getLogger(__name__)
@@ -150,6 +157,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         metrics.peer_count = lambda: len(peers)
         app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, peers, metrics
         app.state.streams = {}  # session id -> its WebSocket stream (ws_stream.StreamConnection)
+        app.state.rpc_buckets = {}  # session id -> the TokenBucket of its HTTP RPCs
         app.state.livekit = None
         if config.livekit is not None:
             from worldcast.transport.livekit.world import LiveKitWorlds
@@ -307,6 +315,15 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         request: Request,
     ) -> Response:
         peers: PeerRegistry = request.app.state.peers
+        buckets: dict[str, TokenBucket] = request.app.state.rpc_buckets
+        if len(buckets) > 2 * len(request.app.state.manager.sessions) + 16:  # forget closed sessions' buckets
+            for sid in [sid for sid in buckets if sid not in request.app.state.manager.sessions]:
+                del buckets[sid]
+        bucket = buckets.setdefault(session.id, TokenBucket(CONTROL_RATE_HZ, CONTROL_BURST))
+        if not bucket.take(time.monotonic()):  # the same budget as the control data channel
+            return JSONResponse(error_reply(body, errors.RATE_LIMITED, f"more than {CONTROL_RATE_HZ:g} control "
+                                            f"requests per second (bursts of {CONTROL_BURST:g})"),
+                                status_code=429, headers={"Retry-After": "1"})
         handler = RpcHandler(session, request.app.state.model.encode_prompt,
                              settle=lambda epoch: peers.settle(session, epoch))
         reply = await handler.handle(body)

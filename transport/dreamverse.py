@@ -230,14 +230,18 @@ class DreamverseConnection(StreamConnection):
             pid = data.get("prompt_id")
             pid = pid[:128] if isinstance(pid, str) and pid else f"wc-{time.monotonic_ns()}"
             cuts = self.director is not None and self.director.current is not None
+            if not self._queue_control({"type": "append_prompt", "prompt": prompt, "prompt_id": pid}):
+                return  # refused (rate limit), and told so with its prompt_id: never acknowledged
             self.send("prompt_received", prompt_id=pid, queue_depth=0,
                       worldcast={"applies": "now", "cuts_segment": cuts,
                                  "truncated_to_chars": MAX_PROMPT_CHARS if truncated else None})
-            self._queue_control({"type": "append_prompt", "prompt": prompt, "prompt_id": pid})
         elif kind == "set_generation_paused":
             paused = data.get("paused")
             if not isinstance(paused, bool):
                 self.error("bad_message", "set_generation_paused requires a boolean 'paused'")
+                return
+            if not self.control_bucket.take(time.monotonic()):
+                self.error("rate_limited", "too many set_generation_paused messages", type=kind)
                 return
             self._set_paused(paused)
         elif kind == "restart_generation":

@@ -107,6 +107,13 @@ def _frame(request: Any, rid: Any, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def error_reply(request: Any, code: int, message: str) -> dict[str, Any]:
+    """The error reply to `request` that a transport refuses before handling (e.g. rate-limited): the
+    request's id when it is one this server echoes (else null), JSON-RPC 2.0 framing when it used it."""
+    rid = request.get("id") if isinstance(request, dict) and _valid_id(request.get("id")) else None
+    return _frame(request, rid, {"error": {"code": code, "message": message}})
+
+
 #: Runs after a flush or cancel with the new epoch, before the reply goes out: a transport waits there
 #: until its sinks have sent nothing older (see `SessionVideoTrack.settle`).
 Settle = Callable[[int], Awaitable[None]]
@@ -199,6 +206,9 @@ class RpcHandler:
 
     async def _set_prompt(self, params: dict[str, Any]) -> dict[str, Any]:
         p = _params(SetPromptParams, params)
+        if self.session.directing is not None:
+            raise RpcError(errors.INVALID_REQUEST, "a directing session changes its prompt with a direction "
+                           '({"type": "direction", "id", "prompt"} on its stream), not set_prompt')
         emb = await asyncio.get_running_loop().run_in_executor(None, self.encode_prompt, p.prompt)
         self.session.set_prompt(p.prompt, emb)
         return {"prompt": p.prompt}
@@ -210,6 +220,10 @@ class RpcHandler:
 
     async def _resume(self, params: dict[str, Any]) -> dict[str, Any]:
         _params(NoParams, params)
+        d = self.session.directing
+        if d is not None and d.segment_count == 0:
+            raise RpcError(errors.INVALID_REQUEST, "a directing session generates nothing until its first "
+                           "direction: send one on its stream")
         self.session.resume()
         return {}
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import socket
 import time
@@ -63,6 +64,9 @@ CONTROL_RATE_HZ = 10.0
 CONTROL_BURST = 20.0
 #: Control requests (RPCs, directions) waiting to run, at most.
 MAX_PENDING_CONTROL = 32
+#: How long a new stream waits for the session's previous stream to finish closing before it is refused
+#: as busy, s (a client that closes and reconnects at once should not be refused).
+BUSY_GRACE_S = 0.5
 #: Unsent bytes the kernel may hold for a stream's socket (TCP_NOTSENT_LOWAT; Linux 3.12+): above it the
 #: socket is not writable, so a reader that stops reading backs up into `OutboundQueue`, which drops media,
 #: instead of into a send buffer that autotunes to megabytes and would replay seconds of old video.
@@ -152,7 +156,7 @@ async def reject(ws: WebSocket, code: str, message: str, close_code: int) -> Non
 async def authenticate(ws: WebSocket, manager: SessionManager, session_id: str) -> Session | None:
     """Accept the socket and check its token; on failure send an error event, close and return None."""
     await ws.accept()
-    if any(k in ws.query_params for k in ("token", "access_token", "authorization")):
+    if any(k.lower() in ("token", "access_token", "authorization") for k in ws.query_params):
         await reject(ws, "token_in_url", "send the token in the Authorization header or an auth message, "
                      "never in the URL", CLOSE_TOKEN_IN_URL)
         return None
@@ -216,6 +220,7 @@ class StreamConnection:
         self._unsubscribe: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._close_code: int | None = None
+        self._aborted = False  #: the connection was dropped (a reader that stopped reading)
         self._closed = False
         self.messages_in = 0
         self.errors_sent = 0
@@ -245,11 +250,18 @@ class StreamConnection:
         self._put(text)
 
     def _put(self, text: str) -> None:
+        if self._aborted:
+            return
         try:
             self.queue.put_control(text)
         except QueueOverflow as e:
-            logger.warning("%r: %s; closing", self, e)
+            # the reader is not reading: a close frame would wait behind what it never reads, so drop
+            # the connection now (its run loop then detaches the sink and ends)
+            logger.warning("%r: %s; dropping the connection", self, e)
+            self._aborted = True
             self.close(CLOSE_POLICY)
+            if self.transport is not None:
+                self.transport.abort()
 
     def error(self, code: str, message: str, **fields: Any) -> None:
         """Queue an error event: a stable `code`, a precise `message` and what it refers to."""
@@ -341,7 +353,9 @@ class StreamConnection:
             if kind == "direction":
                 self._queue_control(obj)
             elif kind == "ping":
-                self.event("pong", t=obj.get("t") if isinstance(obj.get("t"), int | float) else None)
+                t = obj.get("t")
+                ok = isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) and abs(t) < 1e15
+                self.event("pong", t=t if ok else None)  # NaN/inf (which json.loads accepts) are not echoed
             elif kind == "auth":
                 self.error("already_authenticated", "this stream is already authenticated", type="auth")
             else:
@@ -362,8 +376,12 @@ class StreamConnection:
             self.error("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
                        f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}")
 
-    def _queue_control(self, obj: dict[str, Any], *, limited: bool = True) -> None:
-        """Queue a request for the control loop (in order; `limited`: counts against the rate limit)."""
+    def _queue_control(self, obj: dict[str, Any], *, limited: bool = True) -> bool:
+        """Queue a request for the control loop (in order; `limited`: counts against the rate limit).
+
+        Returns:
+            whether it was queued (else the client was told why).
+        """
         ref = _ref(obj)
         if limited and not self.control_bucket.take(time.monotonic()):
             if "method" in obj:
@@ -371,11 +389,13 @@ class StreamConnection:
                                                      "messages"}})
             else:
                 self.error("rate_limited", f"more than {CONTROL_RATE_HZ:g} directions/RPCs per second", id=ref)
-            return
+            return False
         try:
             self._control.put_nowait(obj)
         except asyncio.QueueFull:
             self.error("rate_limited", f"{MAX_PENDING_CONTROL} requests are still waiting", id=ref)
+            return False
+        return True
 
     async def _control_loop(self) -> None:
         while True:
@@ -507,7 +527,7 @@ class StreamConnection:
 
 def _ref(obj: dict[str, Any]) -> Any:
     """The id of a request, echoed in errors when it is a plain value."""
-    rid = obj.get("id")
+    rid = obj.get("id", obj.get("prompt_id"))
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) and len(str(rid)) <= 128 else None
 
 
@@ -518,6 +538,9 @@ async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManage
     session = await authenticate(ws, manager, session_id)
     if session is None:
         return
+    deadline = time.monotonic() + BUSY_GRACE_S
+    while session.id in streams and time.monotonic() < deadline:  # a stream just closed may still be ending
+        await asyncio.sleep(0.01)
     if session.id in streams:
         await reject(ws, "stream_busy", "this session already has a stream; close it first", CLOSE_BUSY)
         return

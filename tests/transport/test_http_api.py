@@ -137,6 +137,43 @@ def test_rpcs_over_http(client: httpx.Client) -> None:
     client.delete(f"/v1/sessions/{s['session_id']}", headers=h)
 
 
+def test_http_rpcs_share_the_control_budget_and_429_names_the_request(client: httpx.Client) -> None:
+    a, b = create(client), create(client)
+    url, h = f"/v1/sessions/{a['session_id']}/rpc", auth(a["token"])
+    t0, ok, refused = time.monotonic(), 0, None
+    for i in range(200):  # bounded: the budget is 10/s with bursts of 20
+        r = client.post(url, json={"jsonrpc": "2.0", "id": i, "method": "get_state"}, headers=h)
+        if r.status_code == 429:
+            refused = (i, r)
+            break
+        assert r.status_code == 200, r.text
+        ok += 1
+    assert refused is not None, "200 requests in a row were all served"
+    i, r = refused
+    assert ok <= 20 + 10 * (time.monotonic() - t0) + 1
+    assert r.headers["Retry-After"] == "1"
+    assert r.json() == {"jsonrpc": "2.0", "id": i, "error": {"code": -32001, "message": r.json()["error"]["message"]}}
+    assert "10 control requests per second" in r.json()["error"]["message"]
+    # another session's budget is its own
+    other = client.post(f"/v1/sessions/{b['session_id']}/rpc", json={"id": 1, "method": "get_state"},
+                        headers=auth(b["token"]))
+    assert other.status_code == 200
+    for s in (a, b):
+        client.delete(f"/v1/sessions/{s['session_id']}", headers=auth(s["token"]))
+
+
+def test_a_directing_session_refuses_set_prompt_and_an_early_resume(client: httpx.Client) -> None:
+    s = create(client, mode="directing")
+    url, h = f"/v1/sessions/{s['session_id']}/rpc", auth(s["token"])
+    r = client.post(url, json={"id": 1, "method": "set_prompt", "params": {"prompt": "lava"}}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["code"] == -32600 and "direction" in r.json()["error"]["message"]
+    r = client.post(url, json={"id": 2, "method": "resume"}, headers=h)
+    assert r.status_code == 400 and "first direction" in r.json()["error"]["message"]
+    st = client.post(url, json={"id": 3, "method": "get_state"}, headers=h).json()["result"]
+    assert st["prompt"] == s["model"]["default_prompt"] and st["paused"]  # nothing changed
+    client.delete(f"/v1/sessions/{s['session_id']}", headers=h)
+
+
 def test_capacity_is_refused_with_503_and_retry_after(model) -> None:  # type: ignore[no-untyped-def]
     cfg = SessionConfig(admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=2))
     for srv in _serve(server_config(sessions=cfg), model):

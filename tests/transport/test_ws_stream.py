@@ -21,6 +21,14 @@ def ws_url(base: str, sid: str, query: str = "") -> str:
     return "ws" + base.removeprefix("http") + f"/v1/sessions/{sid}/stream" + query
 
 
+async def until_gone(streams: dict, sid: str, timeout_s: float = 10.0) -> None:  # type: ignore[type-arg]
+    for _ in range(int(timeout_s / 0.01)):
+        if sid not in streams:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"stream of {sid} still registered after {timeout_s} s")
+
+
 async def create(url: str, **body) -> dict:  # type: ignore[no-untyped-def, type-arg]
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         r = await http.post("/v1/sessions", json=body)
@@ -120,8 +128,9 @@ async def test_auth_by_header_or_first_message_never_by_url(live_server) -> None
             await ws.wait_closed()
             return err, ws.close_code  # type: ignore[return-value]
 
-    err, code = await refused(ws_url(live_server.url, sid, f"?token={tok}"))
-    assert (err["code"], code) == ("token_in_url", 4400)
+    for q in (f"?token={tok}", f"?Access_Token={tok}"):
+        err, code = await refused(ws_url(live_server.url, sid, q))
+        assert (err["code"], code) == ("token_in_url", 4400)
     err, code = await refused(ws_url(live_server.url, "nope"), {"Authorization": f"Bearer {tok}"})
     assert (err["code"], code) == ("session_not_found", 4404)
     err, code = await refused(ws_url(live_server.url, sid), {"Authorization": "Bearer wrong"})
@@ -135,6 +144,34 @@ async def test_auth_by_header_or_first_message_never_by_url(live_server) -> None
         assert (err["code"], code) == ("stream_busy", 4409)
         await c.wait_event(lambda e: e["event"] == "media")  # the first stream keeps streaming
         assert c.closed_code is None
+
+
+async def test_a_client_that_closes_and_reconnects_at_once_is_not_refused_as_busy(live_server) -> None:  # type: ignore[no-untyped-def]
+    s = await create(live_server.url, seed=6)
+    for _ in range(3):
+        c = await StreamClient.attach(live_server.url, s["session_id"], s["token"])
+        assert (await c.next_frame()).keyframe  # a fresh stream starts at a keyframe
+        await c.aclose(delete=False)  # and the next attach follows at once
+    # deterministically: the previous stream is still ending (its entry leaves 0.2 s from now)
+    streams = live_server.app.state.streams
+    await until_gone(streams, s["session_id"])
+    streams[s["session_id"]] = "a stream still closing"
+    asyncio.get_running_loop().call_later(0.2, streams.pop, s["session_id"])
+    c = await StreamClient.attach(live_server.url, s["session_id"], s["token"])
+    assert (await c.next_frame()).keyframe
+    await c.aclose(delete=False)
+    async with httpx.AsyncClient(base_url=live_server.url) as http:
+        await http.delete(f"/v1/sessions/{s['session_id']}", headers={"Authorization": f"Bearer {s['token']}"})
+
+
+async def test_ping_echoes_finite_numbers_only(live_server) -> None:  # type: ignore[no-untyped-def]
+    async with await StreamClient.connect(live_server.url, seed=7) as c:
+        await c.next_frame()
+        for raw, want in (('{"type": "ping", "t": 12.5}', 12.5), ('{"type": "ping", "t": NaN}', None),
+                          ('{"type": "ping", "t": -Infinity}', None), ('{"type": "ping", "t": true}', None)):
+            await c.send_raw(raw)
+            pong = await c.wait_event(lambda e: e["event"] == "pong")  # answered in order, one per ping
+            assert pong["t"] == want, (raw, pong)
 
 
 async def test_deleting_the_session_closes_its_stream(live_server) -> None:  # type: ignore[no-untyped-def]
@@ -203,3 +240,43 @@ async def test_a_reader_stalled_10_s_costs_bounded_memory_and_resumes_at_a_fresh
     with av.open(io.BytesIO(data)) as f:
         decoded = list(f.decode(video=0))
     assert len(decoded) == sum(isinstance(m, bytes) for m in msgs) - 1  # every media segment decodes
+
+
+async def test_a_reader_that_never_reads_its_replies_is_dropped_and_the_session_lives_on(live_server) -> None:  # type: ignore[no-untyped-def]
+    """A client sends pings and reads nothing: once more control replies wait than the queue holds, the
+    server drops the connection (a close frame would only queue behind them); other streams never notice."""
+    import socket
+
+    from worldcast.transport.ws_queue import MAX_CONTROL_ITEMS
+
+    s = await create(live_server.url, seed=8)
+    sid = s["session_id"]
+    host, port = live_server.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.setblocking(False)
+    async with await StreamClient.connect(live_server.url, seed=9) as other:
+        await other.next_frame()
+        async with connect(ws_url(live_server.url, sid), sock=sock, compression=None, max_queue=1,
+                           additional_headers={"Authorization": f"Bearer {s['token']}"}) as ws:
+            await asyncio.wait_for(ws.recv(), 15)  # stream_start: the stream is registered
+            streams = live_server.app.state.streams
+            assert sid in streams
+            ping = json.dumps({"type": "ping", "t": 1})
+            try:
+                for _ in range(20 * MAX_CONTROL_ITEMS):  # bounded; the server drops us long before the end
+                    await ws.send(ping)
+                    if sid not in streams:
+                        break
+            except Exception:  # noqa: BLE001 - the connection was dropped under us: that is the point
+                pass
+            # dropped at once, not after the close handshake's timeout (10 s): a close frame would only
+            # queue behind the replies that are never read
+            await until_gone(streams, sid, timeout_s=8)
+        assert other.closed_code is None
+        await other.wait_event(lambda e: e["event"] == "media")  # the other stream goes on
+    async with httpx.AsyncClient(base_url=live_server.url) as http:
+        st = await http.get(f"/v1/sessions/{sid}", headers={"Authorization": f"Bearer {s['token']}"})
+        assert st.status_code == 200 and st.json()["state"] != "closed"  # the stream died, not the session
+        await http.delete(f"/v1/sessions/{sid}", headers={"Authorization": f"Bearer {s['token']}"})
