@@ -96,6 +96,9 @@ class RawPublisher:
         return rtc.TrackPublishOptions(
             source=rtc.TrackSource.SOURCE_CAMERA, simulcast=False, video_codec=rtc.VideoCodec.VP8,
             video_encoding=rtc.VideoEncoding(max_bitrate=max_bitrate_bps, max_framerate=fps),
+            # libwebrtc's CPU-overuse adaptation would scale our small pictures down (to a quarter and below)
+            # whenever the model keeps the cores busy, which is always: keep the resolution and frame rate
+            degradation_preference=rtc.DegradationPreference.MAINTAIN_FRAMERATE_AND_RESOLUTION,
             frame_metadata_features=METADATA_FEATURES)
 
     async def publish(self, image: np.ndarray, timestamp_us: int, frame: VideoFrame,

@@ -82,6 +82,8 @@ async def test_join_stream_act_and_leave(lk_server) -> None:  # type: ignore[no-
             if st is not None and st.frame_index not in held:
                 held[st.frame_index] = f
         order = sorted(held)
+        sizes = {(held[i].width, held[i].height) for i in order}
+        assert sizes == {(64 * scale, 64 * scale)}, f"the SDK changed the resolution: {sizes}"
         images = {i: held[i].image.astype(np.float32) for i in order}
         for im in images.values():
             im[-16:] = 0  # blank the stamp band (8 px at this width): it does not move
