@@ -168,17 +168,22 @@ def overload_probability(duties: Sequence[float], capacity: int) -> float:
 def active_capacity(chunk_time_s: Callable[[int], float], *, chunk_period_s: float, target_utilization: float,
                     max_batch: int) -> int:
     """Most sessions that can generate at once: the largest batch b <= `max_batch` with
-    chunk_time_s(b) <= target_utilization * chunk_period_s (0 if even one does not fit).
+    chunk_time_s(b) <= target_utilization * chunk_period_s; else 1 if one session's chunk fits the
+    whole chunk period (real time, without the headroom that sharing the device needs); else 0
+    (the device is degraded: even one session runs below real time).
 
     Args:
         chunk_time_s: predicted device time of one chunk at batch size b, s (`StepScheduler.chunk_time_s`).
         chunk_period_s: video time of one chunk, s (frames per chunk / fps).
+        target_utilization: share of a chunk period a batched chunk may take when sessions share the device.
     """
     budget = target_utilization * chunk_period_s
     best = 0
     for b in range(1, max_batch + 1):
         if chunk_time_s(b) <= budget:
             best = b
+    if best == 0 and max_batch >= 1 and chunk_time_s(1) <= chunk_period_s:
+        best = 1
     return best
 
 

@@ -356,9 +356,11 @@ class DeviceWorker:
                     r.close()
         self._publish()
         cap = self.active_capacity(self.config.target_utilization)
-        logger.info("DeviceWorker: warmed up; chunk time %.1f ms at batch 1 (chunk period %.1f ms); carries %d "
-                    "session(s) generating at once%s", self.scheduler.chunk_time_s(1) * 1e3,
-                    float(spec.chunk_period) * 1e3, cap,
+        logger.info("DeviceWorker: warmed up; chunk time %.1f ms at batch 1 (chunk period %.1f ms, budget %.1f ms "
+                    "at %.0f %% utilization when shared); carries %d session(s) generating at once%s",
+                    self.scheduler.chunk_time_s(1) * 1e3, float(spec.chunk_period) * 1e3,
+                    float(spec.chunk_period) * self.config.target_utilization * 1e3,
+                    self.config.target_utilization * 100, cap,
                     "" if cap else " -- DEGRADED: one session at a time, below real time")
 
     def active_capacity(self, target_utilization: float) -> int:
@@ -380,7 +382,8 @@ class DeviceWorker:
 
     @property
     def degraded(self) -> bool:
-        """Whether the measured costs say the device cannot carry even one session in real time."""
+        """Whether the measured costs say the device cannot carry even one session in real time
+        (its chunk at batch 1 takes longer than a chunk period; see `admission.active_capacity`)."""
         return self.active_capacity(self.config.target_utilization) == 0
 
     # -- control (any thread) -------------------------------------------------------------

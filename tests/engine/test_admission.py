@@ -51,6 +51,13 @@ def test_active_capacity_is_the_largest_batch_that_fits() -> None:
     assert active_capacity(chunk, chunk_period_s=0.02, target_utilization=1.0, max_batch=4) == 0
 
 
+def test_one_session_needs_only_the_whole_period_not_the_shared_budget() -> None:
+    chunk = {1: 0.045, 2: 0.070}.__getitem__  # 45 ms at batch 1: over the 42.5 ms shared budget, under 50 ms
+    assert active_capacity(chunk, chunk_period_s=0.05, target_utilization=0.85, max_batch=2) == 1  # real time
+    assert active_capacity(chunk, chunk_period_s=0.044, target_utilization=0.85, max_batch=2) == 0  # degraded
+    assert active_capacity(chunk, chunk_period_s=0.05, target_utilization=0.85, max_batch=0) == 0
+
+
 def test_always_on_admits_up_to_the_capacity() -> None:
     cfg = AdmissionConfig(policy=ALWAYS)
     assert decide(cfg, admitted=loads(2, 0.1), active_capacity=3, kv_free_slots=9).admitted

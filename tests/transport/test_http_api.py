@@ -222,6 +222,33 @@ def test_readyz_reports_a_dead_device_worker(model) -> None:  # type: ignore[no-
             assert c.get("/healthz").status_code == 200
 
 
+def test_a_device_too_slow_for_one_session_is_degraded_and_says_so() -> None:
+    """A named fake of a slow device: TinyWorld whose every denoising step also waits a whole chunk
+    period, so warm-up measures a chunk far over its period (a busier machine only makes it slower)."""
+    from worldcast.engine.device_worker import EngineConfig
+    from worldcast.models.tinyworld import TinyWorldModel
+
+    class SlowDeviceTinyWorld(TinyWorldModel):
+        def denoise(self, x_t, t, cond, state):  # type: ignore[no-untyped-def]
+            time.sleep(float(self.spec.chunk_period))
+            return super().denoise(x_t, t, cond, state)
+
+    slow = SlowDeviceTinyWorld.from_pretrained()
+    cfg = server_config(engine=EngineConfig(kv_budget_bytes=64 * 2**20, max_batch=1, torch_threads=1),
+                        sessions=SessionConfig(idle_after_s=60.0, timeout_s=120.0,
+                                               admission=AdmissionConfig(policy=AdmissionPolicy.DUTY_CYCLE)))
+    for srv in _serve(cfg, slow):
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            r = c.get("/readyz")
+            assert r.status_code == 200 and r.json()["degraded"] is True and "below real time" in r.json()["reason"]
+            assert "worldcast_device_degraded 1.0" in c.get("/metrics").text
+            first = create(c)  # an idle device serves one session, however slowly
+            r = c.post("/v1/sessions", json={})
+            assert r.status_code == 503 and "Retry-After" in r.headers
+            assert "degraded" in r.json()["detail"]
+            c.delete(f"/v1/sessions/{first['session_id']}", headers=auth(first["token"]))
+
+
 @pytest.mark.parametrize(
     "content,headers,status",
     [
