@@ -183,7 +183,7 @@ async def test_deleting_the_session_closes_its_stream(live_server) -> None:  # t
     await c.wait_event(lambda e: e["event"] == "state" and e["state"] == "closed", past=True)
     await asyncio.wait_for(c._reader, 10)
     assert c.closed_code == 1000
-    assert c.session_id not in live_server.app.state.streams
+    await until_gone(live_server.app.state.streams, c.session_id)  # unregistered once its run loop ends
     await c.aclose(delete=False)
 
 
