@@ -41,6 +41,7 @@ from worldcast.sessions.session import CloseReason, Session
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
 from worldcast.transport.dreamverse import serve_dreamverse
+from worldcast.transport.limits import InputGuard
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.peers import PeerRegistry
 from worldcast.transport.rpc import RpcHandler, TokenBucket, error_reply
@@ -153,16 +154,21 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
                               limits=config.input_limits, negotiation_timeout_s=config.negotiation_timeout_s,
                               on_count=metrics.on_input, **callbacks)
 
+        def make_guard() -> InputGuard:  # the WebSocket streams' and LiveKit worlds' limits and counters
+            return InputGuard(config.input_limits, on_count=metrics.on_input)
+
         peers = PeerRegistry(make_peer, on_close=metrics.on_peer_close)
         metrics.peer_count = lambda: len(peers)
         app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, peers, metrics
         app.state.streams = {}  # session id -> its WebSocket stream (ws_stream.StreamConnection)
         app.state.rpc_buckets = {}  # session id -> the TokenBucket of its HTTP RPCs
+        app.state.make_guard = make_guard
         app.state.livekit = None
         if config.livekit is not None:
             from worldcast.transport.livekit.world import LiveKitWorlds
 
-            app.state.livekit = LiveKitWorlds(config.livekit, manager, video_scale=config.video_scale)
+            app.state.livekit = LiveKitWorlds(config.livekit, manager, video_scale=config.video_scale,
+                                              make_guard=make_guard)
         app.state.agent_worker = None
         if config.agent is not None:
             from worldcast.transport.livekit.worker import AgentWorker
@@ -340,14 +346,15 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     async def stream(websocket: WebSocket, session_id: str) -> None:
         st = websocket.app.state
         await serve_stream(websocket, session_id, manager=st.manager, streams=st.streams,
-                           encode_prompt=st.model.encode_prompt, video_scale=config.scale_for(st.model))
+                           encode_prompt=st.model.encode_prompt, video_scale=config.scale_for(st.model),
+                           make_guard=st.make_guard)
 
     @app.websocket("/ws")
     async def dreamverse(websocket: WebSocket) -> None:
         st = websocket.app.state
         await serve_dreamverse(websocket, manager=st.manager, encode_prompt=st.model.encode_prompt,
                                video_scale=config.scale_for(st.model), segment_s=config.dreamverse_segment_s,
-                               session_timeout_s=config.dreamverse_session_timeout_s)
+                               session_timeout_s=config.dreamverse_session_timeout_s, make_guard=st.make_guard)
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():
         app.mount("/", StaticFiles(directory=config.static_dir, html=True), name="demo")

@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the server with the embedded default model")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8000, help="TCP port of the HTTP API, WebSockets and demo (default 8000)")
+    s.add_argument("--port", type=int, default=8000,
+                   help="TCP port of the HTTP API, WebSockets and demo (default 8000)")
     s.add_argument("--model", choices=list(MODELS), default="tinyworld",
                    help="model family: tinyworld (the embedded default), causal-wan (Self-Forcing / CausVid / "
                         "LongLive checkpoints; needs --weights) or causal-wan:tiny (random weights, noise-like video)")

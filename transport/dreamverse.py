@@ -58,6 +58,7 @@ from worldcast.sessions.errors import CapacityExhausted, SessionError
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session, SessionState
 from worldcast.transport.fmp4 import Fmp4Fragmenter
+from worldcast.transport.limits import InputGuard
 from worldcast.transport.rpc import RpcError, parse_json
 from worldcast.transport.schemas import MAX_PROMPT_CHARS, check_prompt
 from worldcast.transport.ws_queue import MediaItem, QueueOverflow, Render
@@ -125,7 +126,7 @@ class DreamverseConnection(StreamConnection):
     """One Dreamverse client on a directing session of its own.
 
     Args:
-        ws, session, encode_prompt, video_scale: as `StreamConnection`.
+        ws, session, encode_prompt, video_scale, guard: as `StreamConnection`.
         prompts: the curated prompts, played in order, one segment each.
         preset_id: echoed in `ltx2_stream_start`.
         segment_s: segment length, s.
@@ -133,8 +134,9 @@ class DreamverseConnection(StreamConnection):
     """
 
     def __init__(self, ws: WebSocket, session: Session, *, encode_prompt: Callable[[str], Any], video_scale: int,
-                 prompts: list[str], preset_id: Any, segment_s: float, session_timeout_s: float) -> None:
-        super().__init__(ws, session, encode_prompt=encode_prompt, video_scale=video_scale)
+                 prompts: list[str], preset_id: Any, segment_s: float, session_timeout_s: float,
+                 guard: InputGuard | None = None) -> None:
+        super().__init__(ws, session, encode_prompt=encode_prompt, video_scale=video_scale, guard=guard)
         assert self.director is not None, "Dreamverse clients drive a directing session"
         self.prompts, self.preset_id, self.segment_s = prompts, preset_id, segment_s
         self.session_timeout_s = session_timeout_s
@@ -155,8 +157,8 @@ class DreamverseConnection(StreamConnection):
     # -- outgoing ------------------------------------------------------------------------------------
 
     def send(self, kind: str, **fields: Any) -> None:
-        """Queue a Dreamverse message `{"type": kind, **fields}`."""
-        self.send_json({"type": kind, **fields})
+        """Queue a Dreamverse message `{"type": kind, **fields}` (a field cannot override the type)."""
+        self.send_json({**fields, "type": kind})
 
     def error(self, code: str, message: str, **fields: Any) -> None:
         """Dreamverse's error shape: {type: "error", message}, plus our `error_code`."""
@@ -241,7 +243,7 @@ class DreamverseConnection(StreamConnection):
                 self.error("bad_message", "set_generation_paused requires a boolean 'paused'")
                 return
             if not self.control_bucket.take(time.monotonic()):
-                self.error("rate_limited", "too many set_generation_paused messages", type=kind)
+                self.error("rate_limited", "too many set_generation_paused messages", request=kind)
                 return
             self._set_paused(paused)
         elif kind == "restart_generation":
@@ -381,7 +383,8 @@ class DreamverseConnection(StreamConnection):
 
 
 async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, encode_prompt: Callable[[str], Any],
-                           video_scale: int, segment_s: float, session_timeout_s: float) -> None:
+                           video_scale: int, segment_s: float, session_timeout_s: float,
+                           make_guard: Callable[[], InputGuard] = InputGuard) -> None:
     """Serve `WS /ws`: queue status, wait for session_init_v2, open a directing session, stream it.
 
     The session belongs to the socket: it is closed when the socket closes.
@@ -410,7 +413,7 @@ async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, encode_pro
         await ws.send_text(dumps({"type": "gpu_assigned", "gpu_id": 0, "session_timeout": session_timeout_s}))
         conn = DreamverseConnection(ws, session, encode_prompt=encode_prompt, video_scale=video_scale,
                                     prompts=prompts, preset_id=init.get("preset_id"), segment_s=segment_s,
-                                    session_timeout_s=session_timeout_s)
+                                    session_timeout_s=session_timeout_s, guard=make_guard())
         await conn.run()
     except (WebSocketDisconnect, RuntimeError):
         pass

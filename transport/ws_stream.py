@@ -197,10 +197,11 @@ class StreamConnection:
         session: its session.
         encode_prompt: text -> embedding (run off the event loop).
         video_scale: integer upscale of the video.
+        guard: the connection's limits and counters (`InputGuard`; default limits, uncounted, if None).
     """
 
     def __init__(self, ws: WebSocket, session: Session, *, encode_prompt: Callable[[str], Any],
-                 video_scale: int = 1) -> None:
+                 video_scale: int = 1, guard: InputGuard | None = None) -> None:
         self.ws, self.session, self.encode_prompt = ws, session, encode_prompt
         self.director = session.directing
         self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample, epoch_fn=session.current_epoch,
@@ -208,7 +209,7 @@ class StreamConnection:
                              depth=max(2, session.model.spec.frames_per_chunk), name=session.id)
         self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe)
         self.rpc = RpcHandler(session, encode_prompt)
-        self.guard = InputGuard()
+        self.guard = guard or InputGuard()
         self.actions = ActionHandler(session, guard=self.guard)
         #: rejected and stale actions are answered with coalesced summaries; a flooder is told and closed
         self.feedback = InputFeedback(self.guard, send=self.send_json, on_flood=lambda v: self.close(CLOSE_POLICY))
@@ -411,6 +412,7 @@ class StreamConnection:
         if "method" in obj:
             reply = await self.rpc.handle(obj)
             if reply is not None:  # None: a JSON-RPC 2.0 notification, never answered
+                self.guard.control_result(reply, time.monotonic())
                 self.send_json(reply)
         else:
             await self._direct(obj)
@@ -533,7 +535,7 @@ def _ref(obj: dict[str, Any]) -> Any:
 
 async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManager,
                        streams: dict[str, StreamConnection], encode_prompt: Callable[[str], Any],
-                       video_scale: int) -> None:
+                       video_scale: int, make_guard: Callable[[], InputGuard] = InputGuard) -> None:
     """Serve GET /v1/sessions/{id}/stream: authenticate, refuse a second stream, run the connection."""
     session = await authenticate(ws, manager, session_id)
     if session is None:
@@ -547,7 +549,7 @@ async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManage
     if "worldcast.transport" not in (ws.scope.get("extensions") or {}):
         logger.info("Session(%s): no unsent-bytes limit on the stream's socket (StreamSocketTuning); slow "
                     "readers are noticed only once the kernel's send buffer fills", session.id)
-    conn = StreamConnection(ws, session, encode_prompt=encode_prompt, video_scale=video_scale)
+    conn = StreamConnection(ws, session, encode_prompt=encode_prompt, video_scale=video_scale, guard=make_guard())
     streams[session.id] = conn
     try:
         await conn.run()

@@ -280,3 +280,19 @@ async def test_a_reader_that_never_reads_its_replies_is_dropped_and_the_session_
         st = await http.get(f"/v1/sessions/{sid}", headers={"Authorization": f"Bearer {s['token']}"})
         assert st.status_code == 200 and st.json()["state"] != "closed"  # the stream died, not the session
         await http.delete(f"/v1/sessions/{sid}", headers={"Authorization": f"Bearer {s['token']}"})
+
+
+async def test_stream_inputs_are_counted_in_metrics_like_the_data_channels(live_server) -> None:  # type: ignore[no-untyped-def]
+    from tests.transport.test_hardening import input_counts
+
+    async with httpx.AsyncClient(base_url=live_server.url) as http:
+        before = input_counts((await http.get("/metrics")).text)
+        async with await StreamClient.connect(live_server.url, seed=10) as c:
+            await c.next_frame()
+            await c.send_action(keys=["w"])
+            await c.send_raw(json.dumps({"seq": 99, "t": 0, "keys": ["teleport"], "mouse": [0, 0]}))
+            await c.wait_event(lambda e: e["event"] == "action_rejected")
+            await c.rpc("get_state")
+        after = input_counts((await http.get("/metrics")).text)
+    grew = {k for k in after if after[k] > before.get(k, 0.0)}
+    assert {("actions", "accepted"), ("actions", "invalid"), ("control", "accepted")} <= grew, grew

@@ -82,14 +82,15 @@ class LiveKitWorld:
 
     def __init__(self, session: Session, *, room_name: str, user_identity: str | None, config: LiveKitConfig,
                  encode_prompt: Callable[[str], Any], video_scale: int = 1,
-                 on_user_left: Callable[[LiveKitWorld], None] | None = None) -> None:
+                 on_user_left: Callable[[LiveKitWorld], None] | None = None,
+                 guard: InputGuard | None = None) -> None:
         self.session = session
         self.room_name = room_name
         self.identity = world_identity(session.id)
         self.user_identity = user_identity
         self.config = config
         self.room = rtc.Room()
-        self.guard = InputGuard()
+        self.guard = guard or InputGuard()
         self.actions = ActionHandler(session, guard=self.guard)
         #: coalesced feedback; a flooding user (whom the world cannot remove from the room) is told and
         #: its packets are dropped for the rest of the session
@@ -297,10 +298,12 @@ class LiveKitWorlds:
     A world whose user leaves closes its session (`CloseReason.CLIENT`), which frees the slot.
     """
 
-    def __init__(self, config: LiveKitConfig, manager: SessionManager, *, video_scale: int = 1) -> None:
+    def __init__(self, config: LiveKitConfig, manager: SessionManager, *, video_scale: int = 1,
+                 make_guard: Callable[[], InputGuard] = InputGuard) -> None:
         self.config = config
         self.manager = manager
         self.video_scale = video_scale
+        self.make_guard = make_guard  #: each world's `InputGuard` (the server's limits and metrics hook)
         self.worlds: dict[str, LiveKitWorld] = {}
         #: called with (world, session) whenever a world's session ends (used by the agent worker)
         self.on_ended: Callable[[LiveKitWorld], None] | None = None
@@ -314,7 +317,7 @@ class LiveKitWorlds:
         """
         world = LiveKitWorld(session, room_name=room, user_identity=user_identity, config=self.config,
                              encode_prompt=self.manager.model.encode_prompt, video_scale=self.video_scale,
-                             on_user_left=self._user_left)
+                             on_user_left=self._user_left, guard=self.make_guard())
         self.worlds[session.id] = world
         session.on("state", lambda s, st: self._forget(s) if st == SessionState.CLOSED else None)
         try:
