@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
 
 import av
 import httpx
@@ -27,6 +28,16 @@ async def until_gone(streams: dict, sid: str, timeout_s: float = 10.0) -> None: 
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"stream of {sid} still registered after {timeout_s} s")
+
+
+def small_buffer_socket(url: str) -> socket.socket:
+    """A connected, non-blocking TCP socket to `url` with a 4 KiB receive buffer (a slow link's)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.setblocking(False)
+    return sock
 
 
 async def create(url: str, **body) -> dict:  # type: ignore[no-untyped-def, type-arg]
@@ -190,18 +201,13 @@ async def test_deleting_the_session_closes_its_stream(live_server) -> None:  # t
 async def test_a_reader_stalled_10_s_costs_bounded_memory_and_resumes_at_a_fresh_keyframe(live_server) -> None:  # type: ignore[no-untyped-def]
     """The reader stops reading for 10 s (a small receive buffer, as a slow link would give): the server
     drops media instead of queueing it, and the first frame after the gap is a keyframe."""
-    import socket
     import time
 
     from worldcast.transport.ws_queue import MAX_MEDIA_BYTES
 
     s = await create(live_server.url, seed=6)
     sid = s["session_id"]
-    host, port = live_server.url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    sock.setblocking(False)
+    sock = small_buffer_socket(live_server.url)
     async with connect(ws_url(live_server.url, sid), sock=sock, compression=None, max_queue=1,
                        additional_headers={"Authorization": f"Bearer {s['token']}"}) as ws:
         msgs: list[str | bytes] = []
@@ -245,17 +251,11 @@ async def test_a_reader_stalled_10_s_costs_bounded_memory_and_resumes_at_a_fresh
 async def test_a_reader_that_never_reads_its_replies_is_dropped_and_the_session_lives_on(live_server) -> None:  # type: ignore[no-untyped-def]
     """A client sends pings and reads nothing: once more control replies wait than the queue holds, the
     server drops the connection (a close frame would only queue behind them); other streams never notice."""
-    import socket
-
     from worldcast.transport.ws_queue import MAX_CONTROL_ITEMS
 
     s = await create(live_server.url, seed=8)
     sid = s["session_id"]
-    host, port = live_server.url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    sock.setblocking(False)
+    sock = small_buffer_socket(live_server.url)
     async with await StreamClient.connect(live_server.url, seed=9) as other:
         await other.next_frame()
         async with connect(ws_url(live_server.url, sid), sock=sock, compression=None, max_queue=1,
