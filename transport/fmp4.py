@@ -41,7 +41,7 @@ import av
 import numpy as np
 
 from worldcast.sessions.session import VideoFrame
-from worldcast.transport.frame_queue import FrameQueue
+from worldcast.transport.frame_queue import FrameQueue, QueuedSink
 from worldcast.transport.mp4box import (
     Sample,
     annexb_to_avcc,
@@ -205,7 +205,7 @@ def picture_for(frame: VideoFrame, *, scale: int, stamp: bool) -> av.VideoFrame:
 SampleCallback = Callable[[VideoFrame, Fmp4Encoder, EncodedSample], None]
 
 
-class Fmp4Sink:
+class Fmp4Sink(QueuedSink):
     """A `FrameSink` that encodes a session's frames to H.264 for fMP4, off the event loop.
 
     Args:
@@ -255,14 +255,6 @@ class Fmp4Sink:
             self._on_clear()
         self.queue.clear()
 
-    @property
-    def frames_in(self) -> int:
-        return self.queue.frames_in
-
-    @property
-    def frames_dropped(self) -> int:
-        """Frames dropped before encoding (sink full, cleared, stale) or after it (flushed while encoding)."""
-        return self.queue.frames_dropped
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call `callback` (on the event loop) once every frame put so far has been handed on or dropped."""

@@ -104,3 +104,28 @@ class FrameQueue:
             if self.is_current(f) and (accept is None or accept(f)):
                 return f
             self._dropped(1)
+
+
+class QueuedSink:
+    """The `Session` sink interface over a `FrameQueue` held as `self.queue`, for the sinks that own one
+    (the WebRTC track, the LiveKit source, the fMP4 sink). A sink may override `put` or `clear`."""
+
+    queue: FrameQueue
+
+    def put(self, frame: VideoFrame) -> None:
+        """Queue a frame (never blocks; drops the oldest when full)."""
+        self.queue.put(frame)
+
+    def clear(self) -> None:
+        """Drop every queued frame."""
+        self.queue.clear()
+
+    @property
+    def frames_in(self) -> int:
+        """Frames handed to the sink."""
+        return self.queue.frames_in
+
+    @property
+    def frames_dropped(self) -> int:
+        """Frames dropped before they went out (full, cleared, stale epoch, or as the sink counts them)."""
+        return self.queue.frames_dropped

@@ -15,8 +15,7 @@ from collections.abc import Callable
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from worldcast.sessions.session import VideoFrame
-from worldcast.transport.frame_queue import FrameQueue
+from worldcast.transport.frame_queue import FrameQueue, QueuedSink
 from worldcast.transport.stamp import cell_px_for_width, write_stamp
 
 logger = logging.getLogger(__name__)
@@ -26,7 +25,7 @@ logger = logging.getLogger(__name__)
 SETTLE_TIMEOUT_S = 1.0
 
 
-class SessionVideoTrack(MediaStreamTrack):
+class SessionVideoTrack(QueuedSink, MediaStreamTrack):
     """A video track fed by a session: a frame sink of depth `depth` (1 or 2).
 
     aiortc's sender calls `recv`, encodes the frame it gets (in a thread), sends
@@ -57,20 +56,6 @@ class SessionVideoTrack(MediaStreamTrack):
         self._out_epoch: int | None = None  #: epoch of the frame the sender holds (None: none)
         self._sender_back = asyncio.Event()
         self._sender_back.set()
-
-    def put(self, frame: VideoFrame) -> None:
-        self.queue.put(frame)
-
-    def clear(self) -> None:
-        self.queue.clear()
-
-    @property
-    def frames_in(self) -> int:
-        return self.queue.frames_in
-
-    @property
-    def frames_dropped(self) -> int:
-        return self.queue.frames_dropped
 
     def stop(self) -> None:
         super().stop()

@@ -38,7 +38,7 @@ from livekit import rtc
 
 from worldcast.sessions.clock import VIDEO_CLOCK_RATE
 from worldcast.sessions.session import VideoFrame
-from worldcast.transport.frame_queue import FrameQueue
+from worldcast.transport.frame_queue import FrameQueue, QueuedSink
 from worldcast.transport.livekit.config import SourceKind
 from worldcast.transport.stamp import cell_px_for_width, write_stamp
 
@@ -178,7 +178,7 @@ def make_publisher(kind: SourceKind, width: int, height: int, *, max_bitrate_bps
     return RawPublisher(width, height)
 
 
-class LiveKitVideoSink:
+class LiveKitVideoSink(QueuedSink):
     """A `FrameSink` feeding a LiveKit publisher: holds at most `depth` frames, drops the oldest.
 
     Args:
@@ -205,22 +205,6 @@ class LiveKitVideoSink:
         self._last_ts_us = -1
         self.frames_out = 0
         self.publish_ms_total = 0.0  #: time spent preparing and handing pictures to the SDK, ms
-
-    def put(self, frame: VideoFrame) -> None:
-        """Queue a frame (never blocks; drops the oldest when full)."""
-        self.queue.put(frame)
-
-    def clear(self) -> None:
-        """Drop every queued frame."""
-        self.queue.clear()
-
-    @property
-    def frames_in(self) -> int:
-        return self.queue.frames_in
-
-    @property
-    def frames_dropped(self) -> int:
-        return self.queue.frames_dropped
 
     def start(self) -> None:
         """Start the pump task (on the running loop)."""
