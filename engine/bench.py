@@ -32,6 +32,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,14 +40,17 @@ import torch
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
+from worldcast.models import registry
 from worldcast.models.base import WorldModel
 
 
 def _conditioner(model: WorldModel, offset: int) -> ScriptedConditioner:
-    """Always active; cycles W, D, S, A once per second (each session `offset` keys apart)."""
+    """Always active; cycles through the model's first four keys once per second (each session `offset` keys
+    apart)."""
     t0 = time.monotonic()
-    vectors = [model.encode_action({k: True}, (0.0, 0.0)) for k in "wdsa"]
-    return ScriptedConditioner(model.spec, action=lambda: vectors[(int(time.monotonic() - t0) + offset) % 4])
+    keys = model.spec.actions.keys[:4] or ("",)
+    vectors = [model.encode_action({k: True} if k else {}, (0.0, 0.0)) for k in keys]
+    return ScriptedConditioner(model.spec, action=lambda: vectors[(int(time.monotonic() - t0) + offset) % len(vectors)])
 
 
 @dataclass
@@ -161,6 +165,9 @@ def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m worldcast.engine.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=registry.DEFAULT_MODEL, choices=registry.model_names(), metavar="NAME[:VARIANT]",
+                    help="the model, from the registry (default %(default)s)")
+    ap.add_argument("--weights", type=Path, default=None, help="its weights (default: the variant's own)")
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--modes", nargs="+", choices=["on", "off"], default=["on", "off"],
@@ -171,9 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--math", action="store_true", help="a chunk's achieved GFLOP/s beside this machine's measured "
                     "matmul peak, at batch 1 and 4 (engine/model_math.py)")
     args = ap.parse_args(argv)
-    from worldcast.models.tinyworld import TinyWorldModel
-
-    model = TinyWorldModel.from_pretrained()
+    model = registry.load(args.model, weights=args.weights)
     if args.math:
         from worldcast.engine.model_math import measure
 

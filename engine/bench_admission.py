@@ -35,6 +35,7 @@ from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy, DutyCyc
 from worldcast.engine.bench import _Collector
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.scripted import ScriptedConditioner
+from worldcast.models import registry
 from worldcast.models.base import WorldModel
 
 
@@ -89,7 +90,8 @@ def replay(model: WorldModel, trace: dict[str, Any], config: AdmissionConfig, *,
                               [(t0 + g["start_s"], t0 + g["end_s"]) for g in s["segments"] if g["state"] == "active"])
                 for s in trace["sessions"]]
     period = float(model.spec.frame_period)
-    right = model.encode_action({"d": True}, (0.0, 0.0))
+    keys = model.spec.actions.keys
+    right = model.encode_action({keys[min(3, len(keys) - 1)]: True} if keys else {}, (0.0, 0.0))
     prior = DutyCyclePrior(config.min_observation_s, default=config.default_duty_cycle)
     peak, at_once_s, capacities = 0, 0.0, []
     last = time.monotonic()
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m worldcast.engine.bench_admission", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, required=True, help="a worldcast-trace/1 JSON file")
+    ap.add_argument("--model", default=registry.DEFAULT_MODEL, choices=registry.model_names(), metavar="NAME[:VARIANT]",
+                    help="the model, from the registry (default %(default)s)")
+    ap.add_argument("--weights", type=Path, default=None, help="its weights (default: the variant's own)")
     ap.add_argument("--policies", nargs="+", default=["always-on", "duty-cycle"],
                     choices=[p.value for p in AdmissionPolicy])
     ap.add_argument("--target-utilization", type=float, default=0.85)
@@ -155,9 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    from worldcast.models.tinyworld import TinyWorldModel
-
-    model = TinyWorldModel.from_pretrained()
+    model = registry.load(args.model, weights=args.weights)
     trace = load_trace(args.trace)
     configs = [AdmissionConfig(policy=AdmissionPolicy(p), target_utilization=args.target_utilization,
                                max_overload_probability=args.max_overload, min_observation_s=args.min_observation)

@@ -6,12 +6,12 @@
 Parts (each writes its output into `--out`, so a run's results can be committed):
 1. `pytest -m gpu`: the Triton ring-attention kernel in bf16 and fp32 against the reference, batched
    vs solo rollouts on CUDA (tests/gpu/).
-2. The engine path of causal Wan at full size: the 1.3B DiT (LongLive's window) with random bf16
-   weights and the VAE decoder at 480x832 through `CausalWanModel`, the `StatePool` and the rollout
-   functions the device worker runs, per batch size 1/2/4/8: ms per chunk (4 denoising steps, decode,
-   commit pass; CUDA events), pixel frames/s per session and in total, declared state bytes per
-   session (KV ring, cross-attention cache, decoder cache), peak device memory.
-3. TinyWorld's engine bench on the device: 1 and 4 always-active sessions (`engine/bench.py`).
+2. The engine path of each full-size model (`FULL_SIZE_MODELS`, from the registry: random weights at
+   the real architecture and geometry, e.g. the causal-Wan 1.3B DiT with LongLive's window and the VAE
+   decoder at 480x832) through the model, the `StatePool` and the rollout functions the device worker
+   runs, per batch size 1/2/4/8: ms per chunk (every denoising step, decode, commit pass; CUDA events),
+   pixel frames/s per session and in total, declared state bytes per session by kind, peak device memory.
+3. The default model's engine bench on the device: 1 and 4 always-active sessions (`engine/bench.py`).
 """
 
 from __future__ import annotations
@@ -29,45 +29,40 @@ from worldcast.engine.rollout import BatchCache, ChunkRollout, denoise_batch, fi
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
 from worldcast.engine.timing import DeviceTimer
+from worldcast.models import registry
+from worldcast.models.spec import ConditioningRequest
+
+#: Models whose served path the GPU check times at full size (random weights at the real architecture).
+FULL_SIZE_MODELS = ("causal-wan:1.3b-random",)
+#: The same code paths at tiny sizes, for `--cpu-smoke`.
+SMOKE_MODELS = ("causal-wan:tiny",)
 
 
-def _wan_model(device: str, *, smoke: bool):  # type: ignore[no-untyped-def]
-    from worldcast.models.causal_wan.config import longlive_1_3b
-    from worldcast.models.causal_wan.dit import CausalWanDiT
-    from worldcast.models.causal_wan.loading import CausalWanParts, tiny_parts
-    from worldcast.models.causal_wan.model import CausalWanModel
-    from worldcast.models.causal_wan.text import TextEncoder
-    from worldcast.models.causal_wan.vae import WanVAEDecoder
+def engine_path(model_name: str, device: str, *, batches: list[int], chunks: int = 3) -> list[dict[str, object]]:
+    """Time the served path of a registered model per batch size (see the module docstring, part 2).
 
-    if smoke:
-        return CausalWanModel(tiny_parts(device=device), name="causal-wan:tiny")
-    cfg = longlive_1_3b()
-    dtype = torch.bfloat16
-    with torch.device(device):
-        dit = CausalWanDiT(cfg).cast(dtype).eval()
-        vae = WanVAEDecoder(cfg.vae).to(dtype=dtype).eval()
-    text = TextEncoder.tiny_random(dim=cfg.text_dim, text_len=cfg.text_len)  # the prompt path only, not umT5-XXL
-    text = TextEncoder(text.model.to(device), text.tokenizer, text_len=cfg.text_len)
-    return CausalWanModel(CausalWanParts(cfg=cfg, dit=dit, vae=vae, text=text), name="causal-wan:1.3b-random")
-
-
-def wan_engine_path(device: str, *, smoke: bool, batches: list[int], chunks: int = 3) -> list[dict[str, float]]:
-    """Time the served causal-Wan path per batch size (see the module docstring, part 2)."""
-    model = _wan_model(device, smoke=smoke)
+    Each chunk runs the rollout functions the device worker runs (every denoising step, decode, commit
+    pass) on sessions in one state pool; the first chunk of a session (its first-chunk decode) is not
+    timed. Times are device times (CUDA events on a GPU).
+    """
+    model = registry.load(model_name, device=device)
     spec = model.spec
-    out = []
-    prompt = model.encode_prompt(spec.default_prompt)
+    out: list[dict[str, object]] = []
+    context = None
+    if spec.conditioning.image is None or spec.conditioning.image.default is not None:
+        context = model.encode_conditioning(ConditioningRequest())  # the default prompt (or default image)
     for b in batches:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         pool = StatePool(spec.states, budget_bytes=spec.state_bytes_per_session() * b, device=device)
-        rs = [ChunkRollout(f"s{i}", model, pool, ScriptedConditioner(spec, prompt=prompt), seed=i) for i in range(b)]
+        rs = [ChunkRollout(f"s{i}", model, pool, ScriptedConditioner(spec, context=context), seed=i)
+              for i in range(b)]
         for r in rs:
             r.init(0.0)
         cache, timer = BatchCache(), DeviceTimer(torch.device(device))
         times: dict[str, list[float]] = {"denoise": [], "commit": []}
-        for c in range(chunks + 1):  # the first chunk (9 frames, first-chunk decode) is not timed
+        for c in range(chunks + 1):  # the first chunk (first-chunk decode) is not timed
             for r in rs:
                 r.begin_chunk(0.0, 0.0)
             for _ in range(spec.denoising_steps):
@@ -85,13 +80,12 @@ def wan_engine_path(device: str, *, smoke: bool, batches: list[int], chunks: int
         commit_s = sum(times["commit"]) / chunks  # decode + commit pass
         chunk_s = denoise_s + commit_s
         frames = spec.frames_per_chunk
-        states = {s.name: s.bytes_per_session() for s in spec.states}
         out.append({
-            "batch": b, "chunk_ms": chunk_s * 1e3, "denoise_ms": denoise_s * 1e3, "decode_commit_ms": commit_s * 1e3,
+            "model": model_name, "spec": spec.name, "batch": b, "chunk_ms": chunk_s * 1e3,
+            "denoise_ms": denoise_s * 1e3, "decode_commit_ms": commit_s * 1e3,
             "pixel_fps_per_session": frames / chunk_s, "pixel_fps_total": b * frames / chunk_s,
-            "kv_bytes_per_session": states["kv"], "cross_bytes_per_session": states["cross"],
-            "decoder_cache_bytes_per_session": sum(v for k, v in states.items() if k.startswith("vae.")),
             "state_bytes_per_session": spec.state_bytes_per_session(),
+            "state_bytes_by_kind": spec.state_bytes_by_kind(),
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0,
         })
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in out[-1].items()}), flush=True)
@@ -105,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for the results (created)")
     ap.add_argument("--cpu-smoke", action="store_true", help="run every part's code on the CPU at tiny sizes")
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--models", nargs="+", default=None, metavar="NAME[:VARIANT]",
+                    help=f"registered models whose served path to time (default: {' '.join(FULL_SIZE_MODELS)}; "
+                         f"with --cpu-smoke: {' '.join(SMOKE_MODELS)})")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.cpu_smoke and not torch.cuda.is_available():
@@ -121,15 +118,15 @@ def main(argv: list[str] | None = None) -> int:
         report["pytest_gpu_rc"] = t.returncode
         print(t.stdout[-2000:], flush=True)
         rc |= t.returncode not in (0, 5)  # 5: nothing collected (no GPU tests selected on this machine)
-    report["causal_wan_engine"] = wan_engine_path(device, smoke=args.cpu_smoke,
-                                                  batches=[1, 2] if args.cpu_smoke else [1, 2, 4, 8],
-                                                  chunks=1 if args.cpu_smoke else 3)
+    models = args.models or (SMOKE_MODELS if args.cpu_smoke else FULL_SIZE_MODELS)
+    report["engine"] = {name: engine_path(name, device, batches=[1, 2] if args.cpu_smoke else [1, 2, 4, 8],
+                                          chunks=1 if args.cpu_smoke else 3) for name in models}
     if not args.cpu_smoke:
         from worldcast.engine.bench import run_mode
-        from worldcast.models.tinyworld import TinyWorldModel
 
-        tw = TinyWorldModel.from_pretrained(device=device)
-        report["tinyworld_bench"] = [run_mode(tw, sessions=n, seconds=10, max_batch=8, threads=None) for n in (1, 4)]
+        tw = registry.load(registry.DEFAULT_MODEL, device=device)
+        report["default_model_bench"] = [run_mode(tw, sessions=n, seconds=10, max_batch=8, threads=None)
+                                         for n in (1, 4)]
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     print(f"wrote {args.out / 'gpu_check.json'}")
     return rc

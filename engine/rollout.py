@@ -9,10 +9,12 @@ is staged in `StagedChunk` until `finalize` applies it to the session's
 slot of the `StatePool` as one transaction; `abort_chunk` drops it and
 leaves every kind of the session's state byte-identical.
 
-A prompt change is its own transaction: before the first step of the next
-chunk the model re-caches (`WorldModel.set_prompt`; LongLive's recache) and
-the result is applied at once, so a later abort of that chunk keeps the new
-prompt.
+A conditioning change (a new prompt) is its own transaction: before the
+first step of the next chunk the model re-caches (`WorldModel.set_prompt`;
+LongLive's recache) and the result is applied at once, so a later abort of
+that chunk keeps the new conditioning. The encoded conditioning is a dict of
+named arrays (`models/spec.py` `Conditioning`) the rollout moves to the
+device and stacks per batch without interpreting it.
 
 Latent and pixel frames: a chunk of `latent_frames_per_chunk` latent frames
 decodes to `spec.chunk_pixel_frames(first_latent)` pixel frames, each
@@ -41,6 +43,7 @@ from worldcast.engine.errors import StepFailed
 from worldcast.engine.state_pool import PoolView, StatePool
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import ChunkConditioning, StateUpdates, WorldModel, select_rows
+from worldcast.models.spec import Conditioning
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +54,18 @@ class ChunkInputs:
 
     Attributes:
         actions: float32 (F_pix, A) action vector per pixel frame of the chunk.
-        prompt: float32 (*spec.prompt_shape) prompt encoding.
+        context: the session's encoded conditioning ({name: array}, `spec.conditioning.tensors`).
         action_seq: seq of the newest action included (-1: none).
         epoch: the session's flush epoch when sampled.
-        prompt_version: bumped by the session on every prompt change (a model with a prompt
-            cache re-caches when it differs from the one committed).
+        context_version: bumped by the session on every conditioning change (a model with a
+            prompt cache re-caches when it differs from the one committed).
     """
 
     actions: np.ndarray
-    prompt: np.ndarray
+    context: Conditioning
     action_seq: int
     epoch: int
-    prompt_version: int = 0
+    context_version: int = 0
 
 
 class Conditioner(Protocol):
@@ -72,7 +75,7 @@ class Conditioner(Protocol):
     """
 
     def sample_chunk(self, frames: int) -> ChunkInputs:
-        """The freshest actions for the next `frames` pixel frames and the current prompt."""
+        """The freshest actions for the next `frames` pixel frames and the current conditioning."""
         ...
 
     def current_epoch(self) -> int:
@@ -91,14 +94,15 @@ class StagedChunk:
     serial: int  #: the rollout's chunk counter (identifies the chunk in a `BatchCache`)
     x_t: torch.Tensor  #: (F, C, h, w) current noisy latents
     inputs: ChunkInputs  #: conditioning sampled at chunk start
-    action: torch.Tensor  #: (F, A') per-latent-frame actions on the device
-    prompt: torch.Tensor  #: (*prompt_shape) on the device (empty when the spec says `prompt_in_chunks=False`
-    #: and the prompt did not change)
+    action: torch.Tensor  #: the chunk's actions as `group_actions` laid them out (e.g. (F, A')), on the device
+    #: {name: (*shape)} the encoded conditioning on the device ({} when the spec says `context_in_chunks=False`
+    #: and the conditioning did not change)
+    context: dict[str, torch.Tensor]
     latent_indices: list[int]  #: absolute latent index of each of the chunk's F frames
     pixel_indices: list[int]  #: absolute index of each pixel frame the chunk decodes to
     deadline_s: float  #: presentation time of the first pixel frame, s (monotonic)
     began_s: float  #: when the chunk began, s (monotonic)
-    needs_prompt_switch: bool = False  #: re-cache for a new prompt before the first step
+    needs_prompt_switch: bool = False  #: re-cache for a new conditioning before the first step
     step: int = 0  #: denoising steps done
     denoise_s: float = 0.0  #: time spent on its denoising steps, s
     frames: list[FrameOut] | None = None  #: decoded frames, once `finalize_batch` has decoded (and emitted) them
@@ -107,7 +111,7 @@ class StagedChunk:
 
 @dataclass
 class ChunkRollout:
-    """Loop state of one session: its state slot, latent-frame counter, prompt version, staged chunk."""
+    """Loop state of one session: its state slot, latent-frame counter, conditioning version, staged chunk."""
 
     session_id: str
     model: WorldModel
@@ -116,7 +120,7 @@ class ChunkRollout:
     seed: int = 0
     slot: int = -1
     next_latent: int = 0  #: absolute index of the next latent frame to generate
-    prompt_version: int = -1  #: version of the prompt the session's caches were built for
+    context_version: int = -1  #: version of the conditioning the session's caches were built for
     staged: StagedChunk | None = None
     generator: torch.Generator | None = None
     _serial: int = 0
@@ -132,7 +136,7 @@ class ChunkRollout:
         return self.pool.view((self.slot,))
 
     def init(self, now_s: float) -> list[FrameOut]:
-        """Allocate the state slot (if not yet held) and commit the initial latent frames and prompt caches.
+        """Allocate the state slot (if not yet held) and commit the initial latent frames and conditioning caches.
 
         Returns:
             the initial pixel frames (none for a model that starts from noise), presented now.
@@ -146,11 +150,13 @@ class ChunkRollout:
         n_lat = spec.initial_latent_frames
         n_pix = spec.pixel_start(n_lat)
         inputs = self.conditioner.sample_chunk(max(1, n_pix))
-        image = m.initial_frames(seed=self.seed, prompt=inputs.prompt)  # (n_pix, H, W, 3)
+        image = m.initial_frames(seed=self.seed, context=inputs.context)  # (n_pix, H, W, 3)
         dev = m.device
+        # no action made the initial picture: zero actions, laid out as every chunk's are (group_actions)
+        acts = m.group_actions(np.zeros((n_pix, spec.actions.dim), np.float32), first_latent=0, latent_frames=n_lat)
         cond = ChunkConditioning(
-            action=torch.zeros((1, n_lat, spec.actions.dim), dtype=torch.float32, device=dev),
-            prompt=torch.as_tensor(np.asarray(inputs.prompt, dtype=np.float32), device=dev)[None],
+            action=torch.from_numpy(np.ascontiguousarray(acts, dtype=np.float32)).to(dev)[None],
+            context={k: v[None] for k, v in context_tensors(inputs.context, dev).items()},
             frame_index=torch.arange(n_lat, dtype=torch.int64, device=dev)[None],
             frame_index_host=(tuple(range(n_lat)),),
         )
@@ -158,7 +164,7 @@ class ChunkRollout:
         updates = m.init_state(torch.from_numpy(np.ascontiguousarray(image)).to(dev)[None], cond, view)
         self.pool.apply(view, updates)
         self.next_latent = n_lat
-        self.prompt_version = inputs.prompt_version
+        self.context_version = inputs.context_version
         return [FrameOut(self.session_id, i, image[i], now_s, -1, inputs.epoch) for i in range(n_pix)]
 
     def begin_chunk(self, now_s: float, deadline_s: float) -> None:
@@ -169,18 +175,17 @@ class ChunkRollout:
         p0 = spec.pixel_start(first)
         n_pix = spec.chunk_pixel_frames(first)
         inputs = self.conditioner.sample_chunk(n_pix)
-        acts = m.group_actions(np.asarray(inputs.actions, dtype=np.float32), first_latent=first)
+        acts = m.group_actions(np.asarray(inputs.actions, dtype=np.float32), first_latent=first, latent_frames=F)
         noise = torch.randn((F, *spec.latent_shape), generator=self.generator, device=m.device)
-        switch = inputs.prompt_version != self.prompt_version
-        prompt = (torch.from_numpy(np.ascontiguousarray(inputs.prompt, dtype=np.float32)).to(m.device)
-                  if spec.prompt_in_chunks or switch else torch.empty(0, device=m.device))
+        switch = inputs.context_version != self.context_version
+        context = context_tensors(inputs.context, m.device) if spec.context_in_chunks or switch else {}
         self._serial += 1
         self.staged = StagedChunk(
             serial=self._serial,
             x_t=noise,
             inputs=inputs,
             action=torch.from_numpy(np.ascontiguousarray(acts, dtype=np.float32)).to(m.device),
-            prompt=prompt,
+            context=context,
             latent_indices=list(range(first, first + F)),
             pixel_indices=list(range(p0, p0 + n_pix)),
             deadline_s=deadline_s,
@@ -254,10 +259,12 @@ class BatchCache:
         if b is None:
             m = rollouts[0].model
             dev = m.device
-            in_chunks = m.spec.prompt_in_chunks
+            in_chunks = m.spec.context_in_chunks
+            context = ({k: torch.stack([s.context[k] for s in st]) for k in st[0].context}  # type: ignore[union-attr]
+                       if in_chunks else {})
             cond = ChunkConditioning(
                 action=torch.stack([s.action for s in st]),  # type: ignore[union-attr]
-                prompt=torch.stack([s.prompt for s in st]) if in_chunks else torch.empty((len(st), 0), device=dev),  # type: ignore[union-attr]
+                context=context,
                 frame_index=torch.tensor([s.latent_indices for s in st], dtype=torch.int64, device=dev),  # type: ignore[union-attr]
                 frame_index_host=tuple(tuple(s.latent_indices) for s in st),  # type: ignore[union-attr]
             )
@@ -287,8 +294,13 @@ def _noise_fn(rollouts: list[ChunkRollout], shape: tuple[int, ...]) -> Callable[
     return draw
 
 
+def context_tensors(context: Conditioning, device: torch.device) -> dict[str, torch.Tensor]:
+    """An encoded conditioning's arrays as tensors on `device` (shapes and dtypes kept)."""
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in context.items()}
+
+
 def switch_prompt(r: ChunkRollout) -> None:
-    """Re-cache `r`'s state for the prompt of its staged chunk, and apply it at once (its own transaction).
+    """Re-cache `r`'s state for the conditioning of its staged chunk, and apply it at once (its own transaction).
 
     Raises:
         whatever the model's `set_prompt` raises (nothing is applied then).
@@ -296,18 +308,18 @@ def switch_prompt(r: ChunkRollout) -> None:
     s = r.staged
     assert s is not None
     m = r.model
-    cond = ChunkConditioning(action=s.action[None], prompt=s.prompt[None],
+    cond = ChunkConditioning(action=s.action[None], context={k: v[None] for k, v in s.context.items()},
                              frame_index=torch.tensor([s.latent_indices], dtype=torch.int64, device=m.device),
                              frame_index_host=(tuple(s.latent_indices),))
     view = r.view()
     updates = m.set_prompt(cond, view)
     r.pool.apply(view, updates)
-    r.prompt_version = s.inputs.prompt_version
+    r.context_version = s.inputs.context_version
     s.needs_prompt_switch = False
 
 
 def denoise_batch(rollouts: list[ChunkRollout], cache: BatchCache | None = None) -> None:
-    """One denoising step for each rollout, in one batched forward (after any pending prompt re-cache).
+    """One denoising step for each rollout, in one batched forward (after any pending conditioning re-cache).
 
     Each rollout's chunk may be at a different step (flow times are per sample).
     Nothing here syncs the host with the device; non-finite values are caught
@@ -418,5 +430,6 @@ def finalize_batch(
 
 
 def _rows_cond(cond: ChunkConditioning, rows: list[int]) -> ChunkConditioning:
-    return ChunkConditioning(action=cond.action[rows], prompt=cond.prompt[rows], frame_index=cond.frame_index[rows],
+    return ChunkConditioning(action=cond.action[rows], context={k: v[rows] for k, v in cond.context.items()},
+                             frame_index=cond.frame_index[rows],
                              frame_index_host=tuple(cond.frame_index_host[i] for i in rows))

@@ -15,17 +15,29 @@ from collections.abc import Callable
 import numpy as np
 
 from worldcast.engine.rollout import ChunkInputs
-from worldcast.models.spec import WorldModelSpec
+from worldcast.models.spec import Conditioning, WorldModelSpec
+
+
+def zero_context(spec: WorldModelSpec) -> Conditioning:
+    """An encoded conditioning of zeros in the spec's declared shapes (warm-up, benchmarks)."""
+    return {name: np.zeros(shape, dtype=_numpy_dtype(dt)) for name, shape, dt in spec.conditioning.tensors}
+
+
+def _numpy_dtype(dt: object) -> np.dtype:
+    import torch
+
+    return torch.empty((), dtype=dt).numpy().dtype  # type: ignore[arg-type]
 
 
 class ScriptedConditioner:
     """A thread-safe scripted conditioner.
 
     Args:
-        spec: the model's spec (action and prompt sizes).
+        spec: the model's spec (action size, conditioning shapes).
         action: float32 (A,) action vector for every frame, or a callable returning one per
             chunk (called on the device thread); default: zeros (no key held).
-        prompt: float32 (P,) prompt embedding; default: zeros.
+        context: the encoded conditioning (`WorldModel.encode_conditioning`); default: zeros of the
+            declared shapes (`zero_context`).
         wants: whether the session generates now (called on the device thread);
             default: the `active` attribute.
 
@@ -33,7 +45,7 @@ class ScriptedConditioner:
         active: generating while True (when `wants` is not given).
         epoch: flush epoch; bump it (`flush`, `cancel`) to make a staged chunk stale.
         seq: action seq reported with every chunk.
-        fault: None, "raise" (sampling raises RuntimeError) or "nan" (a NaN prompt poisons the step).
+        fault: None, "raise" (sampling raises RuntimeError) or "nan" (a NaN conditioning poisons the step).
         samples: chunks sampled so far.
     """
 
@@ -42,12 +54,12 @@ class ScriptedConditioner:
         spec: WorldModelSpec,
         *,
         action: np.ndarray | Callable[[], np.ndarray] | None = None,
-        prompt: np.ndarray | None = None,
+        context: Conditioning | None = None,
         wants: Callable[[], bool] | None = None,
     ) -> None:
         self._action = action if action is not None else np.zeros(spec.actions.dim, np.float32)
-        self.prompt = prompt if prompt is not None else np.zeros(spec.prompt_shape, np.float32)
-        self.prompt_version = 0  #: bump with a new `prompt` to make a prompt-caching model re-cache
+        self.context = context if context is not None else zero_context(spec)
+        self.context_version = 0  #: bump with a new `context` to make a prompt-caching model re-cache
         self._wants = wants
         self.active = True
         self.epoch = 0
@@ -62,9 +74,12 @@ class ScriptedConditioner:
             if self.fault == "raise":
                 raise RuntimeError("injected failure")
             a = self._action() if callable(self._action) else self._action
-            prompt = np.full_like(self.prompt, np.nan) if self.fault == "nan" else self.prompt
-            return ChunkInputs(actions=np.repeat(np.asarray(a, np.float32)[None], frames, 0), prompt=prompt,
-                               action_seq=self.seq, epoch=self.epoch, prompt_version=self.prompt_version)
+            context = self.context
+            if self.fault == "nan":
+                context = {k: np.full_like(v, np.nan) if np.issubdtype(v.dtype, np.floating) else v
+                           for k, v in context.items()}
+            return ChunkInputs(actions=np.repeat(np.asarray(a, np.float32)[None], frames, 0), context=context,
+                               action_seq=self.seq, epoch=self.epoch, context_version=self.context_version)
 
     def current_epoch(self) -> int:
         with self.lock:

@@ -92,8 +92,8 @@ class StreamProbe(SessionProbe):
                                            s.action_seq if s else None))
 
     async def act_async(self) -> int:
-        """Send the next action (cycling W, D, S, A) on the stream; returns its seq."""
-        seq = await self.stream.send_action(keys=self._keys[(self.stream.seq + 1) % 4])
+        """Send the next action (cycling through the model's first declared keys) on the stream; returns its seq."""
+        seq = await self.stream.send_action(keys=self._keys[(self.stream.seq + 1) % len(self._keys)])
         self.actions.append((seq, self.stream.sent_at[seq]))
         return seq
 

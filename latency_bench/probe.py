@@ -31,6 +31,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from worldcast.latency_bench import stats
 from worldcast.transport.client import WebRTCClient
+from worldcast.transport.session_api import action_cycle
 from worldcast.transport.stamp import cell_px_for_width, read_stamp
 
 #: The 90 kHz RTP video clock of frame PTS (RFC 3551).
@@ -111,7 +112,7 @@ class SessionProbe:
         self.actions: list[tuple[int, float]] = []  #: (seq, sent at, s)
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
-        self._keys = [["w"], ["d"], ["s"], ["a"]]
+        self._keys = action_cycle(getattr(client, "model", None) or {})  # from the model's declared keys
 
     @classmethod
     async def open(cls, url: str, *, seed: int, stamped: bool = True, transport: str = "webrtc") -> SessionProbe:
@@ -164,8 +165,8 @@ class SessionProbe:
         return self.frames[0]
 
     def act(self) -> int:
-        """Send the next action (cycling W, D, S, A); returns its seq."""
-        seq = self.client.send_action(keys=self._keys[(self.client.seq + 1) % 4])
+        """Send the next action (cycling through the model's first declared keys); returns its seq."""
+        seq = self.client.send_action(keys=self._keys[(self.client.seq + 1) % len(self._keys)])
         self.actions.append((seq, self.client.sent_at[seq]))
         return seq
 

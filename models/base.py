@@ -6,8 +6,11 @@ pool) and returns what the call would change as `StateUpdate`s; the engine
 stages those and applies them when the chunk commits, so a failed or
 cancelled chunk never advances a session.
 
+Conditioning: `encode_conditioning` turns a user's request (text, image)
+into named arrays the engine carries without interpreting them.
+
 One session's life, as the engine drives it (`engine/rollout.py`):
-    init_state            commit the initial latent frames (if any) and the prompt's caches
+    init_state            commit the initial latent frames (if any) and the conditioning's caches
     per chunk:
       [set_prompt]        when the prompt changed: re-cache (its own transaction)
       denoise + sampler_step, once per timestep
@@ -25,7 +28,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from worldcast.models.spec import WorldModelSpec
+from worldcast.models.spec import Conditioning, ConditioningRequest, WorldModelSpec
 
 # -- state updates (returned by the model, applied by the engine) -------------------------------
 
@@ -127,9 +130,11 @@ class ChunkConditioning:
     """Conditioning of one chunk of a batch of sessions (built once per chunk, reused by every step).
 
     Attributes:
-        action: float32 (B, F, A) action vectors per latent frame (grouped by `WorldModel.group_actions`).
-        prompt: float32 (B, *spec.prompt_shape) each session's prompt encoding; (B, 0) in a chunk of
-            a model whose spec says `prompt_in_chunks=False` (its prompt lives in a prompt cache).
+        action: float32 (B, ...) each session's actions, as `WorldModel.group_actions` laid them out
+            (e.g. (B, F, A') per latent frame).
+        context: {name: (B, *shape)} each session's encoded conditioning, by the names and shapes of
+            `spec.conditioning.tensors`; {} in a chunk of a model whose spec says `context_in_chunks=False`
+            (it keeps what it derives, e.g. a prompt cache, in declared state).
         frame_index: int64 (B, F) absolute latent frame index of each of the chunk's frames.
         frame_index_host: the same on the host (for decisions that must not sync with the device).
         memo: per-chunk values a model derives once and reuses across steps (e.g. attention masks);
@@ -137,7 +142,7 @@ class ChunkConditioning:
     """
 
     action: torch.Tensor
-    prompt: torch.Tensor
+    context: dict[str, torch.Tensor]
     frame_index: torch.Tensor
     frame_index_host: tuple[tuple[int, ...], ...] = ()
     memo: dict[str, object] = field(default_factory=dict)
@@ -164,27 +169,41 @@ class WorldModel(abc.ABC):
     # -- conditioning (event loop or device thread) ------------------------------------------
 
     @abc.abstractmethod
-    def encode_prompt(self, text: str) -> np.ndarray:
-        """Prompt text -> float32 (*spec.prompt_shape) encoding. May be slow; never called on the device thread."""
+    def encode_conditioning(self, request: ConditioningRequest) -> Conditioning:
+        """A session's conditioning request -> its encoding, {name: array} as `spec.conditioning.tensors` declares.
+
+        The request has passed `spec.conditioning.validate`; a missing prompt means the
+        default prompt, a missing image the model's declared default image. May be slow
+        (a text encoder, an image resize); runs on a worker thread, never the device thread.
+
+        Raises:
+            ConditioningError: input the model refuses (names the field and the reason).
+        """
 
     @abc.abstractmethod
     def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
         """Held keys and mouse counts of one pixel frame -> float32 (spec.actions.dim,)."""
 
-    def group_actions(self, actions: np.ndarray, *, first_latent: int) -> np.ndarray:
-        """Per-pixel-frame actions (F_pix, A) of a chunk -> per-latent-frame actions (F_lat, A').
+    def group_actions(self, actions: np.ndarray, *, first_latent: int, latent_frames: int) -> np.ndarray:
+        """Per-pixel-frame actions of `latent_frames` latent frames from `first_latent` -> the model's layout.
 
-        The default takes the last pixel frame's action of each latent frame.
+        Args:
+            actions: float32 (F_pix, spec.actions.dim), F_pix = the pixel frames those latent frames decode to.
+
+        Returns:
+            float32 array, the same shape for every chunk of a session (the default: (latent_frames, dim),
+            the last pixel frame's action of each latent frame); stacked per batch into
+            `ChunkConditioning.action`.
         """
         spec = self.spec
         ends = [spec.pixel_start(first_latent + i + 1) - spec.pixel_start(first_latent) - 1
-                for i in range(spec.latent_frames_per_chunk)]
+                for i in range(latent_frames)]
         return actions[ends]
 
     @abc.abstractmethod
-    def initial_frames(self, *, seed: int, prompt: np.ndarray) -> np.ndarray:
+    def initial_frames(self, *, seed: int, context: Conditioning) -> np.ndarray:
         """The picture a session starts from: uint8 (spec.pixel_start(spec.initial_latent_frames), H, W, 3)
-        RGB pixel frames (none when `initial_latent_frames` is 0)."""
+        RGB pixel frames (none when `initial_latent_frames` is 0); `context` is the session's encoding."""
 
     # -- device work (device thread) -----------------------------------------------------------
 
@@ -199,9 +218,9 @@ class WorldModel(abc.ABC):
         """
 
     def set_prompt(self, cond: ChunkConditioning, state: StateView) -> StateUpdates:
-        """Re-cache for a new prompt (`cond.prompt`) before the next chunk (`cond.frame_index`).
+        """Re-cache for a new conditioning (`cond.context`) before the next chunk (`cond.frame_index`).
 
-        Models whose prompt is ordinary per-chunk conditioning need nothing (the default).
+        Models whose conditioning is ordinary per-chunk input need nothing (the default).
         """
         return {}
 

@@ -19,6 +19,13 @@ Kinds of state:
   sink + window positions (e.g. committed latents a prompt switch re-runs).
 - `TensorStateSpec`: a fixed-size tensor replaced whole (a decoder's
   causal-conv cache, a previous latent, a cross-attention cache).
+
+Conditioning (`ConditioningSpec`): which of a text prompt and a starting
+image a model accepts or requires, with limits, and the named tensors its
+`encode_conditioning` returns; a `ConditioningRequest` is what a user asked
+for, passed to the model without being interpreted on the way. Actions
+(`ActionSpace`): the keys, mouse axes and action layout clients build their
+inputs from.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
 import torch
 
 
@@ -59,6 +67,8 @@ class StateSpec:
     """One kind of per-session state, by name. Subclasses say which tensors it holds."""
 
     name: str  #: unique within the model
+    #: the kind of state, for reports (`WorldModelSpec.state_bytes_by_kind`)
+    kind = "state"
 
     def tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Per-session tensors: {tensor name: (shape, dtype)} (the pool adds a leading slot axis)."""
@@ -82,6 +92,7 @@ class AttentionRingSpec(StateSpec):
     and committed sink frames j < sink_frames.
     """
 
+    kind = "attention_ring"
     layers: int = 1  #: transformer layers with a cache
     heads: int = 1  #: key/value heads per layer
     head_dim: int = 1  #: values per head
@@ -122,6 +133,7 @@ class FrameRingSpec(StateSpec):
     Tensors: "data" (P, *frame_shape), "frame" int64 (P,) (-1: empty).
     """
 
+    kind = "frame_ring"
     frame_shape: tuple[int, ...] = ()  #: shape of one frame's entry
     window_frames: int = 1  #: committed frames in the rolling window
     sink_frames: int = 0  #: frames kept forever
@@ -150,6 +162,7 @@ class TensorStateSpec(StateSpec):
     Tensors: "data" (*shape).
     """
 
+    kind = "tensor"
     shape: tuple[int, ...] = ()
     dtype: torch.dtype = torch.float32
 
@@ -159,19 +172,191 @@ class TensorStateSpec(StateSpec):
 
 @dataclass(frozen=True)
 class PromptCacheSpec(TensorStateSpec):
-    """A cross-attention cache computed from the prompt: replaced (re-cached) on every prompt change."""
+    """A cross-attention cache computed from the conditioning: replaced (re-cached) on every change of it."""
+
+    kind = "prompt_cache"
+
+
+@dataclass(frozen=True)
+class MouseAxis:
+    """One mouse axis of a model's action space.
+
+    The wire's `mouse: [dx, dy]` (counts since the previous message) feeds a
+    model's axes in order: dx the first, dy the second.
+    """
+
+    name: str  #: what it does, e.g. "yaw" (turn) or "pitch" (look up/down)
+    scale: float = 1.0  #: model units per mouse count
+    limit: float | None = None  #: |value| per pixel frame is clipped to this, model units (None: no clip)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("MouseAxis.name must be non-empty")
+        if not math.isfinite(self.scale) or (self.limit is not None and not self.limit > 0):
+            raise ValueError("MouseAxis.scale must be finite and limit positive")
 
 
 @dataclass(frozen=True)
 class ActionSpace:
-    """Keyboard keys and mouse axes a model understands.
+    """Keyboard keys and mouse axes a model understands, and how its actions are laid out.
 
-    `dim` is the length of the model's action vector per pixel frame.
+    Clients build their inputs from this (`GET /v1/model`): they send `keys`
+    (names held now, from `keys`) and `mouse: [dx, dy]` counts; a model with no
+    `mouse` axes ignores the movement. `WorldModel.encode_action` turns one pixel
+    frame's held keys and movement into a float32 vector of length `dim`;
+    `WorldModel.group_actions` groups a chunk's per-pixel-frame vectors per
+    latent frame. A model that attends over actions of earlier chunks
+    (`history_pixel_frames`) keeps them in its own declared state.
     """
 
     keys: tuple[str, ...]  #: key names, e.g. ("w", "a", "s", "d", "space", "shift")
-    mouse_axes: int = 2  #: mouse dx, dy
-    dim: int = 8  #: length of the action vector
+    mouse: tuple[MouseAxis, ...] = ()  #: mouse axes fed by the wire's [dx, dy] in order (() = no mouse)
+    dim: int = 8  #: length of `encode_action`'s vector per pixel frame
+    key_labels: tuple[tuple[str, str], ...] = ()  #: (key, what it does), for user interfaces
+    exclusive_groups: tuple[tuple[str, ...], ...] = ()  #: keys of which at most one is applied at a time
+    history_pixel_frames: int = 0  #: pixel frames of earlier chunks each chunk's actions reach back over
+
+    def __post_init__(self) -> None:
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"ActionSpace.keys must be unique: {self.keys}")
+        if len(self.mouse) > 2:
+            raise ValueError("ActionSpace.mouse has at most 2 axes (the wire carries dx, dy)")
+        if self.dim <= 0 or self.history_pixel_frames < 0:
+            raise ValueError("ActionSpace.dim must be positive and history_pixel_frames >= 0")
+        for key, _ in self.key_labels:
+            if key not in self.keys:
+                raise ValueError(f"ActionSpace.key_labels names unknown key {key!r}")
+        for group in self.exclusive_groups:
+            if any(k not in self.keys for k in group):
+                raise ValueError(f"ActionSpace.exclusive_groups names unknown keys: {group}")
+
+    @property
+    def mouse_axes(self) -> int:
+        """Mouse axes the model reads (0, 1 or 2)."""
+        return len(self.mouse)
+
+    def label(self, key: str) -> str:
+        """What `key` does (its label, else its name)."""
+        return dict(self.key_labels).get(key, key)
+
+
+# -- conditioning -------------------------------------------------------------------------------
+
+#: Image file formats a session may start from (Pillow's format names, lower case).
+IMAGE_FORMATS = ("png", "jpeg")
+
+
+@dataclass(frozen=True)
+class TextConditioning:
+    """A model takes a text prompt."""
+
+    max_chars: int = 500  #: longest prompt, characters
+    required: bool = False  #: False: `WorldModelSpec.default_prompt` is used when a session gives none
+
+    def __post_init__(self) -> None:
+        if self.max_chars <= 0:
+            raise ValueError("TextConditioning.max_chars must be positive")
+
+
+@dataclass(frozen=True)
+class ImageConditioning:
+    """A model takes a starting image (the first frame of an image-to-video world model)."""
+
+    required: bool = True  #: a session must give one unless `default` says what is used instead
+    default: str | None = None  #: what the model starts from when no image is given (None: such a session is refused)
+    max_bytes: int = 8 * 2**20  #: largest encoded image file, bytes
+    max_pixels: int = 4096 * 4096  #: largest width x height of the decoded image, pixels
+    formats: tuple[str, ...] = IMAGE_FORMATS  #: accepted file formats
+
+    def __post_init__(self) -> None:
+        if self.max_bytes <= 0 or self.max_pixels <= 0:
+            raise ValueError("ImageConditioning limits must be positive")
+        if any(f not in IMAGE_FORMATS for f in self.formats):
+            raise ValueError(f"ImageConditioning.formats must be among {IMAGE_FORMATS}")
+
+
+@dataclass(frozen=True)
+class ConditioningSpec:
+    """What a model is conditioned on, and the shapes of its encoded conditioning.
+
+    `tensors` are what `WorldModel.encode_conditioning` returns, by name; the
+    engine stacks them per batch, (B, *shape), without knowing what they mean.
+    """
+
+    text: TextConditioning | None = TextConditioning()  #: None: the model takes no text prompt
+    image: ImageConditioning | None = None  #: None: the model takes no starting image
+    tensors: tuple[tuple[str, tuple[int, ...], torch.dtype], ...] = ()  #: (name, shape, dtype) of each encoded part
+
+    def __post_init__(self) -> None:
+        names = [n for n, _, _ in self.tensors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ConditioningSpec.tensors names must be unique: {names}")
+
+    def tensor_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {n: (shape, dt) for n, shape, dt in self.tensors}
+
+    def validate(self, request: ConditioningRequest) -> None:
+        """Check a request against what the model accepts (before anything is allocated).
+
+        Raises:
+            ConditioningError: it gives what the model does not take, or lacks what it needs;
+                the error names the field ("prompt", "image") and the reason.
+        """
+        from worldcast.models.errors import ConditioningError
+
+        if request.text is not None:
+            if self.text is None:
+                raise ConditioningError("prompt", "this model takes no text prompt (it is conditioned on an image)")
+            if len(request.text) > self.text.max_chars:
+                raise ConditioningError("prompt", f"longer than {self.text.max_chars} characters")
+        elif self.text is not None and self.text.required:
+            raise ConditioningError("prompt", "this model needs a prompt")
+        if request.image is not None:
+            if self.image is None:
+                raise ConditioningError("image", "this model takes no image")
+            im = request.image
+            if im.dtype != np.uint8 or im.ndim != 3 or im.shape[2] != 3 or im.shape[0] < 1 or im.shape[1] < 1:
+                raise ConditioningError("image", f"must be uint8 (H, W, 3) RGB, got {im.dtype} {tuple(im.shape)}")
+            if im.shape[0] * im.shape[1] > self.image.max_pixels:
+                raise ConditioningError("image", f"{im.shape[1]}x{im.shape[0]} is over {self.image.max_pixels} pixels")
+        elif self.image is not None and self.image.required and self.image.default is None:
+            raise ConditioningError("image", "this model needs a starting image (PNG or JPEG)")
+
+    def check_encoded(self, encoded: Conditioning) -> None:
+        """Check an encoding against the declared `tensors` (a model bug otherwise).
+
+        Raises:
+            ValueError: a missing, unexpected or misshapen part.
+        """
+        want = self.tensor_specs()
+        if set(encoded) != set(want):
+            raise ValueError(f"encoded conditioning has parts {sorted(encoded)}, the spec declares {sorted(want)}")
+        for name, (shape, _) in want.items():
+            if tuple(encoded[name].shape) != tuple(shape):
+                raise ValueError(f"encoded conditioning {name!r} has shape {tuple(encoded[name].shape)}, "
+                                 f"the spec declares {tuple(shape)}")
+
+
+@dataclass(frozen=True, eq=False)
+class ConditioningRequest:
+    """What a user asked a session to be conditioned on; never interpreted outside its model.
+
+    Attributes:
+        text: the prompt (None: none given).
+        image: uint8 (H, W, 3) RGB decoded starting image of any size (None: none given);
+            the model resizes or crops it to its geometry.
+    """
+
+    text: str | None = None
+    image: np.ndarray | None = None
+
+    def with_text(self, text: str) -> ConditioningRequest:
+        """The same request with a new prompt (the image kept)."""
+        return ConditioningRequest(text=text, image=self.image)
+
+
+#: An encoded conditioning, {part name: array} with the shapes of `ConditioningSpec.tensors`.
+Conditioning = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -197,13 +382,15 @@ class WorldModelSpec:
     latent_shape: tuple[int, int, int]  #: (C, h, w) of one latent frame
     states: tuple[StateSpec, ...]  #: every kind of per-session state, by name
     actions: ActionSpace  #: action space
-    prompt_shape: tuple[int, ...]  #: shape of one prompt's encoding (an embedding, or tokens x dim)
-    default_prompt: str  #: prompt used when a session gives none
+    conditioning: ConditioningSpec  #: what the model is conditioned on (text, image) and its encoded shapes
+    default_prompt: str = ""  #: prompt used when a session gives none (models that take text)
     pixel_frames_per_latent: int = 1  #: pixel frames each latent frame decodes to (after the first)
     first_latent_pixel_frames: int = 1  #: pixel frames latent frame 0 decodes to
     initial_latent_frames: int = 1  #: latent frames the init step commits from an initial picture
     commit_timestep: float = 0.0  #: flow time of the pass that writes a finished chunk's state
-    prompt_in_chunks: bool = True  #: the prompt is per-chunk conditioning (False: only init / set_prompt read it)
+    #: the encoded conditioning is part of every chunk's input (False: only `init_state` and `set_prompt` read
+    #: it; the model keeps what it derives, e.g. a cross-attention cache, in declared state)
+    context_in_chunks: bool = True
 
     def __post_init__(self) -> None:
         if self.fps <= 0 or self.latent_frames_per_chunk <= 0:
@@ -221,6 +408,8 @@ class WorldModelSpec:
         names = [s.name for s in self.states]
         if len(set(names)) != len(names):
             raise ValueError(f"state names must be unique: {names}")
+        if self.conditioning.text is not None and not self.default_prompt and not self.conditioning.text.required:
+            raise ValueError("a model that takes an optional text prompt declares a default_prompt")
 
     # -- time ----------------------------------------------------------------------------
 
@@ -273,3 +462,11 @@ class WorldModelSpec:
     def state_bytes_per_session(self) -> int:
         """Bytes of all of one session's declared state (what admission charges)."""
         return sum(s.bytes_per_session() for s in self.states)
+
+    def state_bytes_by_kind(self) -> dict[str, int]:
+        """Bytes of one session's declared state per kind ("attention_ring", "frame_ring", "prompt_cache",
+        "tensor"), for start-up logs and reports."""
+        out: dict[str, int] = {}
+        for s in self.states:
+            out[s.kind] = out.get(s.kind, 0) + s.bytes_per_session()
+        return out

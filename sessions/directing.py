@@ -37,8 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-
+from worldcast.models.spec import Conditioning
 from worldcast.sessions.errors import SessionClosedError
 from worldcast.sessions.session import FrameSink, Session, SessionState, VideoFrame
 
@@ -198,14 +197,14 @@ class DirectingSession:
         d = self.default_duration_s if duration_s is None else duration_s
         return max(1, math.ceil(d * self.fps - 1e-9))
 
-    def direct(self, direction_id: str, prompt: str, embedding: np.ndarray, *,
+    def direct(self, direction_id: str, prompt: str, context: Conditioning, *,
                duration_s: float | None = None, open_ended: bool = False) -> DirectionAck:
         """Apply a direction now: cut the open segment (if any) and start a new one.
 
         Args:
             direction_id: the client's id for it (echoed in events).
             prompt: its text.
-            embedding: float32 (P,) the prompt's embedding (`WorldModel.encode_prompt`).
+            context: the session's conditioning with this prompt, encoded (`Session.encode_prompt`).
             duration_s: segment length, s (None: `default_duration_s`).
             open_ended: run until the next direction instead (ignores `duration_s`).
 
@@ -222,7 +221,7 @@ class DirectingSession:
         cut = self.current
         if cut is not None:
             self._end(cut, SegmentEnd.CUT, now)
-        s.set_prompt(prompt, embedding)
+        s.set_prompt(prompt, context)
         epoch = s.flush()  # drops old frames everywhere (our clear() passes it on), restarts the chunk
         s.resume()
         seg = Segment(index=self.segment_count, direction_id=direction_id, prompt=prompt, epoch=epoch,

@@ -29,3 +29,17 @@ class CapacityExhausted(SessionError):
     def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class InvalidConditioning(SessionError):
+    """A session's conditioning (prompt, image, mode) is refused; nothing was allocated or changed.
+
+    Attributes:
+        field: the request field at fault ("prompt", "image", "mode").
+        reason: why, in words.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason

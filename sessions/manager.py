@@ -14,13 +14,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad, decide
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.errors import KVPoolExhausted
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
+from worldcast.models.errors import ConditioningError
+from worldcast.models.spec import Conditioning, ConditioningRequest
 from worldcast.sessions.directing import DirectingSession
-from worldcast.sessions.errors import CapacityExhausted, SessionNotFound
+from worldcast.sessions.errors import CapacityExhausted, InvalidConditioning, SessionNotFound
 from worldcast.sessions.session import CloseReason, Session, SessionMode, SessionState
 
 logger = logging.getLogger(__name__)
@@ -80,8 +84,13 @@ class SessionManager:
         self._loop = asyncio.get_running_loop()
         if self.config.warmup:
             await self._loop.run_in_executor(None, self.worker.warmup)
-            # load the prompt encoder now, not on the first user's request
-            await self._loop.run_in_executor(None, self.model.encode_prompt, self.model.spec.default_prompt)
+            # load the conditioning encoders now, not on the first user's request
+            try:
+                self.model.spec.conditioning.validate(ConditioningRequest())
+            except ConditioningError:
+                pass  # the model needs an image, and has no default one: nothing to warm up without one
+            else:
+                await self._loop.run_in_executor(None, self.model.encode_conditioning, ConditioningRequest())
         self.worker.start()
         self._tick_task = asyncio.create_task(self._tick_loop(), name="session-manager-tick")
 
@@ -105,30 +114,58 @@ class SessionManager:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    def check_conditioning(self, request: ConditioningRequest, *, mode: SessionMode = "interactive") -> None:
+        """Check a session's conditioning against what the model accepts, before anything is allocated.
+
+        Raises:
+            InvalidConditioning: names the field ("prompt", "image", "mode") and the reason.
+        """
+        try:
+            self.model.spec.conditioning.validate(request)
+        except ConditioningError as e:
+            raise InvalidConditioning(e.field, e.reason) from None
+        if mode == "directing" and self.model.spec.conditioning.text is None:
+            raise InvalidConditioning("mode", f"directing needs text directions; {self.model.spec.name} takes "
+                                      "no text prompt")
+
+    def _encode(self, request: ConditioningRequest) -> Conditioning:
+        try:
+            context = self.model.encode_conditioning(request)
+        except ConditioningError as e:
+            raise InvalidConditioning(e.field, e.reason) from None
+        self.model.spec.conditioning.check_encoded(context)
+        return context
+
     async def create(
-        self, *, prompt: str | None = None, seed: int | None = None, stamp_frames: bool = False,
-        mode: SessionMode = "interactive",
+        self, *, prompt: str | None = None, image: np.ndarray | None = None, seed: int | None = None,
+        stamp_frames: bool = False, mode: SessionMode = "interactive",
     ) -> Session:
         """Open a session; its initial frame is generated at once.
 
         Args:
+            prompt: the text prompt (None: the model's default, for a model that takes text).
+            image: uint8 (H, W, 3) RGB starting image, decoded (None: none; a model that needs one
+                uses its declared default or refuses).
             stamp_frames: ask its video sinks to stamp frame index and action seq into the pixels.
             mode: "directing" sessions wait for their first direction (paused) and keep their
                 segments in `Session.directing` (sessions/directing.py).
 
         Raises:
+            InvalidConditioning: the prompt, image or mode is refused (checked before admission:
+                nothing is allocated).
             CapacityExhausted: too many sessions or no KV slot (retry later).
         """
+        request = ConditioningRequest(text=prompt or None, image=image)
+        self.check_conditioning(request, mode=mode)
         decision = self.admission_decision()
         if self.on_admission is not None:
             self.on_admission(decision.admitted)
         if not decision.admitted:
             logger.info("SessionManager: refused a session: %s", decision.reason)
             raise CapacityExhausted(f"refused: {decision.reason}", retry_after_s=decision.retry_after_s)
-        text = prompt if prompt else self.model.spec.default_prompt
         self._creating += 1  # counted by admission while we wait, so concurrent creates cannot overshoot
         try:
-            emb = await asyncio.get_running_loop().run_in_executor(None, self.model.encode_prompt, text)
+            context = await asyncio.get_running_loop().run_in_executor(None, self._encode, request)
         finally:
             self._creating -= 1
         sid = secrets.token_hex(8)
@@ -136,8 +173,8 @@ class SessionManager:
             sid,
             secrets.token_urlsafe(24),
             model=self.model,
-            prompt=text,
-            prompt_embedding=emb,
+            conditioning=request,
+            context=context,
             seed=seed if seed is not None else secrets.randbelow(2**31),
             idle_after_s=self.config.idle_after_s,
             clock=self.clock,
@@ -154,7 +191,8 @@ class SessionManager:
         self.sessions[sid] = session
         session.on("state", lambda s, st: self.worker.wake())
         session.on("control", lambda s, op: self.worker.wake())  # flush, cancel, resume act at the next step
-        logger.info("Session(%s): created (prompt of %d chars, seed %d)", sid, len(text), session.seed)
+        logger.info("Session(%s): created (prompt of %d chars, %s, seed %d)", sid, len(prompt or ""),
+                    "no image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image", session.seed)
         return session
 
     def measured_loads(self) -> list[SessionLoad]:

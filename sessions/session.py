@@ -32,10 +32,12 @@ import numpy as np
 from worldcast.engine.rollout import ChunkInputs
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
+from worldcast.models.errors import ConditioningError
+from worldcast.models.spec import Conditioning, ConditioningRequest
 from worldcast.sessions.actions import ActionBuffer, SeqOutcome
 from worldcast.sessions.clock import VIDEO_TIME_BASE, MediaClock
 from worldcast.sessions.duty_cycle import DutyCycleMeter
-from worldcast.sessions.errors import SessionClosedError
+from worldcast.sessions.errors import InvalidConditioning, SessionClosedError
 
 if TYPE_CHECKING:
     from worldcast.sessions.directing import DirectingSession
@@ -119,9 +121,9 @@ class Session:
     Args:
         session_id: unique id.
         token: bearer token that authorizes this session's routes.
-        model: the world model (for action encoding and prompt embedding).
-        prompt: initial prompt text.
-        prompt_embedding: float32 (P,) its embedding.
+        model: the world model (for action and conditioning encoding).
+        conditioning: what the user asked the session to be conditioned on (prompt, image).
+        context: its encoding (`WorldModel.encode_conditioning`), carried to the engine uninterpreted.
         seed: seed of the initial world and the sampler noise.
         idle_after_s: seconds without actions after which an ACTIVE session goes IDLE.
         clock: monotonic clock, s.
@@ -136,8 +138,8 @@ class Session:
         token: str,
         *,
         model: WorldModel,
-        prompt: str,
-        prompt_embedding: np.ndarray,
+        conditioning: ConditioningRequest,
+        context: Conditioning,
         seed: int,
         idle_after_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
@@ -164,9 +166,9 @@ class Session:
         self.frames_dropped_stale = 0
         self.last_frame: VideoFrame | None = None
         self._lock = threading.Lock()
-        self._prompt = prompt
-        self._prompt_embedding = prompt_embedding
-        self._prompt_version = 0  #: bumped on every prompt change (models with a prompt cache re-cache)
+        self._conditioning = conditioning
+        self._context = context
+        self._context_version = 0  #: bumped on every conditioning change (models with a prompt cache re-cache)
         self._epoch = 0
         self._paused = False
         self._cancelled = False
@@ -222,8 +224,8 @@ class Session:
         s = self.actions.sample(frames)
         vecs = np.stack([self.model.encode_action(k, m) for k, m in zip(s.keys, s.mouse, strict=True)])
         with self._lock:
-            return ChunkInputs(actions=vecs, prompt=self._prompt_embedding, action_seq=s.seq, epoch=self._epoch,
-                               prompt_version=self._prompt_version)
+            return ChunkInputs(actions=vecs, context=self._context, action_seq=s.seq, epoch=self._epoch,
+                               context_version=self._context_version)
 
     def current_epoch(self) -> int:
         with self._lock:
@@ -269,15 +271,55 @@ class Session:
         return outcome
 
     @property
-    def prompt(self) -> str:
-        return self._prompt
+    def prompt(self) -> str | None:
+        """The prompt the session is conditioned on: the user's, else the model's default (None: the model
+        takes no text)."""
+        if self.model.spec.conditioning.text is None:
+            return None
+        return self._conditioning.text or self.model.spec.default_prompt
 
-    def set_prompt(self, text: str, embedding: np.ndarray) -> None:
-        """Condition the next chunks on a new prompt (`flush` to apply it to the chunk in flight)."""
+    @property
+    def conditioning(self) -> ConditioningRequest:
+        """What the user asked for (prompt, image)."""
+        return self._conditioning
+
+    @property
+    def takes_text(self) -> bool:
+        """Whether the model takes a text prompt (so `set_prompt` and directions can work)."""
+        return self.model.spec.conditioning.text is not None
+
+    def encode_prompt(self, text: str) -> Conditioning:
+        """The session's conditioning with a new prompt, encoded (the image, if any, kept).
+
+        Slow (a text encoder): run it off the event loop, then `set_prompt`.
+
+        Raises:
+            InvalidConditioning: the model takes no text, or refuses this prompt (nothing changes).
+        """
+        request = self._conditioning.with_text(text)
+        try:
+            self.model.spec.conditioning.validate(request)
+            return self.model.encode_conditioning(request)
+        except ConditioningError as e:
+            raise InvalidConditioning(e.field, e.reason) from None
+
+    def set_prompt(self, text: str, context: Conditioning) -> None:
+        """Condition the next chunks on a new prompt (`flush` to apply it to the chunk in flight).
+
+        Args:
+            text: the prompt.
+            context: `encode_prompt(text)`.
+
+        Raises:
+            SessionClosedError: closed.
+            InvalidConditioning: the model takes no text.
+        """
         self._check_open()
+        if not self.takes_text:
+            raise InvalidConditioning("prompt", f"{self.model.spec.name} takes no text prompt")
         with self._lock:
-            self._prompt, self._prompt_embedding = text, embedding
-            self._prompt_version += 1
+            self._conditioning, self._context = self._conditioning.with_text(text), context
+            self._context_version += 1
         self._emit("control", "set_prompt")
 
     def flush(self) -> int:
@@ -419,7 +461,9 @@ class Session:
             "session_id": self.id,
             "mode": self.mode,
             "state": self.state.name.lower(),
-            "prompt": self._prompt,
+            "prompt": self.prompt,
+            "image": None if self._conditioning.image is None else {
+                "width": int(self._conditioning.image.shape[1]), "height": int(self._conditioning.image.shape[0])},
             "paused": self._paused,
             "cancelled": self._cancelled,
             "epoch": self._epoch,

@@ -30,7 +30,7 @@ class ScriptedConditioner(engine_scripted.ScriptedConditioner):
 
     def __init__(self, prompt: np.ndarray | None = None, keys: dict[str, bool] | None = None) -> None:
         self.keys = keys or {}
-        super().__init__(SPEC, action=lambda: world.action_vector(self.keys),
-                         prompt=prompt if prompt is not None else np.eye(SPEC.prompt_shape[0], dtype=np.float32)[0])
+        p = prompt if prompt is not None else np.eye(SPEC.conditioning.tensors[0][1][0], dtype=np.float32)[0]
+        super().__init__(SPEC, action=lambda: world.action_vector(self.keys), context={"prompt": p})
 
 

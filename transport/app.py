@@ -24,7 +24,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -43,11 +43,13 @@ from worldcast.transport.config import ServerConfig
 from worldcast.transport.dreamverse import serve_dreamverse
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.metrics import Metrics
+from worldcast.transport.model_api import MAX_BODY_BYTES, create_body_limit, families_info, model_info, read_create_body
 from worldcast.transport.peers import PeerRegistry
 from worldcast.transport.rpc import RpcHandler, TokenBucket, error_reply
 from worldcast.transport.schemas import (
     CreateSessionRequest,
     CreateSessionResponse,
+    ModelFamilyInfo,
     ModelInfo,
     SdpAnswer,
     SdpOffer,
@@ -64,8 +66,6 @@ from worldcast.transport.ws_stream import StreamSocketTuning, serve_stream
 
 logger = logging.getLogger(__name__)
 
-#: Largest HTTP request body, bytes (an SDP offer is the largest legitimate one).
-MAX_BODY_BYTES = 256 * 1024
 
 _NO_DEMO = """<!doctype html><title>worldcast</title><h1>worldcast</h1>
 <p>The browser demo is not built. Build it with <code>npm --prefix web_demo ci && npm --prefix web_demo run build</code>
@@ -82,57 +82,65 @@ class BodyLimit:
 
     A declared Content-Length over the limit is refused before reading; a body
     without one (chunked transfer coding, RFC 9112 7.1) is read up to the limit
-    and refused as soon as it passes it, so memory stays bounded.
+    and refused as soon as it passes it, so memory stays bounded. `limit_for`
+    may raise the limit for a route (a create with a starting image).
     """
 
-    def __init__(self, app: Any, *, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: Any, *, max_bytes: int, limit_for: Callable[[Any], int | None] | None = None) -> None:
+        self.app, self.max_bytes, self.limit_for = app, max_bytes, limit_for
 
-    async def _too_large(self, send: Any) -> None:
-        await JSONResponse({"detail": f"request body over {self.max_bytes} bytes"}, status_code=413)(
+    async def _too_large(self, send: Any, limit: int) -> None:
+        await JSONResponse({"detail": f"request body over {limit} bytes"}, status_code=413)(
             {"type": "http"}, None, send)  # type: ignore[arg-type]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = (self.limit_for(scope) if self.limit_for is not None else None) or self.max_bytes
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None:
-            if not length.isdigit() or int(length) > self.max_bytes:
-                return await self._too_large(send)
+            if not length.isdigit() or int(length) > limit:
+                return await self._too_large(send, limit)
             return await self.app(scope, receive, send)
         if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
             return await self.app(scope, receive, send)
-        body, more = b"", True
+        body, more = bytearray(), True
         while more:
             msg = await receive()
             if msg["type"] != "http.request":
                 return  # the client went away
             body += msg.get("body", b"")
             more = msg.get("more_body", False)
-            if len(body) > self.max_bytes:
-                return await self._too_large(send)
+            if len(body) > limit:
+                return await self._too_large(send, limit)
         replayed = False
 
         async def replay() -> Any:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
 
 
-def model_info(model: WorldModel) -> ModelInfo:
-    s = model.spec
-    return ModelInfo(
-        name=s.name, frame_width=s.frame_width, frame_height=s.frame_height, fps=s.fps,
-        frames_per_chunk=s.frames_per_chunk, denoising_steps=s.denoising_steps,
-        keys=list(s.actions.keys), default_prompt=s.default_prompt,
-        latent_frames_per_chunk=s.latent_frames_per_chunk, pixel_frames_per_latent=s.pixel_frames_per_latent,
-        first_chunk_frames=s.chunk_pixel_frames(s.initial_latent_frames),
-        state_bytes_per_session=s.state_bytes_per_session(),
-    )
+#: The OpenAPI request body of POST /v1/sessions (parsed by `model_api.read_create_body`: JSON or multipart).
+CREATE_REQUEST_BODY = {"required": False, "content": {
+    "application/json": {"schema": CreateSessionRequest.model_json_schema()},
+    "multipart/form-data": {"schema": {"type": "object", "properties": {
+        "image": {"type": "string", "format": "binary"}, "prompt": {"type": "string"},
+        "seed": {"type": "integer"}, "stamp_frames": {"type": "boolean"},
+        "mode": {"type": "string", "enum": ["interactive", "directing"]},
+        "transport": {"type": "string", "enum": ["webrtc", "livekit"]}, "room": {"type": "string"}}}}}}
+
+
+def _create_limit(scope: Any) -> int | None:
+    """The body limit of a create: room for the served model's largest starting image."""
+    if scope.get("method") == "POST" and scope.get("path") == "/v1/sessions":
+        app = scope.get("app")
+        return create_body_limit(getattr(getattr(app, "state", None), "model", None))
+    return None
 
 
 def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> FastAPI:
@@ -150,7 +158,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         await manager.start()
 
         def make_peer(session: Session, **callbacks: Any) -> WebRTCPeer:
-            return WebRTCPeer(session, encode_prompt=m.encode_prompt, video_scale=config.scale_for(m),
+            return WebRTCPeer(session, video_scale=config.scale_for(m),
                               limits=config.input_limits, negotiation_timeout_s=config.negotiation_timeout_s,
                               on_count=metrics.on_input, **callbacks)
 
@@ -188,7 +196,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
 
     app = FastAPI(title="worldcast", version="0.1.0", lifespan=lifespan)
 
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, limit_for=_create_limit)
     app.add_middleware(StreamSocketTuning)  # outermost: it needs the server's own send
 
     @app.exception_handler(SessionError)
@@ -207,7 +215,9 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         loc = ".".join(first["loc"])
         status = 422
         ctype = request.headers.get("content-type", "")
-        if request.method in ("POST", "PUT") and ctype and not ctype.startswith("application/json"):
+        multipart_ok = request.url.path == "/v1/sessions" and ctype.startswith("multipart/form-data")
+        if request.method in ("POST", "PUT") and ctype and not ctype.startswith("application/json") and \
+                not multipart_ok:
             return JSONResponse({"detail": f"content type {ctype.split(';')[0]!r} is not supported; "
                                  "send application/json"}, status_code=415)
         return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=status)
@@ -255,6 +265,10 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     async def get_model(request: Request) -> ModelInfo:
         return model_info(request.app.state.model)
 
+    @app.get("/v1/models", response_model=list[ModelFamilyInfo])
+    async def get_models() -> list[ModelFamilyInfo]:
+        return families_info(config.model)
+
     @app.get("/v1/agent")
     async def agent_status(request: Request) -> dict[str, Any]:
         worker = request.app.state.agent_worker
@@ -262,18 +276,19 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             raise HTTPException(404, "this server is not a LiveKit agent worker (worldcast worker)")
         return worker.info()
 
-    @app.post("/v1/sessions", status_code=201, response_model=CreateSessionResponse)
+    @app.post("/v1/sessions", status_code=201, response_model=CreateSessionResponse,
+              openapi_extra={"requestBody": CREATE_REQUEST_BODY})
     async def create_session(
         manager: Annotated[SessionManager, Depends(manager_dep)],
         request: Request,
-        body: CreateSessionRequest | None = None,
     ) -> CreateSessionResponse:
-        body = body or CreateSessionRequest()
+        body, image = await read_create_body(request, manager.model)
         worlds = request.app.state.livekit
         if body.transport == "livekit" and worlds is None:
             raise HTTPException(400, "transport 'livekit' needs a LiveKit server: start with --livekit-url "
                                      "(or LIVEKIT_URL), --livekit-api-key and --livekit-api-secret")
-        s = await manager.create(prompt=body.prompt, seed=body.seed, stamp_frames=body.stamp_frames, mode=body.mode)
+        s = await manager.create(prompt=body.prompt, image=image, seed=body.seed, stamp_frames=body.stamp_frames,
+                                 mode=body.mode)
         livekit = None
         if body.transport == "livekit":
             from worldcast.transport.livekit.world import LiveKitJoinError
@@ -330,8 +345,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             return JSONResponse(error_reply(body, errors.RATE_LIMITED, f"more than {CONTROL_RATE_HZ:g} control "
                                             f"requests per second (bursts of {CONTROL_BURST:g})"),
                                 status_code=429, headers={"Retry-After": "1"})
-        handler = RpcHandler(session, request.app.state.model.encode_prompt,
-                             settle=lambda epoch: peers.settle(session, epoch))
+        handler = RpcHandler(session, settle=lambda epoch: peers.settle(session, epoch))
         reply = await handler.handle(body)
         if reply is None:
             return Response(status_code=204)
@@ -346,14 +360,14 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     async def stream(websocket: WebSocket, session_id: str) -> None:
         st = websocket.app.state
         await serve_stream(websocket, session_id, manager=st.manager, streams=st.streams,
-                           encode_prompt=st.model.encode_prompt, video_scale=config.scale_for(st.model),
+                           video_scale=config.scale_for(st.model),
                            make_guard=st.make_guard)
 
     @app.websocket("/ws")
     async def dreamverse(websocket: WebSocket) -> None:
         st = websocket.app.state
-        await serve_dreamverse(websocket, manager=st.manager, encode_prompt=st.model.encode_prompt,
-                               video_scale=config.scale_for(st.model), segment_s=config.dreamverse_segment_s,
+        await serve_dreamverse(websocket, manager=st.manager, video_scale=config.scale_for(st.model),
+                               segment_s=config.dreamverse_segment_s,
                                session_timeout_s=config.dreamverse_session_timeout_s, make_guard=st.make_guard)
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():

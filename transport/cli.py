@@ -13,9 +13,9 @@ from pathlib import Path
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
-from worldcast.models.causal_wan.config import PRESETS
+from worldcast.models import registry
 from worldcast.sessions.manager import SessionConfig
-from worldcast.transport.config import DEFAULT_STATIC_DIR, MODELS, ServerConfig
+from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
 from worldcast.transport.livekit import config as livekit_config
 
 
@@ -26,17 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000,
                    help="TCP port of the HTTP API, WebSockets and demo (default 8000)")
-    s.add_argument("--model", choices=list(MODELS), default="tinyworld",
-                   help="model family: tinyworld (the embedded default), causal-wan (Self-Forcing / CausVid / "
-                        "LongLive checkpoints; needs --weights) or causal-wan:tiny (random weights, noise-like video)")
+    s.add_argument("--model", choices=registry.model_names(), default=registry.DEFAULT_MODEL, metavar="NAME[:VARIANT]",
+                   help=_model_help())
     s.add_argument("--weights", type=Path, default=None,
                    help="model weights (tinyworld: a safetensors file, default the shipped one; causal-wan: a "
                         "diffusers folder or a Self-Forcing .pt with --wan-base)")
-    s.add_argument("--wan-preset", choices=sorted(PRESETS), default="longlive-1.3b",
-                   help="causal-wan: attention window, sinks and timesteps (default longlive-1.3b: 12 latent "
-                        "frames attended, 3 sinks; wan-1.3b attends globally and cannot serve unbounded sessions)")
-    s.add_argument("--wan-base", type=Path, default=None,
-                   help="causal-wan with a .pt DiT: the diffusers folder holding vae/, text_encoder/, tokenizer/")
+    add_model_options(s)
     s.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     s.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                    help="address to gather ICE host candidates on (repeatable; default: the bind address "
@@ -93,6 +88,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _model_help() -> str:
+    lines = [f"{f.name}:{v.name}{' (= ' + f.name + ')' if v.name == f.default_variant else ''}: {v.description}"
+             for f in registry.families() for v in f.variants]
+    return "the world model, NAME[:VARIANT] from the registry (default %(default)s; GET /v1/models lists them): " + \
+        "; ".join(lines)
+
+
+_OPTION_TYPES = {"str": str, "path": Path, "int": int, "float": float}
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Every registered family's own options as `--NAME` flags (default None: the family's default applies)."""
+    seen: set[str] = set()
+    for fam in registry.families():
+        for o in fam.options:
+            if o.name in seen:
+                continue
+            seen.add(o.name)
+            default = f" (default {o.default})" if o.default not in (None, False) else ""
+            if o.type == "flag":
+                p.add_argument(f"--{o.name}", action="store_true", default=None, help=f"{o.help}{default}")
+            else:
+                p.add_argument(f"--{o.name}", type=_OPTION_TYPES[o.type], choices=o.choices, default=None,
+                               help=f"{o.help}{default}")
+
+
+def model_options(args: argparse.Namespace) -> dict[str, object]:
+    """The family options given on the command line, by key (not given: absent)."""
+    keys = {o.key for fam in registry.families() for o in fam.options}
+    return {k: getattr(args, k) for k in sorted(keys) if getattr(args, k, None) is not None}
+
+
 def direct(args: argparse.Namespace) -> None:
     """`worldcast direct`: bad scripts and unreachable servers are one error line."""
     import asyncio
@@ -145,13 +172,16 @@ def main(argv: list[str] | None = None) -> None:
                                  "--livekit-api-secret (or LIVEKIT_API_KEY and LIVEKIT_API_SECRET)")
         except ValueError as e:
             parser.error(str(e))
+        try:
+            registry.check_request(args.model, weights=args.weights, options=model_options(args))
+        except ValueError as e:
+            parser.error(str(e))
         config = ServerConfig(
             host=args.host,
             port=args.port,
             model=args.model,
             weights=args.weights,
-            wan_preset=args.wan_preset,
-            wan_base=args.wan_base,
+            model_options=model_options(args),
             device=args.device,
             video_scale=args.video_scale,
             ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),

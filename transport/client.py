@@ -43,7 +43,7 @@ from aiortc.utils import uint16_add
 
 from worldcast.transport.limits import head_id
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
-from worldcast.transport.session_api import create_session
+from worldcast.transport.session_api import UnknownKey, check_keys, create_session  # noqa: F401
 
 # the WebSocket (fMP4) stream client lives beside this module; both are importable from here
 from worldcast.transport.ws_client import StreamClient, StreamError, StreamFrame  # noqa: F401
@@ -170,11 +170,12 @@ class WebRTCClient:
     @classmethod
     async def connect(
         cls, base_url: str, *, prompt: str | None = None, seed: int | None = None, stamp_frames: bool = False,
-        marker_frames: bool = True,
+        image: bytes | None = None, marker_frames: bool = True,
     ) -> WebRTCClient:
         """Create a session and connect to it.
 
         Args:
+            image: a PNG or JPEG file, the starting image of a model that takes one.
             stamp_frames: ask the server to stamp frame index and action seq into the video
                 (read them with `transport.stamp.read_stamp`).
             marker_frames: complete video frames at the RTP marker bit, as browsers do
@@ -184,7 +185,7 @@ class WebRTCClient:
             httpx.HTTPStatusError: session creation or signaling was refused.
             TimeoutError: the data channels did not open in time.
         """
-        info = await create_session(base_url, prompt=prompt, seed=seed, stamp_frames=stamp_frames)
+        info = await create_session(base_url, prompt=prompt, seed=seed, stamp_frames=stamp_frames, image=image)
         self = cls(base_url, info["session_id"], info["token"], info["model"], marker_frames=marker_frames)
         try:
             await self._negotiate()
@@ -286,9 +287,15 @@ class WebRTCClient:
     def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0)) -> int:
         """Send one action message; returns its seq.
 
+        Args:
+            keys: keys held now, from the model's declared action space (`model["actions"]["keys"]`).
+            mouse: (dx, dy) mouse counts since the previous message (ignored by a model without mouse axes).
+
         Raises:
+            UnknownKey: a key the model does not declare (not sent, seq not used).
             MessageTooLarge: over the server's action message limit (not sent, seq not used).
         """
+        check_keys(self.model, keys or [])
         now = time.monotonic()
         text = encode_message({"seq": self.seq + 1, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)},
                               what="action", limit_bytes=MAX_MESSAGE_BYTES)

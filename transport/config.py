@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from worldcast.engine.device_worker import EngineConfig
+from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.limits import InputLimits
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
-
-logger = logging.getLogger(__name__)
-
-#: Model families `worldcast serve --model` knows.
-MODELS = ("tinyworld", "causal-wan", "causal-wan:tiny")
 
 #: The built browser demo, beside the package folders in a source checkout.
 DEFAULT_STATIC_DIR = Path(__file__).resolve().parents[1] / "web_demo" / "dist"
@@ -28,10 +23,10 @@ class ServerConfig:
 
     host: str = "127.0.0.1"  #: HTTP bind address
     port: int = 8000  #: HTTP port
-    model: str = "tinyworld"  #: model family: "tinyworld", "causal-wan" (needs `weights`) or "causal-wan:tiny"
-    weights: Path | None = None  #: model weights (None: the shipped TinyWorld weights)
-    wan_preset: str = "longlive-1.3b"  #: causal-wan: window/sink/timestep preset (models/causal_wan/config.PRESETS)
-    wan_base: Path | None = None  #: causal-wan: diffusers folder with the VAE and text encoder for a `.pt` DiT
+    model: str = registry.DEFAULT_MODEL  #: "NAME[:VARIANT]" of a registered family (`models/registry.py`)
+    weights: Path | None = None  #: model weights (None: the variant's default, e.g. the shipped TinyWorld weights)
+    #: the family's own options by key (`ModelOption.key`, e.g. {"wan_preset": "longlive-1.3b"}); missing: defaults
+    model_options: dict[str, object] = field(default_factory=dict)
     device: str = "cpu"  #: torch device of the model and state pool
     video_scale: int | None = None  #: integer upscale of published video (None: up to ~256 px high)
     ice_host_addresses: list[str] | None = None  #: addresses for host ICE candidates (None: see `from_host`)
@@ -53,11 +48,10 @@ class ServerConfig:
             raise ValueError(f"port {self.port} out of range")
         if self.video_scale is not None and not 1 <= self.video_scale <= 8:
             raise ValueError("video_scale must be within 1..8")
-        if self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}; choose one of {sorted(MODELS)}")
-        if self.model == "causal-wan" and self.weights is None:
-            raise ValueError("--model causal-wan needs --weights (a diffusers folder or a Self-Forcing .pt); "
-                             "causal-wan:tiny runs without (random weights)")
+        try:
+            registry.check_request(self.model, weights=self.weights, options=self.model_options)
+        except registry.UnknownModel as e:
+            raise ValueError(str(e)) from None
         if not 0 < self.dreamverse_segment_s <= 600 or not self.dreamverse_session_timeout_s > 0:
             raise ValueError("dreamverse_segment_s must lie in (0, 600] and dreamverse_session_timeout_s be > 0")
         if not 0 < self.negotiation_timeout_s < float("inf"):
@@ -78,28 +72,9 @@ class ServerConfig:
         return max(1, min(8, 256 // model.spec.frame_height))
 
     def load_model(self) -> WorldModel:
-        """Load the configured model.
+        """Load the configured model through the registry.
 
         Raises:
             FileNotFoundError / ValueError: missing or malformed weights (the message names what).
         """
-        if self.model == "tinyworld":
-            from worldcast.models.tinyworld import TinyWorldModel
-
-            return TinyWorldModel.from_pretrained(self.weights, device=self.device)
-        import torch
-
-        from worldcast.models.causal_wan.config import PRESETS
-        from worldcast.models.causal_wan.loading import load_parts, tiny_parts
-        from worldcast.models.causal_wan.model import CausalWanModel
-
-        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
-        if self.model == "causal-wan:tiny":
-            parts = tiny_parts(dtype=dtype, device=self.device)
-            logger.warning("causal-wan:tiny has RANDOM weights: it streams noise-like video (for trying the path)")
-        else:
-            assert self.weights is not None
-            parts = load_parts(self.weights, cfg=PRESETS[self.wan_preset](), base_folder=self.wan_base,
-                               dtype=dtype, device=self.device)
-        name = self.model if self.model.endswith("tiny") else f"causal-wan:{self.wan_preset}"
-        return CausalWanModel(parts, name=name)
+        return registry.load(self.model, weights=self.weights, device=self.device, options=self.model_options)

@@ -126,17 +126,17 @@ class DreamverseConnection(StreamConnection):
     """One Dreamverse client on a directing session of its own.
 
     Args:
-        ws, session, encode_prompt, video_scale, guard: as `StreamConnection`.
+        ws, session, video_scale, guard: as `StreamConnection`.
         prompts: the curated prompts, played in order, one segment each.
         preset_id: echoed in `ltx2_stream_start`.
         segment_s: segment length, s.
         session_timeout_s: the session ends after this long (sent in `gpu_assigned`).
     """
 
-    def __init__(self, ws: WebSocket, session: Session, *, encode_prompt: Callable[[str], Any], video_scale: int,
+    def __init__(self, ws: WebSocket, session: Session, *, video_scale: int,
                  prompts: list[str], preset_id: Any, segment_s: float, session_timeout_s: float,
                  guard: InputGuard | None = None) -> None:
-        super().__init__(ws, session, encode_prompt=encode_prompt, video_scale=video_scale, guard=guard)
+        super().__init__(ws, session, video_scale=video_scale, guard=guard)
         assert self.director is not None, "Dreamverse clients drive a directing session"
         self.prompts, self.preset_id, self.segment_s = prompts, preset_id, segment_s
         self.session_timeout_s = session_timeout_s
@@ -306,11 +306,15 @@ class DreamverseConnection(StreamConnection):
 
     async def _start(self, prompt: str, *, source: str, prompt_id: str | None, seed_index: int | None) -> None:
         assert self.director is not None
-        emb = await asyncio.get_running_loop().run_in_executor(None, self.encode_prompt, prompt)
+        try:
+            context = await asyncio.get_running_loop().run_in_executor(None, self.session.encode_prompt, prompt)
+        except SessionError as e:
+            self.error("bad_prompt", str(e))
+            return
         self.segment_idx += 1
         self._pending = DvSegment(self.segment_idx, source, prompt_id, seed_index)
         try:
-            self.director.direct(str(self.segment_idx), prompt, emb, duration_s=self.segment_s)
+            self.director.direct(str(self.segment_idx), prompt, context, duration_s=self.segment_s)
             if self.user_paused:
                 self.session.pause()
         except SessionError as e:
@@ -382,8 +386,8 @@ class DreamverseConnection(StreamConnection):
         self.error("session_failed", f"AV streaming failed: {reason}")
 
 
-async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, encode_prompt: Callable[[str], Any],
-                           video_scale: int, segment_s: float, session_timeout_s: float,
+async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scale: int, segment_s: float,
+                           session_timeout_s: float,
                            make_guard: Callable[[], InputGuard] = InputGuard) -> None:
     """Serve `WS /ws`: queue status, wait for session_init_v2, open a directing session, stream it.
 
@@ -411,7 +415,7 @@ async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, encode_pro
         return
     try:
         await ws.send_text(dumps({"type": "gpu_assigned", "gpu_id": 0, "session_timeout": session_timeout_s}))
-        conn = DreamverseConnection(ws, session, encode_prompt=encode_prompt, video_scale=video_scale,
+        conn = DreamverseConnection(ws, session, video_scale=video_scale,
                                     prompts=prompts, preset_id=init.get("preset_id"), segment_s=segment_s,
                                     session_timeout_s=session_timeout_s, guard=make_guard())
         await conn.run()

@@ -6,7 +6,13 @@ application codes from -32000 down for session states.
 
 from __future__ import annotations
 
-from worldcast.sessions.errors import CapacityExhausted, InvalidAction, SessionClosedError, SessionNotFound
+from worldcast.sessions.errors import (
+    CapacityExhausted,
+    InvalidAction,
+    InvalidConditioning,
+    SessionClosedError,
+    SessionNotFound,
+)
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -20,6 +26,7 @@ HTTP_STATUS: dict[type[Exception], int] = {
     SessionNotFound: 404,
     SessionClosedError: 409,
     InvalidAction: 400,
+    InvalidConditioning: 422,
     CapacityExhausted: 503,
 }
 
@@ -27,6 +34,7 @@ RPC_CODE: dict[type[Exception], int] = {
     SessionClosedError: SESSION_CLOSED,
     SessionNotFound: SESSION_CLOSED,
     InvalidAction: INVALID_PARAMS,
+    InvalidConditioning: INVALID_PARAMS,
 }
 
 

@@ -123,15 +123,13 @@ class RpcHandler:
     """Dispatches control RPCs to one session.
 
     Args:
-        session: the target.
-        encode_prompt: text -> embedding (run off the event loop).
+        session: the target (its `encode_prompt` encodes a new prompt, off the event loop).
         settle: awaited with the new epoch after `flush` and `cancel`, before they reply
             (None: reply at once).
     """
 
-    def __init__(self, session: Session, encode_prompt: Callable[[str], Any], *, settle: Settle | None = None) -> None:
+    def __init__(self, session: Session, *, settle: Settle | None = None) -> None:
         self.session = session
-        self.encode_prompt = encode_prompt
         self.settle = settle
         self._methods: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             "flush": self._flush,
@@ -209,8 +207,11 @@ class RpcHandler:
         if self.session.directing is not None:
             raise RpcError(errors.INVALID_REQUEST, "a directing session changes its prompt with a direction "
                            '({"type": "direction", "id", "prompt"} on its stream), not set_prompt')
-        emb = await asyncio.get_running_loop().run_in_executor(None, self.encode_prompt, p.prompt)
-        self.session.set_prompt(p.prompt, emb)
+        if not self.session.takes_text:
+            raise RpcError(errors.INVALID_PARAMS, f"prompt: {self.session.model.spec.name} takes no text prompt "
+                           "(it is conditioned on its starting image)")
+        context = await asyncio.get_running_loop().run_in_executor(None, self.session.encode_prompt, p.prompt)
+        self.session.set_prompt(p.prompt, context)
         return {"prompt": p.prompt}
 
     async def _pause(self, params: dict[str, Any]) -> dict[str, Any]:

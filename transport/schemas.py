@@ -18,6 +18,8 @@ MAX_SDP_CHARS = 64_000
 MAX_MESSAGE_BYTES = 2048
 #: Largest control message, bytes (room for a MAX_PROMPT_CHARS prompt of 4-byte characters).
 MAX_CONTROL_BYTES = 4096
+#: Largest starting image any model may accept, bytes (a model's own `ImageConditioning.max_bytes` is at most this).
+MAX_IMAGE_BYTES = 32 * 2**20
 #: LiveKit room names accepted: letters, digits and _ . : - (LiveKit allows more; these need no escaping).
 ROOM_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
@@ -50,6 +52,11 @@ class CreateSessionRequest(_Strict):
     stamp_frames: StrictBool = Field(
         False, description="stamp each video frame's index and applied action seq into its bottom rows "
         "(for latency measurement; see transport/stamp.py)")
+    image: str | None = Field(
+        None, min_length=1, max_length=4 * (MAX_IMAGE_BYTES // 3 + 1) + 64,
+        description="starting image for a model that takes one (GET /v1/model: conditioning.image): a PNG or JPEG "
+        "file as base64 (RFC 4648), bare or as a data:image/...;base64, URL; or send it as the `image` file part "
+        "of a multipart/form-data body")
     mode: Literal["interactive", "directing"] = Field(
         "interactive", description="directing: driven by text directions, segment by segment, over "
         "GET /v1/sessions/{id}/stream (see docs/streaming.md)")
@@ -81,8 +88,46 @@ class LiveKitAccess(BaseModel):
     world_identity: str = Field(description="the world participant: its video track, RPC methods and data topics")
 
 
+class MouseAxisInfo(BaseModel):
+    name: str = Field(description="what the axis does, e.g. yaw")
+    scale: float = Field(description="model units per mouse count")
+    limit: float | None = Field(None, description="per-pixel-frame clip of the axis, model units (null: none)")
+
+
+class ActionSpaceInfo(BaseModel):
+    """The actions a model understands; clients build their inputs from it."""
+
+    keys: list[str] = Field(description="key names an action message may hold")
+    key_labels: dict[str, str] = Field(description="what each key does")
+    mouse: list[MouseAxisInfo] = Field(description="axes fed by an action's mouse [dx, dy] in order; empty: the "
+                                       "model ignores the mouse")
+    exclusive_groups: list[list[str]] = Field(description="keys of which at most one is applied at a time")
+    dim: int = Field(description="length of the model's action vector per pixel frame")
+    history_pixel_frames: int = Field(description="pixel frames of earlier chunks each chunk's actions reach back over")
+
+
+class TextConditioningInfo(BaseModel):
+    max_chars: int
+    required: bool = Field(description="false: the default prompt is used when none is given")
+
+
+class ImageConditioningInfo(BaseModel):
+    required: bool
+    default: str | None = Field(description="what the model starts from without an image (null: refused)")
+    max_bytes: int
+    max_pixels: int
+    formats: list[str]
+
+
+class ConditioningInfo(BaseModel):
+    """What a model is conditioned on (null: not taken)."""
+
+    text: TextConditioningInfo | None
+    image: ImageConditioningInfo | None
+
+
 class ModelInfo(BaseModel):
-    """The served model's declared geometry."""
+    """The served model's declared geometry, conditioning and actions."""
 
     name: str
     frame_width: int
@@ -90,12 +135,45 @@ class ModelInfo(BaseModel):
     fps: int
     frames_per_chunk: int = Field(description="pixel frames of a chunk after the first")
     denoising_steps: int
-    keys: list[str]
-    default_prompt: str
+    keys: list[str] = Field(description="the action space's keys (also in actions.keys)")
+    default_prompt: str | None = Field(description="the prompt of a session that gives none (null: the model takes "
+                                       "no text)")
+    actions: ActionSpaceInfo
+    conditioning: ConditioningInfo
     latent_frames_per_chunk: int = Field(description="latent frames denoised together")
     pixel_frames_per_latent: int = Field(description="pixel frames each latent frame decodes to (after the first)")
     first_chunk_frames: int = Field(description="pixel frames of a session's first chunk")
     state_bytes_per_session: int = Field(description="bytes of one session's declared state (KV, caches)")
+
+
+class ModelOptionInfo(BaseModel):
+    name: str = Field(description="the command-line flag, without the dashes")
+    help: str
+    default: Any = None
+    choices: list[str] | None = None
+
+
+class ModelVariantInfo(BaseModel):
+    name: str
+    description: str
+    needs_weights: bool
+    random_weights: bool
+    frame_width: int = Field(description="pixels (0: set by an option or the weights)")
+    frame_height: int
+    fps: int
+    conditioning: ConditioningInfo
+    actions: ActionSpaceInfo | None
+
+
+class ModelFamilyInfo(BaseModel):
+    """One registered model family (`--model NAME[:VARIANT]`)."""
+
+    name: str
+    description: str
+    default_variant: str
+    variants: list[ModelVariantInfo]
+    options: list[ModelOptionInfo]
+    served: str | None = Field(description="the variant this server runs, if it is of this family")
 
 
 class CreateSessionResponse(BaseModel):

@@ -6,24 +6,55 @@ Shared by the WebRTC client (`client.py`), the WebSocket stream client
 
 from __future__ import annotations
 
+import base64
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
 
+class UnknownKey(ValueError):
+    """An action names a key the served model does not declare; nothing was sent."""
+
+
+def check_keys(model: Mapping[str, Any], keys: list[str]) -> None:
+    """Refuse, before sending, keys outside the model's declared action space (`ModelInfo.actions.keys`).
+
+    Raises:
+        UnknownKey: names the first unknown key and the model's keys.
+    """
+    known = (model.get("actions") or {}).get("keys", model.get("keys"))
+    if known is None:
+        return
+    for k in keys:
+        if k not in known:
+            raise UnknownKey(f"key {k!r} is not in {model.get('name', 'the model')}'s action space {list(known)}")
+
+
+def action_cycle(model: Mapping[str, Any], n: int = 4) -> list[list[str]]:
+    """Single-key actions a benchmark cycles through, from the model's declared keys (its first `n`)."""
+    keys = list((model.get("actions") or {}).get("keys", model.get("keys", [])))[:n]
+    return [[k] for k in keys] or [[]]
+
+
 async def create_session(base_url: str, *, prompt: str | None = None, seed: int | None = None,
-                         stamp_frames: bool = False, timeout_s: float = 60.0, **fields: Any) -> dict[str, Any]:
+                         stamp_frames: bool = False, image: bytes | None = None, timeout_s: float = 60.0,
+                         **fields: Any) -> dict[str, Any]:
     """POST /v1/sessions and return the reply ({"session_id", "token", "model", ...}).
 
     Args:
         prompt, seed, stamp_frames: the common fields (omitted when None / False).
+        image: a PNG or JPEG file's bytes, the starting image of a model that takes one (sent as base64).
         fields: further body fields (e.g. mode="directing", transport="livekit", room=...).
 
     Raises:
-        httpx.HTTPStatusError: creation refused (503 with Retry-After when the server is full).
+        httpx.HTTPStatusError: creation refused (422 naming the field for a refused prompt or image, 503 with
+            Retry-After when the server is full).
     """
     body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
+    if image is not None:
+        body["image"] = base64.b64encode(image).decode("ascii")
     if prompt is not None:
         body["prompt"] = prompt
     if seed is not None:

@@ -61,7 +61,6 @@ class WebRTCPeer:
 
     Args:
         session: the session it serves.
-        encode_prompt: for `set_prompt` RPCs.
         video_scale: integer upscale of the published video.
         on_closed: called once when the connection ends, with the peer (its `close_reason` set).
         on_connected: called once when the connection reaches `connected`.
@@ -75,7 +74,6 @@ class WebRTCPeer:
         self,
         session: Session,
         *,
-        encode_prompt: Callable[[str], Any],
         video_scale: int = 1,
         on_closed: Callable[[WebRTCPeer], None] | None = None,
         on_connected: Callable[[WebRTCPeer], None] | None = None,
@@ -88,7 +86,7 @@ class WebRTCPeer:
         self.negotiation_timeout_s = negotiation_timeout_s
         self.track = SessionVideoTrack(session.current_epoch, scale=video_scale, stamp=session.stamp_frames)
         self.guard = InputGuard(limits, on_count=on_count)
-        self.rpc = RpcHandler(session, encode_prompt, settle=settle or self.track.settle)
+        self.rpc = RpcHandler(session, settle=settle or self.track.settle)
         self.actions = ActionHandler(session, guard=self.guard)
         self.feedback = InputFeedback(self.guard, send=self.send_event, on_flood=self._flood)
         self.close_reason: str | None = None

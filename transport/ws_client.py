@@ -31,7 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from worldcast.transport.mp4box import parse_init, parse_media_segment
-from worldcast.transport.session_api import create_session, delete_session
+from worldcast.transport.session_api import check_keys, create_session, delete_session
 
 #: How long to wait for an RPC reply or a direction's ack, s.
 REPLY_TIMEOUT_S = 10.0
@@ -128,14 +128,15 @@ class StreamClient:
     @classmethod
     async def connect(cls, base_url: str, *, mode: Literal["interactive", "directing"] = "interactive",
                       prompt: str | None = None, seed: int | None = None, stamp_frames: bool = False,
-                      **kw: Any) -> StreamClient:
+                      image: bytes | None = None, **kw: Any) -> StreamClient:
         """Create a session and open its stream (see `attach` for the keyword arguments).
 
         Raises:
             httpx.HTTPStatusError: session creation refused (503 with Retry-After when full).
             StreamError: the stream was refused.
         """
-        info = await create_session(base_url, prompt=prompt, seed=seed, stamp_frames=stamp_frames, mode=mode)
+        info = await create_session(base_url, prompt=prompt, seed=seed, stamp_frames=stamp_frames, mode=mode,
+                                    image=image)
         try:
             return await cls.attach(base_url, info["session_id"], info["token"], model=info["model"], **kw)
         except BaseException:
@@ -295,7 +296,13 @@ class StreamClient:
         await self.ws.send(payload)
 
     async def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0)) -> int:
-        """Send one action message (the data channel's schema); returns its seq."""
+        """Send one action message (the data channel's schema); returns its seq.
+
+        Raises:
+            UnknownKey: a key outside the model's declared action space (nothing sent).
+        """
+        if self.model:
+            check_keys(self.model, keys or [])
         self.seq += 1
         now = time.monotonic()
         self.sent_at[self.seq] = now

@@ -195,20 +195,19 @@ class StreamConnection:
     Args:
         ws: the accepted, authenticated socket.
         session: its session.
-        encode_prompt: text -> embedding (run off the event loop).
         video_scale: integer upscale of the video.
         guard: the connection's limits and counters (`InputGuard`; default limits, uncounted, if None).
     """
 
-    def __init__(self, ws: WebSocket, session: Session, *, encode_prompt: Callable[[str], Any],
-                 video_scale: int = 1, guard: InputGuard | None = None) -> None:
-        self.ws, self.session, self.encode_prompt = ws, session, encode_prompt
+    def __init__(self, ws: WebSocket, session: Session, *, video_scale: int = 1,
+                 guard: InputGuard | None = None) -> None:
+        self.ws, self.session = ws, session
         self.director = session.directing
         self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample, epoch_fn=session.current_epoch,
                              on_clear=self._on_clear, scale=video_scale, stamp=session.stamp_frames,
                              depth=max(2, session.model.spec.frames_per_chunk), name=session.id)
         self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe)
-        self.rpc = RpcHandler(session, encode_prompt)
+        self.rpc = RpcHandler(session)
         self.guard = guard or InputGuard()
         self.actions = ActionHandler(session, guard=self.guard)
         #: rejected and stale actions are answered with coalesced summaries; a flooder is told and closed
@@ -428,10 +427,15 @@ class StreamConnection:
         except ValidationError as e:
             self.error("bad_direction", validation_message(e), id=ref)
             return
-        emb = await asyncio.get_running_loop().run_in_executor(None, self.encode_prompt, d.prompt)
+        try:
+            context = await asyncio.get_running_loop().run_in_executor(None, self.session.encode_prompt, d.prompt)
+        except SessionError as e:
+            self.error("bad_direction", str(e), id=ref)
+            return
         self._held = []  # the ack goes first, then the segment events it caused
         try:
-            ack = self.director.direct(str(d.id), d.prompt, emb, duration_s=d.duration_s, open_ended=d.open_ended)
+            ack = self.director.direct(str(d.id), d.prompt, context, duration_s=d.duration_s,
+                                       open_ended=d.open_ended)
         except SessionError as e:
             self._held = None
             self.error("session_closed", str(e), id=ref)
@@ -534,8 +538,8 @@ def _ref(obj: dict[str, Any]) -> Any:
 
 
 async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManager,
-                       streams: dict[str, StreamConnection], encode_prompt: Callable[[str], Any],
-                       video_scale: int, make_guard: Callable[[], InputGuard] = InputGuard) -> None:
+                       streams: dict[str, StreamConnection], video_scale: int,
+                       make_guard: Callable[[], InputGuard] = InputGuard) -> None:
     """Serve GET /v1/sessions/{id}/stream: authenticate, refuse a second stream, run the connection."""
     session = await authenticate(ws, manager, session_id)
     if session is None:
@@ -549,7 +553,7 @@ async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManage
     if "worldcast.transport" not in (ws.scope.get("extensions") or {}):
         logger.info("Session(%s): no unsent-bytes limit on the stream's socket (StreamSocketTuning); slow "
                     "readers are noticed only once the kernel's send buffer fills", session.id)
-    conn = StreamConnection(ws, session, encode_prompt=encode_prompt, video_scale=video_scale, guard=make_guard())
+    conn = StreamConnection(ws, session, video_scale=video_scale, guard=make_guard())
     streams[session.id] = conn
     try:
         await conn.run()

@@ -25,6 +25,7 @@ noise-like video; real checkpoints load through `loading.load_parts`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -43,12 +44,14 @@ from worldcast.models.base import (
     renoise_update,
 )
 from worldcast.models.causal_wan.config import CausalWanConfig
+from worldcast.models.causal_wan.family import ACTIONS, CONDITIONING
 from worldcast.models.causal_wan.loading import CausalWanParts
 from worldcast.models.causal_wan.sampler import flow_to_x0
 from worldcast.models.causal_wan.vae import frames_to_uint8
 from worldcast.models.spec import (
-    ActionSpace,
     AttentionRingSpec,
+    Conditioning,
+    ConditioningRequest,
     FrameRingSpec,
     PromptCacheSpec,
     TensorStateSpec,
@@ -57,8 +60,7 @@ from worldcast.models.spec import (
 
 logger = logging.getLogger(__name__)
 
-#: Keys every worldcast client may send; a text-to-video model accepts and ignores them.
-KEYS = ("w", "a", "s", "d", "space", "shift")
+
 
 
 class _RingAttend:
@@ -113,11 +115,13 @@ class CausalWanModel(WorldModel):
             name=name, frame_height=H, frame_width=W, fps=cfg.fps,
             latent_frames_per_chunk=cfg.frames_per_chunk, timesteps=cfg.flow_times,
             latent_shape=(cfg.out_channels, h, w), states=states,
-            actions=ActionSpace(keys=KEYS, mouse_axes=2, dim=1),
-            prompt_shape=(cfg.text_len, cfg.text_dim), default_prompt="a drone flight over a misty forest",
+            actions=ACTIONS,
+            conditioning=dataclasses.replace(CONDITIONING,
+                                             tensors=(("text", (cfg.text_len, cfg.text_dim), torch.float32),)),
+            default_prompt="a drone flight over a misty forest",
             pixel_frames_per_latent=cfg.vae.temporal_stride, first_latent_pixel_frames=1,
             initial_latent_frames=0, commit_timestep=cfg.context_noise / cfg.num_train_timesteps,
-            prompt_in_chunks=False,
+            context_in_chunks=False,
         )
 
     # -- conditioning ----------------------------------------------------------------------------
@@ -126,10 +130,14 @@ class CausalWanModel(WorldModel):
         """umT5 encoding, zero-padded to text_len: float32 (text_len, text_dim)."""
         return self.text.encode([text])[0].float().cpu().numpy()
 
+    def encode_conditioning(self, request: ConditioningRequest) -> Conditioning:
+        """{"text": float32 (text_len, text_dim)}: the prompt (or the default one) through umT5."""
+        return {"text": self.encode_prompt(request.text or self.spec.default_prompt)}
+
     def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
         return np.zeros(1, np.float32)  # text-to-video: actions do not condition the picture
 
-    def initial_frames(self, *, seed: int, prompt: np.ndarray) -> np.ndarray:
+    def initial_frames(self, *, seed: int, context: Conditioning) -> np.ndarray:
         return np.zeros((0, self.spec.frame_height, self.spec.frame_width, 3), np.uint8)  # starts from noise
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -174,7 +182,7 @@ class CausalWanModel(WorldModel):
     @torch.no_grad()
     def init_state(self, frames: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
         """A new session: its prompt's cross-attention cache (the rings start empty, the decoder at zero)."""
-        cross = self.dit.cross_kv(cond.prompt.to(self.dtype))
+        cross = self.dit.cross_kv(cond.context["text"].to(self.dtype))
         return {"cross": Replace(self._cross_tensor(cross))}
 
     @torch.no_grad()
@@ -189,7 +197,7 @@ class CausalWanModel(WorldModel):
         frame indices on the host: a prompt switch syncs once, never inside a chunk's steps.
         """
         assert cond.batch == 1, "set_prompt re-caches one session at a time"
-        cross = self.dit.cross_kv(cond.prompt.to(self.dtype))
+        cross = self.dit.cross_kv(cond.context["text"].to(self.dtype))
         updates: StateUpdates = {"cross": Replace(self._cross_tensor(cross))}
         nxt = cond.frame_index_host[0][0] if cond.frame_index_host else int(cond.frame_index[0, 0])
         data, frames = state.frames("latents")  # (1, P, C, h, w), (1, P)
@@ -204,7 +212,7 @@ class CausalWanModel(WorldModel):
         run.reverse()
         x0 = data[:, [held[j] for j in run]].to(self.dtype)  # (1, F_r, C, h, w)
         fi = torch.tensor([run], dtype=torch.int64, device=self.device)
-        recache = ChunkConditioning(action=cond.action[:, :0], prompt=cond.prompt, frame_index=fi,
+        recache = ChunkConditioning(action=cond.action[:, :0], context=cond.context, frame_index=fi,
                                     frame_index_host=(tuple(run),))
         updates["kv"] = self._kv_pass(x0, recache, state, cross)
         logger.debug("causal-wan: recached latent frames %d..%d under a new prompt", run[0], run[-1])

@@ -159,7 +159,7 @@ def eval_speed(model: TinyWorldModel, frames: int = 60) -> dict[str, float]:
     out = {}
     for b in (1, 4):
         z0 = torch.randn(b, *model.spec.latent_shape)
-        a, p = torch.zeros(b, frames + 1, world.ACTION_DIM), torch.zeros(b, frames + 1, model.spec.prompt_shape[0])
+        a, p = torch.zeros(b, frames + 1, world.ACTION_DIM), torch.zeros(b, frames + 1, model.cfg.prompt_dim)
         rollout_latents(model.net, z0, a[:, :4], p[:, :4], timesteps=TIMESTEPS)  # warm-up
         t = time.perf_counter()
         z = rollout_latents(model.net, z0, a, p, timesteps=TIMESTEPS)

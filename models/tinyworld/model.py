@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -12,8 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from worldcast.kernels.ring_attention import RingBatch, ring_attention
 from worldcast.models.base import ChunkConditioning, Replace, RingWrite, StateUpdates, StateView, WorldModel
-from worldcast.models.spec import ActionSpace, AttentionRingSpec, TensorStateSpec, WorldModelSpec
+from worldcast.models.spec import AttentionRingSpec, Conditioning, ConditioningRequest, TensorStateSpec, WorldModelSpec
 from worldcast.models.tinyworld import world
+from worldcast.models.tinyworld.family import ACTIONS, CONDITIONING
 from worldcast.models.tinyworld.network import (
     FrameAutoencoder,
     TinyWorldConfig,
@@ -39,7 +41,8 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
     State: "kv", the self-attention ring (sink + rolling window of frames), and
     "prev", the last committed latent (each frame is predicted as a change to it).
     One latent frame per pixel frame, one per chunk; the init step commits the
-    initial picture as latent frame 0.
+    initial picture as latent frame 0. Conditioning: a text prompt, encoded as
+    "prompt" float32 (prompt_dim,), a sentence embedding, part of every chunk.
     """
     latent = (cfg.latent_channels, cfg.latent_size, cfg.latent_size)
     return WorldModelSpec(
@@ -56,8 +59,8 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
                               sink_frames=cfg.sink_frames, dtype=dtype),
             TensorStateSpec("prev", shape=latent, dtype=dtype),
         ),
-        actions=ActionSpace(keys=world.KEYS, mouse_axes=2, dim=world.ACTION_DIM),
-        prompt_shape=(cfg.prompt_dim,),
+        actions=ACTIONS,
+        conditioning=dataclasses.replace(CONDITIONING, tensors=(("prompt", (cfg.prompt_dim,), torch.float32),)),
         default_prompt="a green meadow",
     )
 
@@ -133,7 +136,12 @@ class TinyWorldModel(WorldModel):
     # -- conditioning --------------------------------------------------------------
 
     def encode_prompt(self, text: str) -> np.ndarray:
+        """Prompt text -> float32 (prompt_dim,) sentence embedding."""
         return self.prompts.encode(text)
+
+    def encode_conditioning(self, request: ConditioningRequest) -> Conditioning:
+        """{"prompt": float32 (prompt_dim,)}: the request's prompt (or the default one) embedded."""
+        return {"prompt": self.encode_prompt(request.text or self.spec.default_prompt)}
 
     def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
         return world.action_vector(keys, mouse)
@@ -142,8 +150,9 @@ class TinyWorldModel(WorldModel):
         """The simulator theme whose captions lie nearest to `prompt_embedding` (cosine)."""
         return world.THEMES[int(np.argmax(self.theme_prompts @ prompt_embedding))]
 
-    def initial_frames(self, *, seed: int, prompt: np.ndarray) -> np.ndarray:
+    def initial_frames(self, *, seed: int, context: Conditioning) -> np.ndarray:
         """uint8 (1, 64, 64, 3): the simulator's view at the origin of world `seed`, in the prompt's theme."""
+        prompt = context["prompt"]
         if seed not in self._maps:
             if len(self._maps) > 64:
                 self._maps.clear()
@@ -191,7 +200,7 @@ class TinyWorldModel(WorldModel):
         return attend
 
     def _prompt(self, cond: ChunkConditioning, frames: int) -> torch.Tensor:
-        return cond.prompt[:, None].expand(-1, frames, -1)  # (B, F, P)
+        return cond.context["prompt"][:, None].expand(-1, frames, -1)  # (B, F, P)
 
     @torch.no_grad()
     def init_state(self, frames: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:

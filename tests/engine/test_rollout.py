@@ -170,7 +170,7 @@ def test_serving_computes_what_the_offline_rollout_computes(model) -> None:  # t
     z0 = r.pool.snapshot(r.slot)["prev"]["data"][None]
     served = [run_chunk(r)[0] for _ in range(frames)]
     act = torch.from_numpy(world.action_vector(keys))[None]
-    pro = torch.from_numpy(r.conditioner.prompt)[None]
+    pro = torch.from_numpy(r.conditioner.context["prompt"])[None]
     g = torch.Generator().manual_seed(seed)
     offline = iter_rollout(model.net, z0, iter([act * 0] + [act] * frames), iter([pro] * (frames + 1)),
                            timesteps=model.spec.timesteps, generator=g)

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
-import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from tests.fakes import FakeClock
 from tests.fuzz.strategies import action_messages, control_messages, sdp_offers
+from worldcast.engine.scripted import zero_context
+from worldcast.models.spec import ConditioningRequest
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
 from worldcast.transport.limits import InputGuard, InputLimits
@@ -103,8 +104,9 @@ def check_event(ev: dict[str, Any]) -> str | None:
 
 
 def _session(model: Any) -> Session:
-    return Session("fuzz", "tok", model=model, prompt="a green meadow",
-                   prompt_embedding=np.zeros(model.spec.prompt_shape, np.float32), seed=0, clock=FakeClock())
+    return Session("fuzz", "tok", model=model, conditioning=ConditioningRequest(text="a green meadow"),
+                   context=zero_context(model.spec),
+                   seed=0, clock=FakeClock())
 
 
 def _quiet_random(fn: Callable[..., None]) -> Callable[..., None]:
@@ -168,7 +170,7 @@ def fuzz_actions_pure(model: Any, cases: int, seed: int = 0) -> SurfaceResult:
 def fuzz_rpc_pure(model: Any, cases: int, seed: int = 0) -> SurfaceResult:
     res, t0 = SurfaceResult("rpc", "pure"), time.monotonic()
     session = _session(model)
-    handler = RpcHandler(session, model.encode_prompt)
+    handler = RpcHandler(session)
     loop = asyncio.new_event_loop()
 
     @_settings(cases, seed)

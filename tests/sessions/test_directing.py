@@ -9,6 +9,7 @@ import pytest
 
 from tests.fakes import FakeClock
 from worldcast.engine.step_output import FrameOut
+from worldcast.models.spec import ConditioningRequest
 from worldcast.sessions.directing import DirectingSession, Segment, SegmentEnd
 from worldcast.sessions.errors import SessionClosedError
 from worldcast.sessions.session import CloseReason, Session, SessionState
@@ -45,7 +46,8 @@ class Deferred:
 
 def make(model):  # type: ignore[no-untyped-def]
     clock = FakeClock()
-    s = Session("sid", "tok", model=model, prompt="a green meadow", prompt_embedding=EMB, seed=0, clock=clock,
+    s = Session("sid", "tok", model=model, conditioning=ConditioningRequest(text="a green meadow"),
+                context={"prompt": EMB}, seed=0, clock=clock,
                 mode="directing")
     defer = Deferred()
     d = DirectingSession(s, default_duration_s=0.25, defer=defer)  # 5 frames at 20 fps
@@ -83,7 +85,7 @@ def test_frames_flow_only_inside_a_segment_which_finishes_and_pauses(model) -> N
     assert sink.frames == [] and d.frames_dropped >= 2  # the initial frame and strays: no segment yet
 
     clock.advance(1.0)
-    ack = d.direct("d1", "a snowy field", EMB)
+    ack = d.direct("d1", "a snowy field", {"prompt": EMB})
     assert ack.cut is None and ack.segment.index == 0 and ack.segment.target_frames == 5
     assert s.prompt == "a snowy field" and s.wants_frames() and starts == [ack.segment]
     clock.advance(0.04)
@@ -108,10 +110,10 @@ def test_a_new_direction_cuts_the_segment_and_old_frames_never_follow(model) -> 
     sink = ListSink()
     d.attach_sink(sink)
     deliver = Counter()
-    first = d.direct("d1", "a snowy field", EMB, duration_s=10.0).segment
+    first = d.direct("d1", "a snowy field", {"prompt": EMB}, duration_s=10.0).segment
     deliver(s, 3)
     old_epoch = s.current_epoch()
-    ack = d.direct("d2", "molten lava", EMB, open_ended=True)
+    ack = d.direct("d2", "molten lava", {"prompt": EMB}, open_ended=True)
     assert ack.cut is first and first.end == SegmentEnd.CUT and ends == [first]
     assert first.last_frame_index == 3 and first.frames == 3
     assert ack.segment.target_frames is None and ack.segment.epoch > old_epoch
@@ -143,11 +145,11 @@ def test_close_stops_the_open_segment_and_detaching_frees_the_session(model) -> 
     d.detach_sink(b)
     assert s.sink_count == 0 and s.state == SessionState.IDLE
     d.attach_sink(a)
-    seg = d.direct("d1", "x", EMB).segment
+    seg = d.direct("d1", "x", {"prompt": EMB}).segment
     s.close(CloseReason.CLIENT)
     assert ends == [seg] and seg.end == SegmentEnd.STOPPED
     with pytest.raises(SessionClosedError):
-        d.direct("d2", "y", EMB)
+        d.direct("d2", "y", {"prompt": EMB})
     with pytest.raises(SessionClosedError):
         d.attach_sink(ListSink())
 

@@ -5,6 +5,7 @@ import pytest
 
 from tests.fakes import FakeClock
 from worldcast.engine.step_output import FrameOut
+from worldcast.models.spec import ConditioningRequest
 from worldcast.sessions.errors import InvalidAction, SessionClosedError
 from worldcast.sessions.session import CloseReason, Session, SessionState
 
@@ -22,7 +23,8 @@ class ListSink:
 
 
 def make(model, clock=None) -> Session:  # type: ignore[no-untyped-def]
-    return Session("sid", "tok", model=model, prompt="a green meadow", prompt_embedding=np.zeros(384, np.float32),
+    return Session("sid", "tok", model=model, conditioning=ConditioningRequest(text="a green meadow"),
+                   context={"prompt": np.zeros(384, np.float32)},
                    seed=0, idle_after_s=5.0, clock=clock or FakeClock())
 
 
@@ -62,10 +64,11 @@ def test_sample_chunk_encodes_held_keys_and_prompt(model) -> None:  # type: igno
     s = make(model)
     s.push_action(3, ["d", "shift"], (8, 0))
     emb = np.ones(384, np.float32)
-    s.set_prompt("lava", emb)
+    s.set_prompt("lava", {"prompt": emb})
     ci = s.sample_chunk(1)
     assert ci.actions.shape == (1, 8) and ci.actions[0, 3] == 1 and ci.actions[0, 5] == 1
-    assert ci.action_seq == 3 and ci.epoch == 0 and np.array_equal(ci.prompt, emb)
+    assert ci.action_seq == 3 and ci.epoch == 0 and np.array_equal(ci.context["prompt"], emb)
+    assert ci.context_version == 1 and s.prompt == "lava" and s.conditioning.text == "lava"
 
 
 def test_flush_drops_queued_and_stale_frames(model) -> None:  # type: ignore[no-untyped-def]

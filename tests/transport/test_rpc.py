@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeClock
+from worldcast.models.spec import ConditioningRequest
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
 from worldcast.transport.limits import InputGuard, InputLimits
@@ -17,13 +18,14 @@ from worldcast.transport.rpc import ActionHandler, RpcHandler
 
 @pytest.fixture
 def session(model) -> Session:  # type: ignore[no-untyped-def]
-    return Session("sid", "tok", model=model, prompt="a green meadow", prompt_embedding=np.zeros(384, np.float32),
+    return Session("sid", "tok", model=model, conditioning=ConditioningRequest(text="a green meadow"),
+                   context={"prompt": np.zeros(384, np.float32)},
                    seed=0, clock=FakeClock())
 
 
 @pytest.fixture
 def rpc(session: Session, model) -> RpcHandler:  # type: ignore[no-untyped-def]
-    return RpcHandler(session, model.encode_prompt)
+    return RpcHandler(session)
 
 
 async def test_jsonrpc_2_framing_is_accepted_and_echoed(rpc: RpcHandler) -> None:

@@ -41,13 +41,12 @@ class LiveKitRpc:
 
     Args:
         session: the target.
-        encode_prompt: text -> embedding, for set_prompt.
         user_identity: the identity allowed to call (None: nobody yet).
     """
 
-    def __init__(self, session: Session, encode_prompt: Callable[[str], Any], *,
+    def __init__(self, session: Session, *,
                  user_identity: Callable[[], str | None]) -> None:
-        self.handler = RpcHandler(session, encode_prompt)
+        self.handler = RpcHandler(session)
         self.session = session
         self._user = user_identity
         self.bucket = TokenBucket(CONTROL_RATE_HZ, CONTROL_BURST)

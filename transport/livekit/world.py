@@ -75,13 +75,12 @@ class LiveKitWorld:
         room_name: the LiveKit room.
         user_identity: the session's user (None: the first non-agent participant to join).
         config: LiveKit settings.
-        encode_prompt: for set_prompt.
         video_scale: integer upscale of the published video.
         on_user_left: called once when the user leaves or the room connection is lost.
     """
 
     def __init__(self, session: Session, *, room_name: str, user_identity: str | None, config: LiveKitConfig,
-                 encode_prompt: Callable[[str], Any], video_scale: int = 1,
+                 video_scale: int = 1,
                  on_user_left: Callable[[LiveKitWorld], None] | None = None,
                  guard: InputGuard | None = None) -> None:
         self.session = session
@@ -95,7 +94,7 @@ class LiveKitWorld:
         #: coalesced feedback; a flooding user (whom the world cannot remove from the room) is told and
         #: its packets are dropped for the rest of the session
         self.feedback = InputFeedback(self.guard, send=self.send_event, on_flood=self._on_flood)
-        self.rpc = LiveKitRpc(session, encode_prompt, user_identity=lambda: self.user_identity)
+        self.rpc = LiveKitRpc(session, user_identity=lambda: self.user_identity)
         spec = session.model.spec
         self.width, self.height = spec.frame_width * video_scale, spec.frame_height * video_scale
         self.fps = float(spec.fps)
@@ -316,7 +315,7 @@ class LiveKitWorlds:
             LiveKitJoinError: joining failed (the session is left open; the caller closes it).
         """
         world = LiveKitWorld(session, room_name=room, user_identity=user_identity, config=self.config,
-                             encode_prompt=self.manager.model.encode_prompt, video_scale=self.video_scale,
+                             video_scale=self.video_scale,
                              on_user_left=self._user_left, guard=self.make_guard())
         self.worlds[session.id] = world
         session.on("state", lambda s, st: self._forget(s) if st == SessionState.CLOSED else None)

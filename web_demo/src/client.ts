@@ -7,6 +7,7 @@ import type {
   ActionMessage,
   CreateSessionRequest,
   CreateSessionResponse,
+  StartRequest,
   RpcMethod,
   RpcReply,
   SdpAnswer,
@@ -68,8 +69,8 @@ export class WorldcastClient {
   }
 
   /** Create a session and connect to it; resolves when both data channels are open. */
-  async connect(prompt?: string): Promise<CreateSessionResponse> {
-    const req: CreateSessionRequest = prompt ? { prompt } : {};
+  async connect(start: StartRequest = {}): Promise<CreateSessionResponse> {
+    const req: CreateSessionRequest = { ...start };
     this.session = await this.post<CreateSessionResponse>("/v1/sessions", req, "create session");
 
     await this.pc.setLocalDescription(await this.pc.createOffer());

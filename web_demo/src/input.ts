@@ -1,14 +1,24 @@
 // Keyboard and pointer-locked mouse -> held-key set and accumulated mouse movement.
+// The keys and whether the mouse counts come from the model's declared action space (GET /v1/model).
 
-/** Browser key codes -> the model's key names (arrows drive W/A/S/D). */
-const KEY_MAP: Record<string, string> = {
-  KeyW: "w", ArrowUp: "w",
-  KeyA: "a", ArrowLeft: "a",
-  KeyS: "s", ArrowDown: "s",
-  KeyD: "d", ArrowRight: "d",
-  Space: "space",
-  ShiftLeft: "shift", ShiftRight: "shift",
+/** Browser key codes with names of their own; letters and digits map to themselves ("KeyQ" -> "q"). */
+const NAMED_KEYS: Record<string, string> = {
+  Space: "space", ShiftLeft: "shift", ShiftRight: "shift", ControlLeft: "ctrl", ControlRight: "ctrl",
+  ArrowUp: "up", ArrowDown: "down", ArrowLeft: "left", ArrowRight: "right",
 };
+/** Arrows drive W/A/S/D for a model without arrow keys of its own. */
+const ARROW_ALIAS: Record<string, string> = { up: "w", left: "a", down: "s", right: "d" };
+
+/** The model key a browser key code drives, among `allowed` (undefined: none). */
+export function modelKey(code: string, allowed: Set<string>): string | undefined {
+  let name = NAMED_KEYS[code];
+  if (name === undefined && /^Key[A-Z]$/.test(code)) name = code.slice(3).toLowerCase();
+  if (name === undefined && /^Digit[0-9]$/.test(code)) name = code.slice(5);
+  if (name === undefined) return undefined;
+  if (allowed.has(name)) return name;
+  const alias = ARROW_ALIAS[name];
+  return alias !== undefined && allowed.has(alias) ? alias : undefined;
+}
 
 function isTyping(target: EventTarget | null): boolean {
   const el = target as HTMLElement | null;
@@ -16,8 +26,10 @@ function isTyping(target: EventTarget | null): boolean {
 }
 
 export class InputState {
-  /** Model key names this session accepts (from ModelInfo.keys); others are never sent. */
-  allowed = new Set<string>(Object.values(KEY_MAP));
+  /** Model key names this session accepts (ModelInfo.actions.keys); others are never sent. */
+  allowed = new Set<string>(["w", "a", "s", "d", "space", "shift"]);
+  /** Whether the model reads the mouse (ModelInfo.actions.mouse non-empty): pointer lock only then. */
+  mouse = true;
   /** Called on every key down/up that changes the held set. */
   onChange: () => void = () => {};
   private held = new Map<string, Set<string>>(); // model key -> browser codes holding it
@@ -29,7 +41,7 @@ export class InputState {
     window.addEventListener("keyup", (e) => this.key(e, false));
     window.addEventListener("blur", () => this.releaseAll());
     mouseTarget.addEventListener("click", () => {
-      if (!this.enabled() || document.pointerLockElement === mouseTarget) return;
+      if (!this.enabled() || !this.mouse || document.pointerLockElement === mouseTarget) return;
       // Returns a promise in current Chromium (rejects if the user exits lock too quickly).
       const p = mouseTarget.requestPointerLock() as Promise<void> | undefined;
       p?.catch(() => {});
@@ -43,8 +55,8 @@ export class InputState {
   }
 
   private key(e: KeyboardEvent, down: boolean): void {
-    const name = KEY_MAP[e.code];
-    if (!name || !this.allowed.has(name) || !this.enabled()) return;
+    const name = modelKey(e.code, this.allowed);
+    if (!name || !this.enabled()) return;
     // Typing in the prompt box or a browser shortcut is not steering; releases always count.
     if (down && (isTyping(e.target) || e.ctrlKey || e.metaKey || e.altKey)) return;
     e.preventDefault(); // no page scrolling on space/arrows, no button activation on space

@@ -18,7 +18,9 @@ import {
   Track,
 } from "livekit-client";
 
-import type { ActionMessage, CreateSessionRequest, CreateSessionResponse, RpcMethod, ServerEvent } from "./protocol";
+import type {
+  ActionMessage, CreateSessionRequest, CreateSessionResponse, RpcMethod, ServerEvent, StartRequest,
+} from "./protocol";
 
 /** Longest wait for the world's video track after joining, ms. */
 const TRACK_TIMEOUT_MS = 15000;
@@ -33,7 +35,7 @@ export interface SessionClient {
   onEvent: (ev: ServerEvent) => void;
   onTrack: (stream: MediaStream) => void;
   onClosed: (why: string) => void;
-  connect(prompt?: string): Promise<CreateSessionResponse>;
+  connect(start?: StartRequest): Promise<CreateSessionResponse>;
   sendAction(keys: string[], mouse: [number, number]): number;
   readonly lastSentSeq: number;
   rpc(method: RpcMethod, params?: Record<string, unknown>): Promise<Record<string, unknown>>;
@@ -55,9 +57,9 @@ export class LiveKitWorldClient implements SessionClient {
   constructor(private readonly roomName: string, private readonly baseUrl = "") {}
 
   /** Create the session (the server's world joins `roomName`), then join it; resolves once the video arrives. */
-  async connect(prompt?: string): Promise<CreateSessionResponse> {
+  async connect(start: StartRequest = {}): Promise<CreateSessionResponse> {
     const req: CreateSessionRequest & { transport: "livekit"; room: string } = {
-      transport: "livekit", room: this.roomName, ...(prompt ? { prompt } : {}),
+      transport: "livekit", room: this.roomName, ...start,
     };
     const r = await fetch(`${this.baseUrl}/v1/sessions`, {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(req),

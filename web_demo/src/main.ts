@@ -3,7 +3,7 @@
 import { WorldcastClient } from "./client";
 import { InputState } from "./input";
 import type { SessionClient } from "./livekit";
-import type { ServerEvent } from "./protocol";
+import type { ModelInfo, ServerEvent, StartRequest } from "./protocol";
 import { StatsTracker, type Stats } from "./stats";
 
 /** Action messages per second while a key is held or the mouse moves. */
@@ -29,6 +29,8 @@ const promptBtn = $<HTMLButtonElement>("set-prompt");
 const status = $<HTMLElement>("status");
 const transportSel = $<HTMLSelectElement>("transport");
 const roomInput = $<HTMLInputElement>("room");
+const imageInput = $<HTMLInputElement>("image");
+const keysHelp = $<HTMLElement>("keys-help");
 const rpcButtons = (["flush", "cancel", "pause", "resume"] as const).map((m) => [m, $<HTMLButtonElement>(m)] as const);
 
 const stats = new StatsTracker();
@@ -41,12 +43,14 @@ function say(text: string): void {
   status.textContent = text;
 }
 
+let model: ModelInfo | null = null;
+
 function setConnected(on: boolean): void {
   stats.s.connected = on;
   connectBtn.textContent = on ? "Disconnect" : "Connect";
-  transportSel.disabled = roomInput.disabled = on;
+  transportSel.disabled = roomInput.disabled = imageInput.disabled = on;
   connectBtn.disabled = false;
-  promptBtn.disabled = !on;
+  promptBtn.disabled = !on || model?.conditioning.text === null;
   for (const [, b] of rpcButtons) b.disabled = !on;
 }
 
@@ -102,6 +106,45 @@ function countVideoFrames(): void {
   video.requestVideoFrameCallback(tick);
 }
 
+// -- the model's declared inputs -----------------------------------------------------------------------
+
+function keyCaps(key: string): string {
+  return `<kbd>${key === "space" ? "Space" : key === "shift" ? "Shift" : key.toUpperCase()}</kbd>`;
+}
+
+/** Build the page's inputs from the model's declared action space and conditioning (GET /v1/model). */
+function applyModel(m: ModelInfo): void {
+  model = m;
+  const a = m.actions;
+  input.allowed = new Set(a.keys);
+  input.mouse = a.mouse.length > 0;
+  const keys = a.keys.map((k) => `${keyCaps(k)} ${a.key_labels[k] ?? k}`).join(", ");
+  const mouse = input.mouse
+    ? `; click the video to steer with the mouse (${a.mouse.map((x) => x.name).join(", ")}; <kbd>Esc</kbd> releases it)`
+    : "";
+  const text = m.conditioning.text !== null ? " A new prompt is applied with <em>Set prompt</em> (set_prompt, then flush)." : "";
+  keysHelp.innerHTML = `${m.name}: ${keys}${mouse}.${text}`;
+  const img = m.conditioning.image;
+  imageInput.hidden = img === null;
+  if (img !== null) {
+    imageInput.title = img.required && img.default === null ? "the starting image (required)"
+      : `the starting image (optional; without one: ${img.default ?? "the model's default"})`;
+  }
+  promptInput.hidden = promptBtn.hidden = m.conditioning.text === null;
+  promptInput.placeholder = m.default_prompt ?? "";
+}
+
+function readImage(): Promise<string | undefined> {
+  const file = imageInput.files?.[0];
+  if (!file) return Promise.resolve(undefined);
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(String(r.result)); // a data:image/...;base64, URL, as POST /v1/sessions takes it
+    r.onerror = () => reject(new Error(`cannot read ${file.name}`));
+    r.readAsDataURL(file);
+  });
+}
+
 // -- connection -----------------------------------------------------------------------------------
 
 async function connect(): Promise<void> {
@@ -125,17 +168,21 @@ async function connect(): Promise<void> {
     if (client === c) disconnect(why);
   };
   try {
-    const session = await c.connect(promptInput.value.trim() || undefined);
+    const start: StartRequest = {};
+    const prompt = promptInput.value.trim();
+    if (prompt && !promptInput.hidden) start.prompt = prompt;
+    const image = await readImage();
+    if (image) start.image = image;
+    const session = await c.connect(start);
     client = c;
-    input.allowed = new Set(session.model.keys);
+    applyModel(session.model);
     stats.s.sessionId = session.session_id;
     if (stats.s.state === "connecting") stats.s.state = "active";
-    promptInput.placeholder = session.model.default_prompt;
     setConnected(true);
     connectBtn.blur(); // so space steers instead of pressing the button
     const m = session.model;
-    say(`session ${session.session_id} · ${m.name} ${m.frame_width}×${m.frame_height} @ ${m.fps} fps · ` +
-      "click the video to steer with the mouse (Esc releases it)");
+    say(`session ${session.session_id} · ${m.name} ${m.frame_width}×${m.frame_height} @ ${m.fps} fps` +
+      (input.mouse ? " · click the video to steer with the mouse (Esc releases it)" : ""));
   } catch (e) {
     c.close();
     stats.s.state = "disconnected";
@@ -197,6 +244,9 @@ for (const [m, b] of rpcButtons) b.onclick = () => void rpc(m);
 window.addEventListener("pagehide", () => client?.close());
 video.muted = true;
 setConnected(false);
+fetch("/v1/model").then(async (r) => {
+  if (r.ok) applyModel((await r.json()) as ModelInfo);
+}).catch(() => {}); // the page still connects; the first session's reply carries the model too
 countVideoFrames();
 setInterval(() => stats.render(overlay), OVERLAY_MS);
 stats.render(overlay);

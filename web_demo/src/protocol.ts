@@ -1,6 +1,30 @@
 // Wire messages. Field names are exactly those of the server's transport/schemas.py,
 // transport/rpc.py and transport/webrtc.py; change them there first.
 
+/** One mouse axis of a model's action space (schemas.MouseAxisInfo). */
+export interface MouseAxisInfo {
+  name: string; // e.g. "yaw"
+  scale: number; // model units per mouse count
+  limit: number | null;
+}
+
+/** The actions a model understands (schemas.ActionSpaceInfo): the demo builds its inputs from this. */
+export interface ActionSpaceInfo {
+  keys: string[]; // key names an action may hold
+  key_labels: Record<string, string>; // what each key does
+  mouse: MouseAxisInfo[]; // axes fed by an action's mouse [dx, dy]; empty: the mouse is ignored
+  exclusive_groups: string[][];
+  dim: number;
+  history_pixel_frames: number;
+}
+
+/** What a model is conditioned on (schemas.ConditioningInfo); null: not taken. */
+export interface ConditioningInfo {
+  text: { max_chars: number; required: boolean } | null;
+  image: { required: boolean; default: string | null; max_bytes: number; max_pixels: number;
+           formats: string[] } | null;
+}
+
 /** The served model's declared geometry (GET /v1/model, and part of a new session). */
 export interface ModelInfo {
   name: string;
@@ -9,13 +33,22 @@ export interface ModelInfo {
   fps: number;
   frames_per_chunk: number;
   denoising_steps: number;
-  keys: string[]; // key names an action may hold, e.g. ["w", "a", "s", "d", "space", "shift"]
-  default_prompt: string;
+  keys: string[]; // = actions.keys
+  default_prompt: string | null; // null: the model takes no text
+  actions: ActionSpaceInfo;
+  conditioning: ConditioningInfo;
+}
+
+/** What a session starts from: a prompt and/or a starting image (base64 data URL). */
+export interface StartRequest {
+  prompt?: string;
+  image?: string; // data:image/png;base64,... (models whose conditioning takes an image)
 }
 
 /** Body of POST /v1/sessions (all optional). */
 export interface CreateSessionRequest {
   prompt?: string; // 1..500 characters
+  image?: string; // a PNG or JPEG as base64 or a data:image/...;base64, URL
   seed?: number; // 0..2^31-1
   transport?: "webrtc" | "livekit"; // livekit: the server joins `room` as the session's world
   room?: string; // LiveKit room (transport livekit only)

@@ -18,6 +18,7 @@ from worldcast.models.causal_wan.loading import tiny_parts
 from worldcast.models.causal_wan.model import CausalWanModel
 from worldcast.models.causal_wan.sampler import flow_to_x0
 from worldcast.models.causal_wan.vae import frames_to_uint8
+from worldcast.models.spec import ConditioningRequest
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +28,12 @@ def wan() -> CausalWanModel:
     return CausalWanModel(parts, name="causal-wan:tiny")
 
 
-def prompt(m: CausalWanModel, text: str) -> np.ndarray:
-    return m.encode_prompt(text)
+def prompt(m: CausalWanModel, text: str) -> dict[str, np.ndarray]:
+    return m.encode_conditioning(ConditioningRequest(text=text))
 
 
 def session(m: CausalWanModel, pool: StatePool, sid: str, *, seed: int, text: str = "a red fox") -> ChunkRollout:
-    r = ChunkRollout(sid, m, pool, ScriptedConditioner(m.spec, prompt=prompt(m, text)), seed=seed)
+    r = ChunkRollout(sid, m, pool, ScriptedConditioner(m.spec, context=prompt(m, text)), seed=seed)
     assert r.init(0.0) == [], "text-to-video starts from noise: no initial frames"
     return r
 
@@ -66,7 +67,7 @@ def test_served_rollout_equals_the_reference_loop(wan: CausalWanModel) -> None:
     served = [chunk([r], cache) for _ in range(5)]
     cfg, dit = wan.cfg, wan.dit
     g = torch.Generator().manual_seed(seed)
-    cross = dit.cross_kv(torch.from_numpy(prompt(wan, text))[None])
+    cross = dit.cross_kv(torch.from_numpy(prompt(wan, text)["text"])[None])
     dense = DenseSelfAttention(cfg, 1)
     vae_cache = None
     ts = torch.tensor([*cfg.flow_times, 0.0], dtype=torch.float32) * cfg.num_train_timesteps
@@ -102,13 +103,13 @@ def test_a_prompt_switch_recaches_as_its_own_transaction(wan: CausalWanModel) ->
     before = pool.snapshot(r.slot)
     new = prompt(wan, "a snowy mountain")
     cond: ScriptedConditioner = r.conditioner  # type: ignore[assignment]
-    cond.prompt, cond.prompt_version = new, 1
+    cond.context, cond.context_version = new, 1
     r.begin_chunk(0.0, 0.0)
     denoise_batch([r], cache)  # the re-cache runs before the chunk's first step
     r.abort_chunk()  # ... and survives the chunk's abort: it was its own transaction
     after = pool.snapshot(r.slot)
-    assert r.prompt_version == 1
-    cross = wan.dit.cross_kv(torch.from_numpy(new)[None])
+    assert r.context_version == 1
+    cross = wan.dit.cross_kv(torch.from_numpy(new["text"])[None])
     torch.testing.assert_close(after["cross"]["data"][0, 0], cross[0][0][0])
     # the re-run frames are the latest contiguous run, 6..11 (the sinks 0..2 are not contiguous with it)
     frames = after["kv"]["frame"].tolist()
