@@ -123,7 +123,9 @@ def vae_key_table(cfg: WanVAEConfig) -> dict[str, str]:
     return table
 
 
-def vae_state_from_original(state: dict[str, torch.Tensor], cfg: WanVAEConfig, *, what: str) -> dict[str, torch.Tensor]:
+def vae_state_from_original(
+    state: dict[str, torch.Tensor], cfg: WanVAEConfig, *, what: str
+) -> dict[str, torch.Tensor]:
     """A `Wan2.1_VAE.pth` state dict renamed to diffusers names.
 
     Raises:
@@ -229,7 +231,9 @@ def _later_layer(key: str, prefix: str, run: int) -> bool:
     return bool(m) and int(m.group(1)) >= run
 
 
-def clip_state_from_original(state: dict[str, torch.Tensor], cfg: ClipVisionConfig, *, what: str) -> dict[str, torch.Tensor]:
+def clip_state_from_original(
+    state: dict[str, torch.Tensor], cfg: ClipVisionConfig, *, what: str
+) -> dict[str, torch.Tensor]:
     """The release's CLIP state dict -> `ClipImageEncoder.model` names (`CLIP_KEY_TABLE`).
 
     Raises:

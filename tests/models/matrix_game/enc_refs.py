@@ -49,7 +49,9 @@ def fixture() -> tuple[dict[str, torch.Tensor], dict]:
 def fixture_clip_config(meta: dict) -> ClipVisionConfig:
     c = meta["clip"]["config"]
     w = c["vision_dim"]
-    return ClipVisionConfig(width=w, layers=c["vision_layers"], heads=c["vision_heads"], mlp_dim=w * c["vision_mlp_ratio"])
+    return ClipVisionConfig(
+        width=w, layers=c["vision_layers"], heads=c["vision_heads"], mlp_dim=w * c["vision_mlp_ratio"]
+    )
 
 
 def substate(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

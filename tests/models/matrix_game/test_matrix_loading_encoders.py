@@ -1,4 +1,5 @@
-"""Loading the encoder files: the Wan 2.1 VAE `.pth` (original names) / diffusers folder, the CLIP `.pth` / transformers folder."""
+"""Loading the encoder files: the Wan 2.1 VAE `.pth` (original names) or diffusers folder; the CLIP `.pth` or
+transformers folder."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from worldcast.models.matrix_game.preprocess import crop_box, fit_image, image_t
 
 
 def test_matrix_crop_box_keeps_the_long_side_and_rounds_like_pil() -> None:
-    # wider than 352:640: full height, width int(90 * 640 / 352) = 163, box (3.5, 0, 166.5, 90) -> PIL rounds half to even
+    # wider than 352:640: full height, width int(90 * 640 / 352) = 163, box (3.5, 0, 166.5, 90);
+    # PIL rounds half to even
     assert crop_box(90, 170, target_height=352, target_width=640) == (4, 0, 166, 90)
     # taller: full width, height int(61 * 352 / 640) = 33, box (0, 43.5, 61, 76.5) -> (0, 44, 61, 76)
     assert crop_box(120, 61, target_height=352, target_width=640) == (0, 44, 61, 76)

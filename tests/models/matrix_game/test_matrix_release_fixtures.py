@@ -50,12 +50,14 @@ def test_matrix_first_frame_condition_equals_release_cond_concat() -> None:
     c = META["vae"]["config"]
     # the release keeps latents_mean/std as float32 tensors: its fp64 run normalises with those roundings
     mean, std = TENSORS["vae.latents_mean"], TENSORS["vae.latents_std"]
-    assert torch.equal(mean, torch.tensor(WAN21_LATENTS_MEAN).double()) and torch.equal(std, torch.tensor(WAN21_LATENTS_STD).double())
+    assert torch.equal(mean, torch.tensor(WAN21_LATENTS_MEAN).double())
+    assert torch.equal(std, torch.tensor(WAN21_LATENTS_STD).double())
     cfg = tiny_vae_config(base_dim=c["dim"], dim_mult=tuple(c["dim_mult"]), num_res_blocks=c["num_res_blocks"],
                           latents_mean=tuple(mean.tolist()), latents_std=tuple(std.tolist()))
     state = vae_state_from_original(substate(TENSORS, "vae.state."), cfg, what="fixture")
     enc = WanVAEEncoder(cfg).double()
-    load_state_strict(enc, {k: v for k, v in state.items() if k.startswith(("encoder.", "quant_conv."))}, what="fixture")
+    load_state_strict(enc, {k: v for k, v in state.items() if k.startswith(("encoder.", "quant_conv."))},
+                      what="fixture")  # fmt: skip
     want = TENSORS["vae.cond_concat"]  # (1, 20, N, 4, 6)
     n, h, w = want.shape[2], want.shape[3] * 8, want.shape[4] * 8
     image = image_to_tensor(fit_image(TENSORS["image.wide"].numpy(), height=h, width=w)).double()
