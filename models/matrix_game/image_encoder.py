@@ -104,12 +104,18 @@ class ClipImageEncoder(nn.Module):
     names, without a `vision_model.` prefix, are what `loading_encoders` fills).
     """
 
-    def __init__(self, cfg: ClipVisionConfig) -> None:
+    def __init__(self, cfg: ClipVisionConfig, *, init_weights: bool = True) -> None:
+        """`init_weights=False` leaves the parameters uninitialised (for a loader that fills them all:
+        the full tower's random init takes most of a minute on a small CPU)."""
         super().__init__()
+        import contextlib
+
         from transformers import CLIPVisionModel
+        from transformers.initialization import no_init_weights
 
         self.cfg = cfg
-        self.model = CLIPVisionModel(cfg.to_transformers()).eval()
+        with contextlib.nullcontext() if init_weights else no_init_weights():
+            self.model = CLIPVisionModel(cfg.to_transformers()).eval()
 
     @property
     def dtype(self) -> torch.dtype:

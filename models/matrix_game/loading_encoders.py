@@ -344,6 +344,6 @@ def load_image_encoder(
         state = clip_state_from_transformers(_read_safetensors_dir(folder), cfg)
     else:
         raise FileNotFoundError(path)
-    enc = ClipImageEncoder(cfg).to(dtype)
+    enc = ClipImageEncoder(cfg, init_weights=False).to(dtype)  # every parameter is loaded below
     load_state_strict(enc.model, state, what=str(path))
     return enc.to(dtype=dtype, device=device).eval()
