@@ -213,14 +213,19 @@ def config_from_diffusers(folder: str | Path, base: CausalWanConfig) -> CausalWa
         v = _read_config(vae_dir)
         if v.get("is_residual") or v.get("patch_size"):
             raise WeightsError("the Wan 2.2 VAE (is_residual / patch_size) is not supported")
-        kw["vae"] = WanVAEConfig(
-            base_dim=int(v.get("decoder_base_dim") or v["base_dim"]), z_dim=int(v["z_dim"]),
-            dim_mult=tuple(v["dim_mult"]), num_res_blocks=int(v["num_res_blocks"]),
-            temporal_downsample=tuple(v["temperal_downsample"]),
-            latents_mean=tuple(float(x) for x in v["latents_mean"]),
-            latents_std=tuple(float(x) for x in v["latents_std"]),
-        )  # fmt: skip
+        kw["vae"] = vae_config_from_diffusers(v)
     return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def vae_config_from_diffusers(v: dict) -> WanVAEConfig:
+    """A `WanVAEConfig` from an `AutoencoderKLWan` config.json's dict (already checked to be Wan 2.1)."""
+    return WanVAEConfig(
+        base_dim=int(v.get("decoder_base_dim") or v["base_dim"]), z_dim=int(v["z_dim"]),
+        dim_mult=tuple(v["dim_mult"]), num_res_blocks=int(v["num_res_blocks"]),
+        temporal_downsample=tuple(v["temperal_downsample"]),
+        latents_mean=tuple(float(x) for x in v["latents_mean"]),
+        latents_std=tuple(float(x) for x in v["latents_std"]),
+    )  # fmt: skip
 
 
 def load_dit_diffusers(folder: str | Path, cfg: CausalWanConfig, *, dtype: torch.dtype = torch.float32,

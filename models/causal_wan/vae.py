@@ -33,13 +33,17 @@ CACHE_FRAMES = 2  #: input frames a kernel-3 causal conv keeps from the previous
 
 
 class _Cache:
-    """Walks the cache list in call order: `take()` the next old tensor, `put()` its replacement."""
+    """Walks the cache list in call order: `take()` the next old tensor, `put()` its replacement.
 
-    def __init__(self, old: list[torch.Tensor]) -> None:
+    `_Cache(None)` is a fresh start: every `take()` returns None, which a causal conv reads as
+    zeros of its input's shape (so a caller need not know the cache's shapes in advance).
+    """
+
+    def __init__(self, old: list[torch.Tensor] | None) -> None:
         self.old, self.new, self.i = old, [], 0
 
-    def take(self) -> torch.Tensor:
-        t = self.old[self.i]
+    def take(self) -> torch.Tensor | None:
+        t = self.old[self.i] if self.old is not None else None
         self.i += 1
         return t
 
@@ -62,7 +66,10 @@ class CausalConv3d(nn.Conv3d):
         """x (B, C_in, T, H, W) -> (B, C_out, T, H, W); reads and replaces one cache entry when k_t = 3."""
         if self.cached:
             assert cache is not None, "a causal conv needs its cache"
-            x = torch.cat([cache.take().to(x.dtype), x], dim=2)  # (B, C_in, 2 + T, H, W)
+            prev = cache.take()
+            if prev is None:  # a fresh start: zero left padding
+                prev = x.new_zeros(x.shape[0], x.shape[1], CACHE_FRAMES, *x.shape[3:])
+            x = torch.cat([prev.to(x.dtype), x], dim=2)  # (B, C_in, 2 + T, H, W)
             cache.put(x[:, :, -CACHE_FRAMES:].contiguous())
         if x.device.type == "cpu":
             return conv3d_by_frames(x, self.weight, self.bias, self.pad_hw)
