@@ -117,19 +117,22 @@ class Latest:
 
     def __init__(self, c: WebRTCClient) -> None:
         self.c, self.mean, self.count = c, np.zeros(3), 0
+        self.arrived = asyncio.Condition()
         self.task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         while True:
             f = await self.c.next_frame(timeout_s=60)
-            self.mean, self.count = _mean_rgb(f), self.count + 1
+            async with self.arrived:
+                self.mean, self.count = _mean_rgb(f), self.count + 1
+                self.arrived.notify_all()
 
     async def after(self, frames: int) -> np.ndarray:
         """The mean colour once `frames` more frames have arrived."""
-        end = self.count + frames
-        while self.count < end:
-            await asyncio.sleep(0.02)
-        return self.mean
+        async with self.arrived:
+            end = self.count + frames
+            await self.arrived.wait_for(lambda: self.count >= end)
+            return self.mean
 
 
 async def test_the_image_reaches_the_pixels_and_the_model_s_own_keys_and_mouse_steer_it(palette) -> None:  # type: ignore[no-untyped-def]
