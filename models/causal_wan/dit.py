@@ -226,6 +226,52 @@ class Block(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d))
         self.modulation = nn.Parameter(torch.randn(1, 6, d) / d**0.5)
 
+    def modulation_terms(self, e0: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """e0 (B, F, 6, D) -> shift1, scale1, gate1, shift2, scale2, gate2, each (B, F, 1, D) in acc_dtype(dtype)."""
+        a = acc_dtype(dtype)
+        mod = (self.modulation.to(a)[:, None] + e0.to(a))[:, :, :, None]  # (B, F, 6, 1, D)
+        return mod.unbind(2)
+
+    @staticmethod
+    def _per_frame(t: torch.Tensor, Fn: int) -> torch.Tensor:
+        B, N, D = t.shape
+        return t.view(B, Fn, N // Fn, D)  # (B, N, D) -> (B, F, T, D)
+
+    def self_attn_residual(
+        self, x: torch.Tensor, mod: tuple[torch.Tensor, ...], rope: tuple[torch.Tensor, torch.Tensor],
+        attend: SelfAttentionBackend, layer: int, *, kv_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x + gate1 * self_attn(norm1(x) * (1 + scale1) + shift1); also the chunk's k (after RoPE), v.
+
+        x (B, N, D); returns x (unchanged when kv_only), k, v (B, N, H, hd).
+        """
+        B, N, D = x.shape
+        shift1, scale1, gate1 = mod[:3]
+        Fn = shift1.shape[1]
+        h = (self._per_frame(self.norm1(x), Fn) * (1 + scale1) + shift1).to(x.dtype).view(B, N, D)
+        q, k, v = self.self_attn.qkv(h, *rope, need_q=not kv_only)
+        if kv_only:
+            return x, k, v
+        y = self.self_attn.o(attend.attend(layer, q, k, v).flatten(2))  # (B, N, D)
+        a = acc_dtype(x.dtype)
+        x = (self._per_frame(x, Fn).to(a) + self._per_frame(y, Fn).to(a) * gate1).to(x.dtype).view(B, N, D)
+        return x, k, v
+
+    def cross_attn_residual(self, x: torch.Tensor, cross_kv: KV) -> torch.Tensor:
+        """x + cross_attn(norm3(x)) over the cached context K, V; x (B, N, D)."""
+        h = self.norm3(x).to(x.dtype) if self.norm3 is not None else x
+        return x + self.cross_attn(h, cross_kv)
+
+    def ffn_residual(self, x: torch.Tensor, mod: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """x + gate2 * ffn(norm2(x) * (1 + scale2) + shift2); x (B, N, D)."""
+        B, N, D = x.shape
+        shift2, scale2, gate2 = mod[3:]
+        Fn = shift2.shape[1]
+        h = (self._per_frame(self.norm2(x), Fn) * (1 + scale2) + shift2).to(x.dtype).view(B, N, D)
+        y = self.ffn(h)
+        a = acc_dtype(x.dtype)
+        return (self._per_frame(x, Fn).to(a) + self._per_frame(y, Fn).to(a) * gate2).to(x.dtype).view(B, N, D)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -237,7 +283,7 @@ class Block(nn.Module):
         *,
         kv_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One block over the chunk.
+        """One block over the chunk: self-attention, cross-attention, FFN residual steps in turn.
 
         Args:
             x: (B, N, D) tokens. e0: (B, F, 6, D) timestep projection.
@@ -248,28 +294,12 @@ class Block(nn.Module):
         Returns:
             x (B, N, D) (unchanged when kv_only), k, v (B, N, H, hd), k after RoPE.
         """
-        B, N, D = x.shape
-        Fn = e0.shape[1]
-        a = acc_dtype(x.dtype)
-        mod = (self.modulation.to(a)[:, None] + e0.to(a))[:, :, :, None]  # (B, F, 6, 1, D)
-        shift1, scale1, gate1, shift2, scale2, gate2 = mod.unbind(2)  # each (B, F, 1, D)
-
-        def per_frame(t: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, F, T, D)
-            return t.view(B, Fn, N // Fn, D)
-
-        h = (per_frame(self.norm1(x)) * (1 + scale1) + shift1).to(x.dtype).view(B, N, D)
-        q, k, v = self.self_attn.qkv(h, *rope, need_q=not kv_only)
+        mod = self.modulation_terms(e0, x.dtype)
+        x, k, v = self.self_attn_residual(x, mod, rope, attend, layer, kv_only=kv_only)
         if kv_only:
             return x, k, v
-        y = self.self_attn.o(attend.attend(layer, q, k, v).flatten(2))  # (B, N, D)
-        x = (per_frame(x).to(a) + per_frame(y).to(a) * gate1).to(x.dtype).view(B, N, D)
-
-        h = self.norm3(x).to(x.dtype) if self.norm3 is not None else x
-        x = x + self.cross_attn(h, cross_kv)
-
-        h = (per_frame(self.norm2(x)) * (1 + scale2) + shift2).to(x.dtype).view(B, N, D)
-        y = self.ffn(h)
-        x = (per_frame(x).to(a) + per_frame(y).to(a) * gate2).to(x.dtype).view(B, N, D)
+        x = self.cross_attn_residual(x, cross_kv)
+        x = self.ffn_residual(x, mod)
         return x, k, v
 
 

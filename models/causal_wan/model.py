@@ -47,7 +47,7 @@ from worldcast.models.causal_wan.config import CausalWanConfig
 from worldcast.models.causal_wan.family import ACTIONS, CONDITIONING
 from worldcast.models.causal_wan.loading import CausalWanParts
 from worldcast.models.causal_wan.sampler import flow_to_x0
-from worldcast.models.causal_wan.vae import frames_to_uint8
+from worldcast.models.causal_wan.vae import WanVAEDecoder, frames_to_uint8
 from worldcast.models.spec import (
     AttentionRingSpec,
     Conditioning,
@@ -233,35 +233,53 @@ class CausalWanModel(WorldModel):
     @torch.no_grad()
     def decode(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> tuple[list[torch.Tensor],
                                                                                          StateUpdates]:
-        """Stream-decode each session's chunk with its decoder cache; first chunks (latent frame 0 alone
-        first, 9 pixel frames) and later ones (12) run as separate batches."""
-        B = x0.shape[0]
-        first = [(cond.frame_index_host[b][0] if cond.frame_index_host else int(cond.frame_index[b, 0])) == 0
-                 for b in range(B)]
-        frames: list[torch.Tensor | None] = [None] * B
-        new_cache: list[list[torch.Tensor]] = [[] for _ in self._vae_names]
-        order: list[int] = []
-        for is_first in (True, False):
-            rows = [b for b in range(B) if first[b] == is_first]
-            if not rows:
-                continue
-            sub = x0 if len(rows) == B else x0[rows]
-            cache = None if is_first else [
-                (t if len(rows) == B else t[rows]) for t in (state.tensor(n) for n in self._vae_names)]
-            out, c = self.vae.decode_chunk(self._wan(sub), cache, first_chunk=is_first)
-            pix = frames_to_uint8(out)  # (b, T_pix, H, W, 3)
-            for j, b in enumerate(rows):
-                frames[b] = pix[j]
-            for i, t in enumerate(c):
-                new_cache[i].append(t)
-            order += rows
-        inv = [order.index(b) for b in range(B)]
-        updates: StateUpdates = {n: Replace(torch.cat(parts)[inv] if len(parts) > 1 else parts[0])
-                                 for n, parts in zip(self._vae_names, new_cache, strict=True)}
-        return [f for f in frames if f is not None], updates
+        """Stream-decode each session's chunk with its decoder cache (see `stream_decode`)."""
+        return stream_decode(self.vae, self._vae_names, x0, cond, state)
 
     @torch.no_grad()
     def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
         """The clean pass at the context noise: the chunk's keys and values, and its latents for a later recache."""
         return {"kv": self._kv_pass(x0, cond, state, self._cross(cond, state)),
                 "latents": FrameWrite(cond.frame_index, x0.float())}
+
+
+@torch.no_grad()
+def stream_decode(vae: WanVAEDecoder, names: list[str], x0: torch.Tensor, cond: ChunkConditioning,
+                  state: StateView) -> tuple[list[torch.Tensor], StateUpdates]:
+    """Decode a batch's chunks with each session's causal-conv cache, the cache held as declared state.
+
+    First chunks (latent frame 0 decoded alone first: 9 pixel frames from 3 latent frames) and later
+    ones (12) run as separate batches, since the decoder's `first_chunk` is per call.
+
+    Args:
+        vae: the Wan 2.1 VAE decoder. names: the declared state names of its cache tensors, in
+            `vae.cache_spec` order. x0: (B, F, C, h, w) normalised latents.
+        cond: the chunk's conditioning (frame indices tell first chunks apart). state: the batch's state.
+
+    Returns:
+        per session uint8 (F_pix_b, H, W, 3) RGB frames, and the new cache tensors (`Replace` each).
+    """
+    B = x0.shape[0]
+    first = [(cond.frame_index_host[b][0] if cond.frame_index_host else int(cond.frame_index[b, 0])) == 0
+             for b in range(B)]
+    frames: list[torch.Tensor | None] = [None] * B
+    new_cache: list[list[torch.Tensor]] = [[] for _ in names]
+    order: list[int] = []
+    for is_first in (True, False):
+        rows = [b for b in range(B) if first[b] == is_first]
+        if not rows:
+            continue
+        sub = x0 if len(rows) == B else x0[rows]
+        cache = None if is_first else [
+            (t if len(rows) == B else t[rows]) for t in (state.tensor(n) for n in names)]
+        out, c = vae.decode_chunk(sub.permute(0, 2, 1, 3, 4), cache, first_chunk=is_first)
+        pix = frames_to_uint8(out)  # (b, T_pix, H, W, 3)
+        for j, b in enumerate(rows):
+            frames[b] = pix[j]
+        for i, t in enumerate(c):
+            new_cache[i].append(t)
+        order += rows
+    inv = [order.index(b) for b in range(B)]
+    updates: StateUpdates = {n: Replace(torch.cat(parts)[inv] if len(parts) > 1 else parts[0])
+                             for n, parts in zip(names, new_cache, strict=True)}
+    return [f for f in frames if f is not None], updates
