@@ -33,9 +33,9 @@ from worldcast.models import registry
 from worldcast.models.spec import ConditioningRequest
 
 #: Models whose served path the GPU check times at full size (random weights at the real architecture).
-FULL_SIZE_MODELS = ("causal-wan:1.3b-random",)
+FULL_SIZE_MODELS = ("causal-wan:1.3b-random", "matrix-game-2:universal-random")
 #: The same code paths at tiny sizes, for `--cpu-smoke`.
-SMOKE_MODELS = ("causal-wan:tiny",)
+SMOKE_MODELS = ("causal-wan:tiny", "matrix-game-2:tiny")
 
 
 def engine_path(model_name: str, device: str, *, batches: list[int], chunks: int = 3) -> list[dict[str, object]]:

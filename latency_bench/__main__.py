@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import platform
 import time
 from collections.abc import Iterator
@@ -143,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
                             "and direction-to-first-frame); livekit (mtp only: through a LiveKit SFU); each "
                             "beside WebRTC on the same server")
         p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results/<time>)")
+        p.add_argument("--model", default=None, metavar="NAME[:VARIANT]",
+                       help="the model the started servers serve, from the registry (default: the server's); "
+                            "the probes' actions come from its declared keys")
         if mtp:
             p.add_argument("--action-hz", type=float, default=4.0, help="mtp: actions per second per session")
             p.add_argument("--sessions", type=int, default=1, help="mtp: concurrent always-active sessions")
@@ -194,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         names = {"mtp": [getattr(args, "profile", "")], "load": [getattr(args, "profile", "")],
                  "default": ["shared", "baseline"], "compare": [getattr(args, "a", ""), getattr(args, "b", "")]}
         profiles = [ServerProfile.parse(n) for n in names[args.command]]
+        if args.model is not None:
+            profiles = [dataclasses.replace(p, model=args.model) for p in profiles]
         trace_name = {"default": "duty30-short"}.get(args.command, getattr(args, "trace", "none"))
         trace = None if trace_name in (None, "none") or args.command == "mtp" else resolve_trace(trace_name)
     except ValueError as e:

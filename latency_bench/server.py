@@ -9,7 +9,8 @@ clients' interpreter lock, waits for `/readyz`, and stops it with SIGINT
 Profiles are written `name` (a preset) or `name:key=value,key=value`
 (a preset, or `shared` when the name is new, with overrides). Keys:
 max_batch, admission, max_sessions, target_utilization, min_observation,
-threads, video_scale.
+threads, video_scale, model (a registered `NAME[:VARIANT]`, e.g.
+`static:model=matrix-game-2:tiny`; the benchmark's `--model` sets it too).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class ServerProfile:
         min_observation: s a session is observed before its own duty cycle counts fully.
         threads: torch threads of the device worker (None: torch's default).
         video_scale: integer upscale of the published video.
+        model: the served model, `NAME[:VARIANT]` from the registry (None: the server's default).
     """
 
     name: str
@@ -59,6 +61,7 @@ class ServerProfile:
     min_observation: float = 20.0
     threads: int | None = None
     video_scale: int = 4
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", self.name):
@@ -90,6 +93,8 @@ class ServerProfile:
              "--video-scale", str(self.video_scale)]
         if self.threads:
             f += ["--threads", str(self.threads)]
+        if self.model:
+            f += ["--model", self.model]
         return f
 
     @classmethod
@@ -112,7 +117,7 @@ class ServerProfile:
                 raise ValueError(f"profile {text!r}: expected key=value with key in "
                                  f"{sorted(set(fields) - {'name'})}, got {item!r}")
             try:
-                kw[key] = (str(value) if key == "admission" else float(value) if key in (
+                kw[key] = (str(value) if key in ("admission", "model") else float(value) if key in (
                     "target_utilization", "max_overload", "min_observation") else int(value))
             except ValueError:
                 raise ValueError(f"profile {text!r}: bad value for {key}: {value!r}") from None

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 FAMILY_MODULES = (
     "worldcast.models.tinyworld.family",
     "worldcast.models.causal_wan.family",
+    "worldcast.models.matrix_game.family",
 )
 
 #: The model `worldcast serve` runs without `--model`.

@@ -290,7 +290,8 @@ def tiny(**overrides: Any) -> MatrixGameConfig:
     return MatrixGameConfig(**kw)
 
 
-PRESETS = {"tiny": tiny, "universal": universal, "gta-drive": gta_drive, "templerun": templerun}
+PRESETS = {"tiny": tiny, "universal": universal, "universal-random": universal, "gta-drive": gta_drive,
+           "templerun": templerun}
 
 
 def with_geometry(cfg: MatrixGameConfig, *, height: int, width: int) -> MatrixGameConfig:

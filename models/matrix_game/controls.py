@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worldcast.models.matrix_game._contract import ActionSpace, MouseAxis
+from worldcast.models.spec import ActionSpace, MouseAxis
 
 CAM_VALUE = 0.1  #: the release's camera step per pixel frame (`CAM_VALUE`)
 MOUSE_SCALE = CAM_VALUE / 20  #: ours: model units per mouse count (20 counts in a frame = one camera key)
@@ -138,4 +138,5 @@ TEMPLERUN = Controls(
     exclusive=(("w", "s", "z", "c", "a", "d"),),
 )
 
-CONTROLS = {"tiny": UNIVERSAL, "universal": UNIVERSAL, "gta-drive": GTA_DRIVE, "templerun": TEMPLERUN}
+CONTROLS = {"tiny": UNIVERSAL, "universal": UNIVERSAL, "universal-random": UNIVERSAL, "gta-drive": GTA_DRIVE,
+            "templerun": TEMPLERUN}

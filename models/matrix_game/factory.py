@@ -1,26 +1,24 @@
 """Building a `MatrixGameModel` from a registry load request (`family.FAMILY.factory`).
 
 Real variants need the release download (`huggingface-cli download Skywork/Matrix-Game-2.0
---local-dir FOLDER`, then `--weights FOLDER`): the variant's DiT (`loading.load_dit`), the VAE
-decoder and the image encoders. The encoders (Wan 2.1 VAE encoder, CLIP) come from
-`loading_encoders.load_image_encoders(folder, dtype=, device=) -> ImageEncoders`, the encoder
-modules' loader; until it exists the factory says so.
+--local-dir FOLDER`, then `--weights FOLDER`): the variant's DiT (`loading.load_dit`), and
+`Wan2.1_VAE.pth` (VAE encoder and decoder) and the CLIP `.pth` beside them
+(`encoders.release_encoders`). `universal-random` is the universal architecture at the release's
+geometry with random weights everywhere (the GPU check's full-size model).
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import torch
 
-from worldcast.models.causal_wan.loading import WeightsError
 from worldcast.models.causal_wan.vae import WanVAEDecoder
-from worldcast.models.matrix_game._contract import LoadRequest
 from worldcast.models.matrix_game.conditioning import ImageEncoders
 from worldcast.models.matrix_game.controls import CONTROLS
-from worldcast.models.matrix_game.loading import load_parts, tiny_parts
+from worldcast.models.matrix_game.loading import MatrixGameParts, load_parts, tiny_parts
 from worldcast.models.matrix_game.model import MatrixGameModel
+from worldcast.models.registry import LoadRequest
 
 
 def _dtype(request: LoadRequest) -> torch.dtype:
@@ -30,21 +28,6 @@ def _dtype(request: LoadRequest) -> torch.dtype:
     if choice not in ("float32", "bfloat16"):
         raise ValueError(f"dtype {choice!r}: choose auto, float32 or bfloat16")
     return getattr(torch, choice)
-
-
-def release_encoders(folder: Path, *, dtype: torch.dtype, device: str) -> ImageEncoders:
-    """The image encoders from the release's files, through the encoder modules' loader.
-
-    Raises:
-        WeightsError: the loader is not there (`loading_encoders.load_image_encoders`).
-    """
-    try:
-        mod = importlib.import_module("worldcast.models.matrix_game.loading_encoders")
-        load = mod.load_image_encoders
-    except (ImportError, AttributeError) as e:
-        raise WeightsError("matrix-game-2 needs the image encoders' loader "
-                           "(models/matrix_game/loading_encoders.py: load_image_encoders)") from e
-    return load(folder, dtype=dtype, device=device)  # type: ignore[no-any-return]
 
 
 def load_model(request: LoadRequest, *, encoders: ImageEncoders | None = None,
@@ -66,11 +49,31 @@ def load_model(request: LoadRequest, *, encoders: ImageEncoders | None = None,
     dtype = _dtype(request)
     if v == "tiny":
         parts = tiny_parts(dtype=dtype, device=request.device)
+    elif v == "universal-random":
+        parts = random_parts(dtype=dtype, device=request.device)
     else:
         if request.weights is None:
             raise ValueError(f"matrix-game-2:{v} needs --weights FOLDER "
                              "(huggingface-cli download Skywork/Matrix-Game-2.0 --local-dir FOLDER)")
         folder = Path(request.weights)
-        enc = encoders or release_encoders(folder, dtype=dtype, device=request.device)
-        parts = load_parts(folder, v, encoders=enc, vae=vae, dtype=dtype, device=request.device)
+        if encoders is None:
+            from worldcast.models.matrix_game.encoders import release_encoders
+
+            loaded = release_encoders(folder, dtype=dtype, device=request.device)
+            encoders, vae = loaded.encoders, vae or loaded.vae_decoder
+        parts = load_parts(folder, v, encoders=encoders, vae=vae, dtype=dtype, device=request.device)
     return MatrixGameModel(parts, controls=CONTROLS[v], name=f"matrix-game-2:{v}")
+
+
+def random_parts(*, dtype: torch.dtype, device: str) -> MatrixGameParts:
+    """RANDOM weights at the universal model's full size and the release's 352x640 (GPU checks)."""
+    from worldcast.models.matrix_game.config import universal
+    from worldcast.models.matrix_game.dit import MatrixGameDiT
+    from worldcast.models.matrix_game.encoders import random_encoders
+
+    cfg = universal()
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(0)
+        dit = MatrixGameDiT(cfg).cast(dtype).eval()
+        dec = WanVAEDecoder(cfg.vae).to(dtype=dtype).eval()
+    return MatrixGameParts(cfg=cfg, dit=dit, vae=dec, encoders=random_encoders(dtype=dtype, device=device).encoders)

@@ -21,10 +21,9 @@ latent frames (9 pixel frames first, then 12); the sampler is the release's
 (Self-Forcing's): x0 prediction, fresh noise to the next warped timestep, a commit
 pass at timestep 0 that writes every cache.
 
-Until CONTRACT.md lands on main, the few places where today's engine differs are
-handled here (`encode_prompt` returns the default image as today's "prompt";
-`_image` reads `cond.context["image"]` or, today, `cond.prompt`), and the contract's
-declarations are `self.conditioning` / `self.action_space` (`_contract.py` types).
+The encoded conditioning is {"image": uint8 (H, W, 3)}, the release's crop and
+resize of the session's image (`preprocess.fit_image`), or the family's procedural
+default picture when a session gives none.
 """
 
 from __future__ import annotations
@@ -48,21 +47,20 @@ from worldcast.models.base import (
 )
 from worldcast.models.causal_wan.model import stream_decode
 from worldcast.models.causal_wan.sampler import flow_to_x0
-from worldcast.models.matrix_game._contract import (
-    ConditioningError,
-    ConditioningRequest,
-    ConditioningSpec,
-    ImageConditioning,
-)
+from worldcast.models.errors import ConditioningError
 from worldcast.models.matrix_game.action import ActionWindows, action_windows, pad_first_chunk
 from worldcast.models.matrix_game.attention import RingActionAttention, RingSelfAttention
-from worldcast.models.matrix_game.conditioning import DEFAULT_IMAGE, default_image, prepare_image, to_model_range
+from worldcast.models.matrix_game.conditioning import DEFAULT_IMAGE, default_image, to_model_range
 from worldcast.models.matrix_game.controls import Controls
 from worldcast.models.matrix_game.dit import MatrixGameOutput
 from worldcast.models.matrix_game.loading import MatrixGameParts
+from worldcast.models.matrix_game.preprocess import fit_image
 from worldcast.models.spec import (
-    ActionSpace,
     AttentionRingSpec,
+    Conditioning,
+    ConditioningRequest,
+    ConditioningSpec,
+    ImageConditioning,
     PromptCacheSpec,
     StateSpec,
     TensorStateSpec,
@@ -124,23 +122,22 @@ class MatrixGameModel(WorldModel):
             *(TensorStateSpec(n, shape=shape, dtype=dt)
               for n, (shape, dt) in zip(self._vae_names, self.vae.cache_spec(H, W), strict=True)),
         ]
-        self.spec = WorldModelSpec(
-            name=name, frame_height=H, frame_width=W, fps=cfg.fps, latent_frames_per_chunk=cfg.frames_per_chunk,
-            timesteps=cfg.flow_times, latent_shape=(cfg.out_channels, h, w), states=tuple(states),
-            actions=ActionSpace(keys=controls.keys, mouse_axes=len(controls.mouse), dim=controls.dim),
-            prompt_shape=(H, W, 3), default_prompt="", pixel_frames_per_latent=cfg.vae.temporal_stride,
-            first_latent_pixel_frames=1, initial_latent_frames=0,
-            commit_timestep=cfg.context_noise / cfg.num_train_timesteps, prompt_in_chunks=False,
-        )  # fmt: skip
-        #: CONTRACT.md declarations (fold into `spec` when the contract lands)
         self.conditioning = ConditioningSpec(text=None, image=ImageConditioning(required=False, default=DEFAULT_IMAGE),
                                              tensors=(("image", (H, W, 3), torch.uint8),))
         self.action_space = controls.action_space(history_pixel_frames=cfg.history_pixel_frames)
+        self.spec = WorldModelSpec(
+            name=name, frame_height=H, frame_width=W, fps=cfg.fps, latent_frames_per_chunk=cfg.frames_per_chunk,
+            timesteps=cfg.flow_times, latent_shape=(cfg.out_channels, h, w), states=tuple(states),
+            actions=self.action_space, conditioning=self.conditioning,
+            pixel_frames_per_latent=cfg.vae.temporal_stride, first_latent_pixel_frames=1, initial_latent_frames=0,
+            commit_timestep=cfg.context_noise / cfg.num_train_timesteps, context_in_chunks=False,
+        )  # fmt: skip
 
     # -- conditioning (event loop worker threads) ------------------------------------------------
 
-    def encode_conditioning(self, request: ConditioningRequest) -> dict[str, np.ndarray]:
-        """The session's image, cropped and resized: {"image": uint8 (H, W, 3)} (the default picture if none).
+    def encode_conditioning(self, request: ConditioningRequest) -> Conditioning:
+        """The session's image, cropped and resized as the release does (`preprocess.fit_image`):
+        {"image": uint8 (H, W, 3)} (the default picture if none).
 
         Raises:
             ConditioningError: text given (this model takes none), or an image that is not uint8 (h, w, 3).
@@ -150,17 +147,9 @@ class MatrixGameModel(WorldModel):
         if request.image is None:
             return {"image": self._default_image()}
         try:
-            return {"image": prepare_image(request.image, height=self.spec.frame_height,
-                                           width=self.spec.frame_width)}
+            return {"image": fit_image(request.image, height=self.spec.frame_height, width=self.spec.frame_width)}
         except ValueError as e:
             raise ConditioningError("image", str(e)) from e
-
-    def encode_prompt(self, text: str) -> np.ndarray:
-        """Today's engine API: the conditioning image as float32 (H, W, 3) in 0..255; text is ignored
-        (the default picture; sessions cannot send an image before the contract lands)."""
-        if text:
-            logger.info("matrix-game-2: text prompts do not condition this model (%d chars ignored)", len(text))
-        return self._default_image().astype(np.float32)
 
     def _default_image(self) -> np.ndarray:
         return default_image(height=self.spec.frame_height, width=self.spec.frame_width)
@@ -169,7 +158,7 @@ class MatrixGameModel(WorldModel):
         """float32 (dim,) [keyboard | mouse] of one pixel frame (`controls.Controls.encode`)."""
         return self.controls.encode(keys, mouse)
 
-    def group_actions(self, actions: np.ndarray, *, first_latent: int, latent_frames: int | None = None) -> np.ndarray:
+    def group_actions(self, actions: np.ndarray, *, first_latent: int, latent_frames: int) -> np.ndarray:
         """A chunk's per-pixel-frame actions (F_pix, A) -> the 4 * F rows its windows are cut from.
 
         Later chunks' rows are returned as they are (12 pixel frames); a session's first chunk
@@ -180,7 +169,9 @@ class MatrixGameModel(WorldModel):
             ValueError: not (chunk_pixel_frames(first_latent), dim) rows.
         """
         spec = self.spec
-        F = latent_frames or spec.latent_frames_per_chunk
+        F = latent_frames
+        if F == 0:  # the init step: no latent frame of its own (initial_latent_frames 0)
+            return np.zeros((0, spec.actions.dim), np.float32)
         want = spec.pixel_start(first_latent + F) - spec.pixel_start(first_latent)
         if actions.shape != (want, spec.actions.dim):
             raise ValueError(f"a chunk from latent frame {first_latent} has {want} pixel frames of {spec.actions.dim} "
@@ -190,7 +181,7 @@ class MatrixGameModel(WorldModel):
             rows = pad_first_chunk(rows, missing=F * spec.pixel_frames_per_latent - want)
         return rows.numpy()
 
-    def initial_frames(self, *, seed: int, prompt: Any = None, context: Any = None) -> np.ndarray:
+    def initial_frames(self, *, seed: int, context: Conditioning) -> np.ndarray:
         """None: the first chunk generates latent frame 0 (the image's) with the rest (initial_latent_frames 0)."""
         return np.zeros((0, self.spec.frame_height, self.spec.frame_width, 3), np.uint8)
 
@@ -198,11 +189,8 @@ class MatrixGameModel(WorldModel):
 
     @staticmethod
     def _image(cond: ChunkConditioning) -> torch.Tensor:
-        """(B, H, W, 3) the sessions' images: `cond.context["image"]` (the contract) or today's `cond.prompt`."""
-        context = getattr(cond, "context", None)
-        if context and "image" in context:
-            return context["image"]
-        return cond.prompt
+        """(B, H, W, 3) uint8 the sessions' images (their encoded conditioning)."""
+        return cond.context["image"]
 
     def _first(self, cond: ChunkConditioning) -> tuple[int, ...]:
         if cond.frame_index_host:

@@ -56,7 +56,7 @@ def test_a_family_declaration_is_checked() -> None:
         registry.register(other)
 
 
-@pytest.mark.parametrize("name", ["tinyworld", "causal-wan:tiny", "fake-palette"])
+@pytest.mark.parametrize("name", ["tinyworld", "causal-wan:tiny", "matrix-game-2:tiny", "fake-palette"])
 def test_a_loaded_model_agrees_with_its_declared_variant(name: str) -> None:
     register_fake_family()
     _, var = registry.resolve(name)
@@ -84,7 +84,7 @@ def test_no_module_outside_models_imports_a_model_family() -> None:
     """engine/, sessions/ and transport/ know the contract (spec, base, errors) and the registry, never a family."""
     contract = {"spec", "base", "errors", "registry"}
     families = {p.name for p in (ROOT / "models").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert {"tinyworld", "causal_wan"} <= families
+    assert {"tinyworld", "causal_wan", "matrix_game"} <= families
     offenders = []
     for folder in ("engine", "sessions", "transport"):
         for path in (ROOT / folder).rglob("*.py"):

@@ -8,7 +8,7 @@ the tests first, then replaces one piece of `worldcast.models.matrix_game` by a 
 (everywhere it is referenced, the test modules included; never a reference), then runs the
 tests listed for it. The run is a pass when every mutated run fails and the same tests pass
 unmutated (the control). Not part of the normal suite; the outcome is recorded in
-`models/matrix_game/README_encoders.md`.
+`models/matrix_game/README.md` ("The image encoders").
 """
 
 from __future__ import annotations

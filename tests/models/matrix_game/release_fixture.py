@@ -104,9 +104,9 @@ def chunk_cond(model: MatrixGameModel, rows: torch.Tensor, c0: int) -> ChunkCond
     spec = model.spec
     F = spec.latent_frames_per_chunk
     pix = rows[spec.pixel_start(c0):spec.pixel_start(c0 + F)].numpy()
-    act = torch.from_numpy(model.group_actions(np.ascontiguousarray(pix), first_latent=c0))[None]
+    act = torch.from_numpy(model.group_actions(np.ascontiguousarray(pix), first_latent=c0, latent_frames=F))[None]
     fi = tuple(range(c0, c0 + F))
-    return ChunkConditioning(action=act, prompt=torch.empty(1, 0), frame_index=torch.tensor([fi]),
+    return ChunkConditioning(action=act, context={}, frame_index=torch.tensor([fi]),
                              frame_index_host=(fi,))
 
 
@@ -126,7 +126,7 @@ def run_ours(model: MatrixGameModel, fx: ReleaseFixture, *, rows: torch.Tensor |
     slot = pool.allocate("fixture")
     view = pool.view((slot,))
     image = torch.zeros(1, spec.frame_height, spec.frame_width, 3)  # the fixture's encoders ignore the pixels
-    init = ChunkConditioning(action=torch.zeros(1, 0, spec.actions.dim), prompt=image,
+    init = ChunkConditioning(action=torch.zeros(1, 0, spec.actions.dim), context={"image": image},
                              frame_index=torch.zeros(1, 0, dtype=torch.int64), frame_index_host=((),))
     pool.apply(view, model.init_state(torch.zeros(1, 0, *image.shape[1:], dtype=torch.uint8), init, view))
     rows = fx.pixel_actions() if rows is None else rows

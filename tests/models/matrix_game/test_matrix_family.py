@@ -8,18 +8,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from worldcast.models.matrix_game._contract import LoadRequest
 from worldcast.models.matrix_game.family import FAMILY
+from worldcast.models.registry import LoadRequest
 
 
 def test_matrix_family_declares_the_release_variants() -> None:
     names = [v.name for v in FAMILY.variants]
-    assert names == ["tiny", "universal", "gta-drive", "templerun"] and FAMILY.default_variant == "universal"
+    assert names == ["tiny", "universal", "gta-drive", "templerun", "universal-random"]
+    assert FAMILY.default_variant == "universal"
     for v in FAMILY.variants:
         assert v.conditioning.text is None and v.conditioning.image is not None
         assert v.conditioning.tensors == (("image", (v.frame_height, v.frame_width, 3), torch.uint8),)
         assert v.actions is not None and v.actions.history_pixel_frames == 9 and v.fps == 25
-        assert v.needs_weights == (v.name != "tiny") and v.random_weights == (v.name == "tiny")
+        random = v.name in ("tiny", "universal-random")
+        assert v.needs_weights == (not random) and v.random_weights == random
         if v.name != "tiny":
             assert (v.frame_height, v.frame_width) == (352, 640)
     by = {v.name: v for v in FAMILY.variants}

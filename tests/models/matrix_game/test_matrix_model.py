@@ -12,13 +12,14 @@ from worldcast.engine.rollout import BatchCache, denoise_batch
 from worldcast.engine.state_pool import StatePool
 from worldcast.models.base import ChunkConditioning
 from worldcast.models.causal_wan.vae import WanVAEDecoder
-from worldcast.models.matrix_game._contract import ConditioningError, ConditioningRequest
+from worldcast.models.errors import ConditioningError
 from worldcast.models.matrix_game.conditioning import ImageEncoders, fake_encoders
 from worldcast.models.matrix_game.config import templerun, universal
 from worldcast.models.matrix_game.controls import TEMPLERUN, UNIVERSAL
 from worldcast.models.matrix_game.dit import MatrixGameDiT
 from worldcast.models.matrix_game.loading import MatrixGameParts
 from worldcast.models.matrix_game.model import MatrixGameModel
+from worldcast.models.spec import ConditioningRequest
 
 CHUNKS = 4
 
@@ -150,7 +151,7 @@ def test_matrix_encoders_with_wrong_shapes_are_refused_by_name(mg: MatrixGameMod
                         name="x")
     pool = StatePool(m.spec.states, budget_bytes=m.spec.state_bytes_per_session())
     view = pool.view((pool.allocate("a"),))
-    cond = ChunkConditioning(action=torch.zeros(1, 0, 6), prompt=torch.zeros(1, 32, 48, 3),
+    cond = ChunkConditioning(action=torch.zeros(1, 0, 6), context={"image": torch.zeros(1, 32, 48, 3)},
                              frame_index=torch.zeros(1, 0, dtype=torch.int64))
     with pytest.raises(ValueError, match="bad: CLIP features"):
         m.init_state(torch.zeros(1, 0, 32, 48, 3, dtype=torch.uint8), cond, view)

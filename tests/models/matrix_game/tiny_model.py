@@ -12,6 +12,7 @@ from worldcast.models.matrix_game.config import tiny
 from worldcast.models.matrix_game.controls import UNIVERSAL, Controls
 from worldcast.models.matrix_game.loading import expected_release_keys, release_state, tiny_parts
 from worldcast.models.matrix_game.model import MatrixGameModel
+from worldcast.models.spec import ConditioningRequest
 
 
 def tiny_model(*, seed: int = 0, controls: Controls = UNIVERSAL, height: int = 32, width: int = 48,
@@ -31,17 +32,17 @@ class ScriptConditioner:
     """
 
     def __init__(self, rows: np.ndarray, image: np.ndarray) -> None:
-        self.rows, self.image = rows.astype(np.float32), image.astype(np.float32)
-        self.pos, self.started, self.prompt_version = 0, False, 0
+        self.rows, self.image = rows.astype(np.float32), np.asarray(image, np.uint8)
+        self.pos, self.started, self.context_version = 0, False, 0
 
     def sample_chunk(self, frames: int) -> ChunkInputs:
         if not self.started:
             self.started = True
-            return ChunkInputs(actions=self.rows[:frames], prompt=self.image, action_seq=-1, epoch=0)
+            return ChunkInputs(actions=self.rows[:frames], context={"image": self.image}, action_seq=-1, epoch=0)
         out = self.rows[self.pos:self.pos + frames]
         assert out.shape[0] == frames, "the action script ran out"
         self.pos += frames
-        return ChunkInputs(actions=out, prompt=self.image, action_seq=self.pos, epoch=0)
+        return ChunkInputs(actions=out, context={"image": self.image}, action_seq=self.pos, epoch=0)
 
     def current_epoch(self) -> int:
         return 0
@@ -52,7 +53,7 @@ class ScriptConditioner:
 
 def session(model: MatrixGameModel, pool: StatePool, sid: str, rows: np.ndarray, *, seed: int,
             image: np.ndarray | None = None) -> ChunkRollout:
-    img = model.encode_prompt("") if image is None else image
+    img = model.encode_conditioning(ConditioningRequest())["image"] if image is None else image
     r = ChunkRollout(sid, model, pool, ScriptConditioner(rows, img), seed=seed)
     assert r.init(0.0) == [], "Matrix-Game generates latent frame 0 itself: no initial frames"
     return r
