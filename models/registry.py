@@ -241,6 +241,9 @@ def check_request(model: str, *, weights: Path | None, options: Mapping[str, Any
         ValueError: the variant needs `--weights` and has none; a bad or foreign option.
     """
     family, variant = resolve(model)
+    if variant.random_weights and weights is not None:
+        raise ValueError(f"--model {family.name}:{variant.name} has random weights and reads no --weights "
+                         f"(given {weights}); pick a variant that loads a checkpoint")
     if variant.needs_weights and weights is None:
         randoms = [f"{family.name}:{v.name}" for v in family.variants if v.random_weights]
         hint = f"; {' or '.join(randoms)} runs without (random weights)" if randoms else ""

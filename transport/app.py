@@ -170,6 +170,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, peers, metrics
         app.state.streams = {}  # session id -> its WebSocket stream (ws_stream.StreamConnection)
         app.state.rpc_buckets = {}  # session id -> the TokenBucket of its HTTP RPCs
+        app.state.image_decodes = asyncio.Semaphore(1)  # starting images decoded one at a time
         app.state.make_guard = make_guard
         app.state.livekit = None
         if config.livekit is not None:
@@ -282,7 +283,13 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         manager: Annotated[SessionManager, Depends(manager_dep)],
         request: Request,
     ) -> CreateSessionResponse:
-        body, image = await read_create_body(request, manager.model)
+        def check_capacity() -> None:
+            d = manager.admission_decision()
+            if not d.admitted:
+                raise CapacityExhausted(f"refused: {d.reason}", retry_after_s=d.retry_after_s)
+
+        body, image = await read_create_body(request, manager.model, check_capacity=check_capacity,
+                                             decodes=request.app.state.image_decodes)
         worlds = request.app.state.livekit
         if body.transport == "livekit" and worlds is None:
             raise HTTPException(400, "transport 'livekit' needs a LiveKit server: start with --livekit-url "

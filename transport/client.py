@@ -43,7 +43,7 @@ from aiortc.utils import uint16_add
 
 from worldcast.transport.limits import head_id
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
-from worldcast.transport.session_api import UnknownKey, check_keys, create_session  # noqa: F401
+from worldcast.transport.session_api import UnknownKey, check_keys, check_mouse, create_session  # noqa: F401
 
 # the WebSocket (fMP4) stream client lives beside this module; both are importable from here
 from worldcast.transport.ws_client import StreamClient, StreamError, StreamFrame  # noqa: F401
@@ -293,9 +293,11 @@ class WebRTCClient:
 
         Raises:
             UnknownKey: a key the model does not declare (not sent, seq not used).
+            TypeError, ValueError: keys not a list of names, a mouse movement not two finite numbers.
             MessageTooLarge: over the server's action message limit (not sent, seq not used).
         """
         check_keys(self.model, keys or [])
+        check_mouse(mouse)
         now = time.monotonic()
         text = encode_message({"seq": self.seq + 1, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)},
                               what="action", limit_bytes=MAX_MESSAGE_BYTES)

@@ -54,7 +54,7 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldcast.sessions.directing import Segment, SegmentEnd
-from worldcast.sessions.errors import CapacityExhausted, SessionError
+from worldcast.sessions.errors import CapacityExhausted, InvalidConditioning, SessionError
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session, SessionState
 from worldcast.transport.fmp4 import Fmp4Fragmenter
@@ -408,6 +408,11 @@ async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scal
         await ws.send_text(dumps({"type": "error", "message": msg, "error_code": "bad_prompt"}))
     try:
         session = await manager.create(mode="directing", prompt=prompts[0] if prompts else None)
+    except InvalidConditioning as e:  # e.g. a model that takes no text: nothing to direct
+        await ws.send_text(dumps({"type": "error", "message": f"cannot direct this model: {e}",
+                                  "error_code": "unsupported_model"}))
+        await ws.close(1008)
+        return
     except CapacityExhausted as e:
         await ws.send_text(dumps({"type": "error", "message": f"no GPU available: {e}", "error_code": "capacity",
                                   "retry_after_s": e.retry_after_s}))

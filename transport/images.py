@@ -39,17 +39,21 @@ def max_base64_chars(max_bytes: int) -> int:
 def from_base64(text: str, *, max_bytes: int) -> bytes:
     """A base64 image (bare, or a `data:image/...;base64,` URL) -> its bytes.
 
+    Line breaks and spaces inside the text are ignored (base64 wrapped at 76 columns, RFC 2045
+    section 6.8); the data URL's scheme and media type are case-insensitive (RFC 2397).
+
     Raises:
         InvalidImage: too long, not base64, or a data URL that is not base64 image data.
     """
-    if len(text) > max_base64_chars(max_bytes):
+    if len(text) > max_base64_chars(max_bytes) + len(text) // 76 * 2:  # room for CRLF line breaks
         raise InvalidImage(f"over {max_bytes} bytes once decoded (send a smaller image)")
-    if text.startswith("data:"):
+    if text[:5].lower() == "data:":
         head, sep, text = text.partition(",")
+        head = head.lower()
         if not sep or not head.endswith(";base64") or not head[5:].startswith("image/"):
             raise InvalidImage("a data URL must be data:image/<type>;base64,<data>")
     try:
-        data = base64.b64decode(text.strip(), validate=True)
+        data = base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
         raise InvalidImage("not valid base64 (RFC 4648, standard alphabet, padded)") from None
     if len(data) > max_bytes:
@@ -80,16 +84,30 @@ def decode(data: bytes, limits: ImageConditioning) -> np.ndarray:
             if w * h > limits.max_pixels:
                 raise InvalidImage(f"{w}x{h} is over {limits.max_pixels} pixels")
             im = ImageOps.exif_transpose(im)
-            rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
+            rgb = _to_rgb(im)
     except InvalidImage:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InvalidImage(f"its declared size is over {limits.max_pixels} pixels (a decompression bomb)") from None
+    except UnidentifiedImageError as e:
         raise InvalidImage(f"not a decodable image ({type(e).__name__})") from None
     except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt files
         raise InvalidImage(f"cannot be decoded: {str(e)[:120]}") from None
     if rgb.ndim != 3 or rgb.shape[2] != 3 or 0 in rgb.shape:
         raise InvalidImage(f"decoded to an unexpected shape {rgb.shape}")
     return np.ascontiguousarray(rgb)
+
+
+def _to_rgb(im: object) -> np.ndarray:
+    """A decoded Pillow image -> uint8 (H, W, 3); 16- and 32-bit greyscale are scaled to 8 bits, not clipped."""
+    mode = im.mode  # type: ignore[attr-defined]
+    if mode.startswith("I;16"):
+        grey = (np.asarray(im, dtype=np.uint16) >> 8).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=2)
+    if mode == "I":  # 32-bit integer greyscale (Pillow's mode for some 16-bit PNGs): its values are 0..65535
+        grey = (np.clip(np.asarray(im, dtype=np.int64), 0, 65535) >> 8).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=2)
+    return np.asarray(im.convert("RGB"), dtype=np.uint8)  # type: ignore[attr-defined]
 
 
 async def decode_async(data: bytes, limits: ImageConditioning) -> np.ndarray:

@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -110,18 +112,31 @@ def _validation_error(e: ValidationError) -> RequestValidationError:
 
 
 def _form_value(name: str, value: str) -> Any:
-    """A multipart text field as the JSON value it stands for (seed an integer, stamp_frames a boolean)."""
+    """A multipart text field as the JSON value it stands for (seed an integer, stamp_frames a boolean);
+    a value that is not one is passed on as text, for the schema to refuse by name."""
     if name == "seed":
-        return int(value) if value.strip().lstrip("-").isdigit() else value
+        v = value.strip()
+        if 0 < len(v) <= 12 and v.isascii() and (v[1:] if v[:1] == "-" else v).isdigit():
+            return int(v)
+        return value
     if name == "stamp_frames":
         return {"true": True, "false": False, "1": True, "0": False}.get(value.strip().lower(), value)
     return value
 
 
-async def read_create_body(request: Request, model: WorldModel) -> tuple[CreateSessionRequest, np.ndarray | None]:
+async def read_create_body(
+    request: Request, model: WorldModel, *, check_capacity: Callable[[], None] | None = None,
+    decodes: asyncio.Semaphore | None = None,
+) -> tuple[CreateSessionRequest, np.ndarray | None]:
     """Parse and check a create request, decoding its image (before admission: nothing is allocated yet).
 
+    Decoding costs CPU (a 49 KB PNG may declare 16 M pixels), so it runs only for a request that
+    would be admitted now (`check_capacity`, which raises `CapacityExhausted`), and at most as many
+    at once as `decodes` allows (the server holds one at a time: a flood of images queues here
+    instead of taking the device's CPU).
+
     Raises:
+        CapacityExhausted: `check_capacity` refused, before any decoding (-> 503 + Retry-After).
         HTTPException: 415, a content type other than JSON or multipart (an empty body may have none).
         RequestValidationError: the body breaks the schema (-> 422 naming the field, by the app's handler).
         InvalidConditioning: the image is refused (undecodable, too large, a format the model does not take,
@@ -138,9 +153,15 @@ async def read_create_body(request: Request, model: WorldModel) -> tuple[CreateS
             raise RequestValidationError([{"loc": ("body",), "msg": f"malformed multipart body: {str(e)[:120]}",
                                            "type": "multipart"}]) from None
         fields: dict[str, Any] = {}
+        seen: set[str] = set()
         for name, value in form.multi_items():
+            if name in seen:
+                raise RequestValidationError([{"loc": ("body", name), "msg": "given twice", "type": "duplicate"}])
+            seen.add(name)
             if name == "image" and not isinstance(value, str):
-                image_bytes = await value.read(max_image + 1)
+                image_bytes = await value.read(max_image + 1) or None  # an empty file part: no image chosen
+            elif name == "image" and value == "":
+                continue  # an HTML form's file input with no file chosen
             elif name in _FORM_FIELDS and isinstance(value, str):
                 fields[name] = _form_value(name, value)
             else:
@@ -179,7 +200,14 @@ async def read_create_body(request: Request, model: WorldModel) -> tuple[CreateS
         return body, None
     if limits is None:
         raise InvalidConditioning("image", f"{model.spec.name} takes no image")
+    if check_capacity is not None:
+        check_capacity()
     try:
-        return body, await images.decode_async(image_bytes, limits)
+        if decodes is None:
+            return body, await images.decode_async(image_bytes, limits)
+        async with decodes:
+            if check_capacity is not None:
+                check_capacity()  # the server may have filled while this request waited its turn
+            return body, await images.decode_async(image_bytes, limits)
     except images.InvalidImage as e:
         raise InvalidConditioning("image", str(e)) from None

@@ -24,12 +24,27 @@ def check_keys(model: Mapping[str, Any], keys: list[str]) -> None:
     Raises:
         UnknownKey: names the first unknown key and the model's keys.
     """
+    if isinstance(keys, str | bytes) or not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"keys must be a list of key names, not {keys!r}")
     known = (model.get("actions") or {}).get("keys", model.get("keys"))
     if known is None:
         return
     for k in keys:
         if k not in known:
             raise UnknownKey(f"key {k!r} is not in {model.get('name', 'the model')}'s action space {list(known)}")
+
+
+def check_mouse(mouse: tuple[float, float]) -> None:
+    """Refuse, before sending, a mouse movement that is not two finite numbers (counts).
+
+    Raises:
+        ValueError: not two finite numbers.
+    """
+    import math
+
+    if len(mouse) != 2 or not all(isinstance(m, int | float) and not isinstance(m, bool) and math.isfinite(m)
+                                  for m in mouse):
+        raise ValueError(f"mouse must be two finite numbers (dx, dy counts), not {mouse!r}")
 
 
 def action_cycle(model: Mapping[str, Any], n: int = 4) -> list[list[str]]:

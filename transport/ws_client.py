@@ -31,7 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from worldcast.transport.mp4box import parse_init, parse_media_segment
-from worldcast.transport.session_api import check_keys, create_session, delete_session
+from worldcast.transport.session_api import check_keys, check_mouse, create_session, delete_session
 
 #: How long to wait for an RPC reply or a direction's ack, s.
 REPLY_TIMEOUT_S = 10.0
@@ -301,8 +301,8 @@ class StreamClient:
         Raises:
             UnknownKey: a key outside the model's declared action space (nothing sent).
         """
-        if self.model:
-            check_keys(self.model, keys or [])
+        check_keys(self.model or {}, keys or [])
+        check_mouse(mouse)
         self.seq += 1
         now = time.monotonic()
         self.sent_at[self.seq] = now

@@ -22,7 +22,9 @@ RELEASE_WIDTH = 640  #: the release's frame width in pixels (80 latent columns)
 def crop_box(height: int, width: int, *, target_height: int, target_width: int) -> tuple[int, int, int, int]:
     """The release's centered crop of an (height, width) image to the target aspect: (left, top, right, bottom).
 
-    Pixel coordinates as PIL takes them (right/bottom exclusive), after PIL's rounding.
+    Pixel coordinates as PIL takes them (right/bottom exclusive), after PIL's rounding. An image so
+    narrow (or so flat) that the release's box would be empty keeps at least one pixel of it, centred
+    (the release would resize an empty crop to black).
     """
     if height / width > target_height / target_width:  # taller than the target: keep the width
         new_w = width
@@ -32,6 +34,12 @@ def crop_box(height: int, width: int, *, target_height: int, target_width: int) 
         new_w = int(new_h * target_width / target_height)
     box = ((width - new_w) / 2, (height - new_h) / 2, (width + new_w) / 2, (height + new_h) / 2)
     left, top, right, bottom = (int(round(v)) for v in box)  # PIL Image._crop: map(int, map(round, box))
+    if right <= left:  # degenerate aspect: keep the centre column
+        left = min(max(0, (width - 1) // 2), width - 1)
+        right = left + 1
+    if bottom <= top:
+        top = min(max(0, (height - 1) // 2), height - 1)
+        bottom = top + 1
     return left, top, right, bottom
 
 

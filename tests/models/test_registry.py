@@ -100,3 +100,8 @@ def test_each_family_is_a_folder_and_one_registry_line() -> None:
         parts = mod.split(".")
         assert parts[:2] == ["worldcast", "models"] and parts[-1] == "family"
         assert (ROOT / "models" / parts[2] / "family.py").exists()
+
+
+def test_a_random_variant_refuses_weights_it_would_ignore() -> None:
+    with pytest.raises(ValueError, match="random weights and reads no --weights"):
+        registry.check_request("causal-wan:tiny", weights=Path("/nonexistent"))

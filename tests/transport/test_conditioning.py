@@ -121,8 +121,13 @@ class Latest:
         self.task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
+        from aiortc.mediastreams import MediaStreamError
+
         while True:
-            f = await self.c.next_frame(timeout_s=60)
+            try:
+                f = await self.c.next_frame(timeout_s=60)
+            except MediaStreamError:  # the track ended (the client closed)
+                return
             async with self.arrived:
                 self.mean, self.count = _mean_rgb(f), self.count + 1
                 self.arrived.notify_all()
@@ -157,3 +162,57 @@ async def test_the_image_reaches_the_pixels_and_the_model_s_own_keys_and_mouse_s
                 await c.rpc("set_prompt", {"prompt": "a field"})
         finally:
             video.task.cancel()
+            await asyncio.gather(video.task, return_exceptions=True)
+
+
+def test_multipart_odd_values_are_422_never_500(http: httpx.Client) -> None:
+    for seed in ("--1", "\u00b2", "9" * 5000, ""):
+        r = http.post("/v1/sessions", files={"image": ("a.png", png((1, 2, 3)), "image/png")}, data={"seed": seed})
+        assert r.status_code == 422 and "seed" in r.text, (seed, r.status_code, r.text[:200])
+    r = http.post("/v1/sessions", files=[("image", ("a.png", png((1, 2, 3)), "image/png")),
+                                         ("prompt", (None, "x")), ("prompt", (None, "y"))])
+    assert r.status_code == 422 and "given twice" in r.text
+
+
+def test_wrapped_base64_and_any_case_data_urls_are_accepted(palette, http) -> None:  # type: ignore[no-untyped-def]
+    data = base64.encodebytes(png((5, 6, 7), size=(60, 60))).decode()  # 76-column lines (RFC 2045)
+    assert "\n" in data.strip()
+    for image in (data, "DATA:Image/PNG;BASE64," + b64(png((5, 6, 7)))):
+        r = http.post("/v1/sessions", json={"image": image})
+        assert r.status_code == 201, r.text
+        s = r.json()
+        http.delete(f"/v1/sessions/{s['session_id']}", headers={"Authorization": f"Bearer {s['token']}"})
+
+
+def test_dreamverse_on_a_model_without_text_says_so_and_closes(palette) -> None:  # type: ignore[no-untyped-def]
+    from websockets.sync.client import connect
+
+    with connect(palette.url.replace("http", "ws") + "/ws") as ws:
+        ws.send(json.dumps({"type": "session_init_v2", "curated_prompts": ["a meadow"]}))
+        events = []
+        try:
+            while True:
+                events.append(json.loads(ws.recv(timeout=20)))
+        except Exception:  # noqa: BLE001 - the server closes the socket after its error event
+            pass
+    err = [e for e in events if e.get("type") == "error"]
+    assert err and err[-1]["error_code"] == "unsupported_model" and "takes no text" in err[-1]["message"], events
+
+
+def test_a_full_server_refuses_an_image_before_decoding_it() -> None:
+    """Decoding is the costly part of a create with an image: a server that would refuse the session anyway
+    answers 503 without decoding (a picture over the model's pixel limit gets 503 here, not 422)."""
+    from dataclasses import replace
+
+    from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
+
+    cfg = server_config(model="fake-palette", video_scale=1)
+    cfg = replace(cfg, sessions=replace(cfg.sessions, admission=AdmissionConfig(policy=AdmissionPolicy.STATIC,
+                                                                                max_sessions=1)))
+    for srv in _serve(cfg, PaletteWorld()):
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            too_big = png((1, 2, 3), size=(200, 200))  # over the fake model's 128 x 128 pixels
+            assert c.post("/v1/sessions", json={"image": b64(too_big)}).status_code == 422  # decoded: refused
+            assert c.post("/v1/sessions", json={"image": b64(png((1, 2, 3)))}).status_code == 201
+            r = c.post("/v1/sessions", json={"image": b64(too_big)})
+            assert r.status_code == 503 and "Retry-After" in r.headers, r.text

@@ -57,3 +57,11 @@ def test_matrix_image_to_tensor_refuses_bad_input() -> None:
         image_to_tensor(np.zeros((4, 4, 3), np.float32))
     with pytest.raises(ValueError, match="B, H, W, 3"):
         image_to_tensor(np.zeros((4, 4, 2), np.uint8))
+
+
+@pytest.mark.parametrize("shape", [(4000, 1), (1, 4000), (4, 1), (1, 4)])
+def test_matrix_fit_image_keeps_a_pixel_of_extreme_aspect_ratios(shape: tuple[int, int]) -> None:
+    """The release's box would be empty (and resize to black): at least the centre pixel is kept."""
+    img = np.full((*shape, 3), 200, np.uint8)
+    out = fit_image(img, height=64, width=112)
+    assert out.shape == (64, 112, 3) and out.min() == 200
