@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DIT_KEY_TABLE", "WeightsError", "diffusers_to_original", "original_to_diffusers", "load_state_strict",
-    "CausalWanParts", "load_parts", "tiny_parts", "build_dit", "base_layout", "load_vae", "load_text",
+    "CausalWanParts", "load_parts", "load_dit_pt", "tiny_parts", "build_dit", "base_layout", "load_vae", "load_text",
     "original_dit_state",
 ]  # fmt: skip
 
@@ -76,6 +76,20 @@ def build_dit(cfg: CausalWanConfig, state: dict[str, torch.Tensor], *, dtype: to
         dit = CausalWanDiT(cfg)
     load_state_strict(dit, {k: v.to(param_dtype(k, dtype)) for k, v in state.items()}, what=what, assign=True)
     return dit.to(device).eval()
+
+
+def load_dit_pt(path: str | Path, cfg: CausalWanConfig, *, ema: bool = False, lora: str | Path | None = None,
+                lora_alpha: float | None = None, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> CausalWanDiT:
+    """Only the DiT of a Self-Forcing-layout `.pt` (optionally with a LoRA merged), built for `cfg`.
+
+    Raises:
+        WeightsError: missing/unexpected/misshapen keys (named), or a bad layout. FileNotFoundError: no file.
+    """
+    state = original_dit_state(read_pt(path), ema=ema)
+    if lora is not None:
+        state = merge_lora(state, read_lora(lora), alpha=lora_alpha)
+    return build_dit(cfg, state, dtype=dtype, device=device, what=str(path))
 
 
 # -----------------------------------------------------------------------------
