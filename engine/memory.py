@@ -34,6 +34,14 @@ logger = logging.getLogger(__name__)
 GiB = 2**30
 
 
+def fmt_bytes(n: int) -> str:
+    """Bytes in the largest binary unit that keeps the number at least 1 (GiB, MiB, KiB, B)."""
+    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}" if n < 10 * size else f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 @dataclass(frozen=True)
 class MemoryReading:
     """Free and total memory of a device, bytes, and where the numbers came from."""
@@ -101,11 +109,11 @@ class StatePlan:
         def names(n: tuple[str, ...]) -> str:
             return ", ".join(n) if len(n) <= 3 else f"{n[0]}..{n[-1]}: {len(n)} states"
 
-        kinds = "; ".join(f"{k} ({names(self.names_by_kind[k])}) {b / GiB:.3f} GiB" for k, b in self.by_kind.items())
+        kinds = "; ".join(f"{k} ({names(self.names_by_kind[k])}) {fmt_bytes(b)}" for k, b in self.by_kind.items())
         cap = "" if self.fit_slots == self.num_slots else f" (capped from {self.fit_slots})"
-        head = "" if self.headroom_bytes is None else f"; {self.headroom_bytes / GiB:.2f} GiB left for activations"
-        return (f"state pool: {self.slot_bytes / GiB:.3f} GiB of declared state per session [{kinds}]; budget "
-                f"{self.budget_bytes / GiB:.2f} GiB ({self.how}) holds {self.num_slots} session(s){cap}{head}")
+        head = "" if self.headroom_bytes is None else f"; {fmt_bytes(self.headroom_bytes)} left for activations"
+        return (f"state pool: {fmt_bytes(self.slot_bytes)} of declared state per session [{kinds}]; budget "
+                f"{fmt_bytes(self.budget_bytes)} ({self.how}) holds {self.num_slots} session(s){cap}{head}")
 
 
 def plan_state_memory(
@@ -141,22 +149,22 @@ def plan_state_memory(
     if state_budget_bytes is not None:
         if state_budget_bytes <= 0:
             raise ValueError("state_budget_bytes must be positive")
-        budget, how, headroom = state_budget_bytes, f"given: {state_budget_bytes / 2**20:.0f} MiB", None
+        budget, how, headroom = state_budget_bytes, f"given: {fmt_bytes(state_budget_bytes)}", None
     else:
         if reading is None:
             raise ValueError("no state budget given and no memory reading to size one from")
         budget = int(memory_fraction * reading.free_bytes)
-        how = (f"{memory_fraction:.2f} x {reading.free_bytes / GiB:.2f} GiB free of {reading.total_bytes / GiB:.2f} "
-               f"GiB after the weights, {reading.source}")
+        how = (f"{memory_fraction:.2f} x {fmt_bytes(reading.free_bytes)} free of {fmt_bytes(reading.total_bytes)} "
+               f"after the weights, {reading.source}")
         headroom = None
     fit = budget // slot
-    kinds = ", ".join(f"{k} {b / GiB:.3f} GiB" for k, b in by_kind.items())
+    kinds = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in by_kind.items())
     if fit < 1:
         hint = ("raise --state-budget-mib" if state_budget_bytes is not None else
                 "raise --memory-fraction, free memory on the device, or use a device with more memory")
         raise DeviceTooSmall(
-            f"one session needs {slot / GiB:.3f} GiB of declared state ({kinds}), but the state budget is "
-            f"{budget / GiB:.3f} GiB ({how}): this device cannot hold one session; {hint}",
+            f"one session needs {fmt_bytes(slot)} of declared state ({kinds}), but the state budget is "
+            f"{fmt_bytes(budget)} ({how}): this device cannot hold one session; {hint}",
             session_bytes=slot, budget_bytes=budget)
     n = min(fit, max_slots)
     if reading is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
-from worldcast.models.causal_wan.config import PRESETS
+from worldcast.models.causal_wan.options import OPTIONS as CAUSAL_WAN_OPTIONS
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, MODELS, ServerConfig
 from worldcast.transport.livekit import config as livekit_config
@@ -31,12 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "LongLive checkpoints; needs --weights) or causal-wan:tiny (random weights, noise-like video)")
     s.add_argument("--weights", type=Path, default=None,
                    help="model weights (tinyworld: a safetensors file, default the shipped one; causal-wan: a "
-                        "diffusers folder or a Self-Forcing .pt with --wan-base)")
-    s.add_argument("--wan-preset", choices=sorted(PRESETS), default="longlive-1.3b",
-                   help="causal-wan: attention window, sinks and timesteps (default longlive-1.3b: 12 latent "
-                        "frames attended, 3 sinks; wan-1.3b attends globally and cannot serve unbounded sessions)")
-    s.add_argument("--wan-base", type=Path, default=None,
-                   help="causal-wan with a .pt DiT: the diffusers folder holding vae/, text_encoder/, tokenizer/")
+                        "diffusers folder, or a Self-Forcing / CausVid / LongLive .pt with --wan-base)")
+    add_model_options(s, CAUSAL_WAN_OPTIONS)
     s.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     s.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                    help="address to gather ICE host candidates on (repeatable; default: the bind address "
@@ -44,7 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--video-scale", type=int, default=None,
                    help="integer upscale of the published video (default: up to ~256 px high)")
     s.add_argument("--max-batch", type=int, default=8, help="sessions per batched step (1 = no batching)")
-    s.add_argument("--kv-budget-mib", type=int, default=256, help="KV pool budget, MiB")
+    s.add_argument("--memory-fraction", type=float, default=0.8,
+                   help="share of the device's free memory after the weights are loaded that every session's "
+                        "declared state (KV rings, prompt and decoder caches) may take, as vLLM's "
+                        "gpu_memory_utilization; on a CPU, of available RAM (default 0.8; the rest is left to "
+                        "activations)")
+    s.add_argument("--state-budget-mib", type=int, default=None,
+                   help="a fixed state pool budget in MiB instead of --memory-fraction")
+    s.add_argument("--kv-budget-mib", type=int, default=None, dest="kv_budget_mib",
+                   help="the old name of --state-budget-mib (it covers all declared state, not only KV)")
+    s.add_argument("--check", action="store_true",
+                   help="load the model, print the memory plan (bytes per session by kind, sessions that fit, "
+                        "the decode plan) and exit without serving")
     s.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads on the device worker (default: the fastest of those leaving "
                         "--reserved-cores free, measured at start-up)")
@@ -91,6 +98,55 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--fragmented", action="store_true", help="write the stream's fragmented MP4 as received")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def add_model_options(parser: argparse.ArgumentParser, options: tuple) -> None:  # type: ignore[type-arg]
+    """A model family's own options (`ModelOption`-shaped plain data) as `--NAME` flags."""
+    types = {"str": str, "path": Path, "int": int, "float": float}
+    for o in options:
+        if o.type == "flag":
+            parser.add_argument(f"--{o.name}", action="store_true", default=None, help=o.help)
+        else:
+            parser.add_argument(f"--{o.name}", type=types[o.type], default=o.default, choices=o.choices,
+                                help=o.help)
+
+
+def state_budget_bytes(args: argparse.Namespace) -> int | None:
+    """--state-budget-mib (or its old name --kv-budget-mib, which says so) in bytes; None: from memory."""
+    if args.kv_budget_mib is not None:
+        logging.getLogger("worldcast").warning("--kv-budget-mib is the old name of --state-budget-mib (the budget "
+                                               "covers every kind of declared state); use --state-budget-mib")
+        if args.state_budget_mib is None:
+            return args.kv_budget_mib * 2**20
+    return args.state_budget_mib * 2**20 if args.state_budget_mib is not None else None
+
+
+def check(config: ServerConfig) -> int:
+    """`serve --check`: load the model, print its memory plan, serve nothing. Returns the exit status."""
+    from worldcast.engine.device_worker import plan_engine_memory
+    from worldcast.engine.errors import DeviceTooSmall
+    from worldcast.engine.memory import fmt_bytes
+
+    model = config.load_model()
+    spec = model.spec
+    print(f"model: {spec.name} ({getattr(model, 'source', '') or 'loaded'}) on {config.device}, "
+          f"{spec.frame_height}x{spec.frame_width} at {spec.fps} fps, {spec.denoising_steps} denoising steps")
+    try:
+        plan = plan_engine_memory(model, config.engine)
+    except DeviceTooSmall as e:
+        print(f"REFUSED: {e}")
+        return 2
+    print(plan.describe())
+    if plan.headroom_bytes is not None:
+        line = model.plan_activation_memory(available_bytes=max(0, plan.headroom_bytes),
+                                            max_batch=min(config.engine.max_batch, plan.num_slots))
+        if line:
+            print(line)
+    for name, b in plan.by_kind.items():
+        names = plan.names_by_kind[name]
+        print(f"  {name:<18} {fmt_bytes(b):>10} per session  ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+    print(f"sessions that fit: {plan.fit_slots} (pool holds {plan.num_slots}); check passed")
+    return 0
 
 
 def direct(args: argparse.Namespace) -> None:
@@ -150,8 +206,7 @@ def main(argv: list[str] | None = None) -> None:
             port=args.port,
             model=args.model,
             weights=args.weights,
-            wan_preset=args.wan_preset,
-            wan_base=args.wan_base,
+            model_options={o.dest: getattr(args, o.dest) for o in CAUSAL_WAN_OPTIONS},
             device=args.device,
             video_scale=args.video_scale,
             ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
@@ -161,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
             agent=agent,
             negotiation_timeout_s=args.negotiation_timeout,
             ice_consent_timeout_s=args.ice_consent_timeout,
-            engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
+            engine=EngineConfig(state_budget_bytes=state_budget_bytes(args), memory_fraction=args.memory_fraction,
+                                max_slots=args.max_sessions, max_batch=args.max_batch,
                                 torch_threads=args.threads, reserved_cores=args.reserved_cores),
             sessions=SessionConfig(
                 idle_after_s=args.idle_after,
@@ -172,6 +228,11 @@ def main(argv: list[str] | None = None) -> None:
                                           min_observation_s=args.min_observation),
             ),
         )
+        if args.check:
+            try:
+                raise SystemExit(check(config))
+            except (OSError, ValueError) as e:  # missing or malformed weights, no preset: one line
+                raise SystemExit(f"worldcast serve --check: {e}") from None
         # video is already compressed: no permessage-deflate; client messages are small (ws_stream.MAX_TEXT_BYTES)
         uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower(),
                     ws_per_message_deflate=False, ws_max_size=1 << 20)

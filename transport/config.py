@@ -30,8 +30,8 @@ class ServerConfig:
     port: int = 8000  #: HTTP port
     model: str = "tinyworld"  #: model family: "tinyworld", "causal-wan" (needs `weights`) or "causal-wan:tiny"
     weights: Path | None = None  #: model weights (None: the shipped TinyWorld weights)
-    wan_preset: str = "longlive-1.3b"  #: causal-wan: window/sink/timestep preset (models/causal_wan/config.PRESETS)
-    wan_base: Path | None = None  #: causal-wan: diffusers folder with the VAE and text encoder for a `.pt` DiT
+    #: the model family's own options (causal-wan: models/causal_wan/options.py), by argparse dest
+    model_options: dict[str, object] = field(default_factory=dict)
     device: str = "cpu"  #: torch device of the model and state pool
     video_scale: int | None = None  #: integer upscale of published video (None: up to ~256 px high)
     ice_host_addresses: list[str] | None = None  #: addresses for host ICE candidates (None: see `from_host`)
@@ -87,19 +87,13 @@ class ServerConfig:
             from worldcast.models.tinyworld import TinyWorldModel
 
             return TinyWorldModel.from_pretrained(self.weights, device=self.device)
-        import torch
+        # causal-wan: its factory (moves behind models/registry.py with the family's entry)
+        from types import SimpleNamespace
 
-        from worldcast.models.causal_wan.config import PRESETS
-        from worldcast.models.causal_wan.loading import load_parts, tiny_parts
-        from worldcast.models.causal_wan.model import CausalWanModel
+        from worldcast.models.causal_wan.factory import load
 
-        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
-        if self.model == "causal-wan:tiny":
-            parts = tiny_parts(dtype=dtype, device=self.device)
+        variant = "tiny" if self.model == "causal-wan:tiny" else "checkpoint"
+        if variant == "tiny":
             logger.warning("causal-wan:tiny has RANDOM weights: it streams noise-like video (for trying the path)")
-        else:
-            assert self.weights is not None
-            parts = load_parts(self.weights, cfg=PRESETS[self.wan_preset](), base_folder=self.wan_base,
-                               dtype=dtype, device=self.device)
-        name = self.model if self.model.endswith("tiny") else f"causal-wan:{self.wan_preset}"
-        return CausalWanModel(parts, name=name)
+        return load(SimpleNamespace(variant=variant, weights=self.weights, device=self.device,
+                                    options=self.model_options))

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from worldcast.models.causal_wan.config import CausalWanConfig
 from worldcast.models.causal_wan.keys import WeightsError, diffusers_to_original
 
 log = logging.getLogger(__name__)
@@ -148,8 +146,8 @@ def diffusers_dit_state(folder: str | Path) -> dict[str, torch.Tensor]:
     return {diffusers_to_original(k): v for k, v in read_safetensors_dir(Path(folder) / "transformer").items()}
 
 
-def config_from_diffusers_transformer(folder: Path, base: CausalWanConfig) -> CausalWanConfig:
-    """`base` with the network sizes of `folder/transformer/config.json` (diffusers' keys).
+def diffusers_transformer_sizes(folder: Path) -> dict[str, object]:
+    """The network sizes of `folder/transformer/config.json` (diffusers' keys) as `CausalWanConfig` fields.
 
     Raises:
         WeightsError: a transformer this module cannot run (image conditioning, other qk norm).
@@ -160,17 +158,18 @@ def config_from_diffusers_transformer(folder: Path, base: CausalWanConfig) -> Ca
     if t.get("qk_norm", "rms_norm_across_heads") not in ("rms_norm_across_heads", None):
         raise WeightsError(f"qk_norm {t['qk_norm']!r} is not supported")
     heads, hd = int(t["num_attention_heads"]), int(t["attention_head_dim"])
-    return replace(
-        base, dim=heads * hd, heads=heads, ffn_dim=int(t["ffn_dim"]), freq_dim=int(t["freq_dim"]),
+    return dict(
+        dim=heads * hd, heads=heads, ffn_dim=int(t["ffn_dim"]), freq_dim=int(t["freq_dim"]),
         text_dim=int(t["text_dim"]), layers=int(t["num_layers"]), in_channels=int(t["in_channels"]),
         out_channels=int(t.get("out_channels") or t["in_channels"]), patch=tuple(t["patch_size"]),
         eps=float(t["eps"]), cross_attn_norm=bool(t["cross_attn_norm"]), qk_norm=t.get("qk_norm") is not None,
     )  # fmt: skip
 
 
-def dit_sizes(shapes: dict[str, tuple[int, ...]], base: CausalWanConfig) -> CausalWanConfig:
-    """`base` with the sizes a DiT state dict (original names -> shapes) implies; heads stay `base.heads`
-    (the per-head split is not in the shapes: Wan's qk norm spans all heads).
+def dit_sizes(shapes: dict[str, tuple[int, ...]], heads: int) -> dict[str, object]:
+    """The sizes a DiT state dict (original names -> shapes) implies, as `CausalWanConfig` fields; `heads`
+    is kept (the per-head split is not in the shapes: Wan's qk norm spans all heads) unless the width
+    does not divide by it (then Wan's head dim, 128).
 
     Raises:
         WeightsError: keys the sizes are read from are missing (not a Wan DiT).
@@ -188,8 +187,9 @@ def dit_sizes(shapes: dict[str, tuple[int, ...]], base: CausalWanConfig) -> Caus
                                  in_channels=c_in, out_channels=c_out, patch=tuple(patch),
                                  cross_attn_norm="blocks.0.norm3.weight" in shapes,
                                  qk_norm="blocks.0.self_attn.norm_q.weight" in shapes)
-    if dim % base.heads:
+    kw["heads"] = heads
+    if dim % heads:
         kw["heads"] = dim // 128  # Wan 2.1's head dim
-        log.warning("causal-wan: width %d does not divide into %d heads; using %d heads of 128", dim, base.heads,
+        log.warning("causal-wan: width %d does not divide into %d heads; using %d heads of 128", dim, heads,
                     kw["heads"])
-    return replace(base, **kw)  # type: ignore[arg-type]
+    return kw

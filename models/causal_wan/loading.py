@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from worldcast.models.causal_wan.checkpoints import (
-    config_from_diffusers_transformer,
+    diffusers_transformer_sizes,
     diffusers_dit_state,
     dit_sizes,
     generator_names,
@@ -113,15 +113,58 @@ def base_layout(folder: str | Path) -> str:
                        f"({WAN_VAE_FILE}, {WAN_T5_FILE}, {WAN_TOKENIZER_DIR}/)")
 
 
-def vae_config(folder: str | Path) -> WanVAEConfig:
-    """The VAE's sizes: diffusers' vae/config.json, or Wan 2.1's (`WanVAEConfig()`) for its own file.
+def wan_vae_config(shapes: dict[str, tuple[int, ...]], default: WanVAEConfig) -> WanVAEConfig:
+    """A Wan VAE file's sizes, read from its decoder's tensor shapes (the file has no config).
+
+    Wan 2.1's Decoder3d (`wan/modules/vae.py`): `decoder.conv1` -> base * dim_mult[-1] channels, then per
+    stage `num_res_blocks + 1` residual blocks (`residual.2`: the stage's width base * dim_mult reversed)
+    and a Resample (with a `time_conv` when it upsamples time) between stages; `conv2` is z_dim wide.
+    dim_mult[0] is taken as 1 (Wan 2.1: [1, 2, 4, 4]). The latent statistics are not in the file:
+    `default`'s when its z_dim matches (Wan 2.1's, as the references' WanVAEWrapper hard-codes), else 0 / 1.
+
+    Raises:
+        WeightsError: not a Wan VAE decoder.
+    """
+    import re
+
+    try:
+        z = shapes["conv2.weight"][0]
+    except KeyError:
+        raise WeightsError("not a Wan VAE file (no conv2.weight)") from None
+    stages: list[list[int]] = [[]]
+    temporal: list[bool] = []
+    entries = sorted({int(m[1]) for k in shapes if (m := re.match(r"^decoder\.upsamples\.(\d+)\.", k))})
+    for n in entries:
+        if f"decoder.upsamples.{n}.resample.1.weight" in shapes:
+            temporal.append(f"decoder.upsamples.{n}.time_conv.weight" in shapes)
+            stages.append([])
+        elif f"decoder.upsamples.{n}.residual.2.weight" in shapes:
+            stages[-1].append(shapes[f"decoder.upsamples.{n}.residual.2.weight"][0])
+        else:
+            raise WeightsError(f"decoder.upsamples.{n} is neither a residual block nor a resample (attention in "
+                               "the up path is not Wan 2.1's VAE)")
+    if not stages[-1] or len({len(st) for st in stages}) != 1:
+        raise WeightsError("the Wan VAE's up stages do not all have the same number of residual blocks")
+    base = stages[-1][-1]
+    dim_mult = tuple(st[-1] // base for st in reversed(stages))
+    same_z = default.z_dim == z
+    return WanVAEConfig(base_dim=base, z_dim=z, dim_mult=dim_mult, num_res_blocks=len(stages[0]) - 1,
+                        temporal_downsample=tuple(reversed(temporal)),
+                        latents_mean=default.latents_mean if same_z else (0.0,) * z,
+                        latents_std=default.latents_std if same_z else (1.0,) * z)
+
+
+def vae_config(folder: str | Path, default: WanVAEConfig | None = None) -> WanVAEConfig:
+    """The VAE's sizes: diffusers' vae/config.json, or read from the tensors of Wan's own file
+    (`wan_vae_config`, latent statistics from `default`, Wan 2.1's unless given).
 
     Raises:
         WeightsError: the Wan 2.2 VAE, or an unreadable config.
     """
     root = Path(folder)
     if base_layout(root) == "wan":
-        return WanVAEConfig()
+        return wan_vae_config({k: tuple(v.shape) for k, v in read_pt(root / WAN_VAE_FILE).items()},
+                              default or WanVAEConfig())
     v = read_config(root / "vae")
     if v.get("is_residual") or v.get("patch_size"):
         raise WeightsError("the Wan 2.2 VAE (is_residual / patch_size) is not supported")
@@ -154,6 +197,21 @@ def load_vae(folder: str | Path, cfg: WanVAEConfig, *, dtype: torch.dtype = torc
     vae = WanVAEDecoder(cfg)
     load_state_strict(vae, vae_state(folder, cfg), what=f"{folder} (VAE)")
     return vae.to(dtype=dtype, device=device).eval()
+
+
+def base_heads(folder: str | Path) -> int | None:
+    """Attention heads of the base model's transformer config, if the folder has one (Wan's config.json
+    `num_heads`, diffusers' transformer/config.json `num_attention_heads`): a `.pt` does not say."""
+    root = Path(folder)
+    for path, key in ((root / "config.json", "num_heads"), (root / "transformer" / "config.json",
+                                                             "num_attention_heads")):
+        if path.is_file():
+            import json
+
+            value = json.loads(path.read_text()).get(key)
+            if value:
+                return int(value)
+    return None
 
 
 def load_text(folder: str | Path, *, text_len: int, dtype: torch.dtype = torch.float32,
@@ -228,7 +286,7 @@ def load_parts(
         folder = path
         if lora is not None:
             raise WeightsError("a LoRA merges into a .pt generator, not into a diffusers folder")
-        cfg = config_from_diffusers_transformer(folder, base)
+        sizes = diffusers_transformer_sizes(folder)
         state = diffusers_dit_state(folder)
         source = f"diffusers folder {folder}"
     elif path.is_file():
@@ -242,11 +300,11 @@ def load_parts(
         if lora is not None:
             state = merge_lora(state, read_lora(lora), alpha=lora_alpha)
             source += f" + LoRA {lora}"
-        cfg = dit_sizes({k: tuple(v.shape) for k, v in state.items()}, base)
+        sizes = dit_sizes({k: tuple(v.shape) for k, v in state.items()}, base_heads(folder) or base.heads)
         source += f", VAE and umT5 from {base_layout(folder)} folder {folder}"
     else:
         raise FileNotFoundError(path)
-    cfg = replace(cfg, vae=vae_config(folder))
+    cfg = replace(base, vae=vae_config(folder, base.vae), **sizes)  # type: ignore[arg-type]
     dit = build_dit(cfg, state, dtype=dtype, device=device, what=str(path))
     del state
     vae = load_vae(folder, cfg.vae, dtype=dtype, device=device)
