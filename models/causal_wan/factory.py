@@ -46,9 +46,10 @@ def load(request: LoadRequestLike) -> CausalWanModel:
     opts = request.options
     dtype = serving_dtype(request.device)
     frames = opts.get("wan_decode_frames")
+    size = parse_size(opts.get("wan_size"))
     if request.variant == "tiny":
         parts = tiny_parts(dtype=dtype, device=request.device)
-        return CausalWanModel(parts, name="causal-wan:tiny", decode_frames_per_call=frames)
+        return CausalWanModel(parts, name="causal-wan:tiny", decode_frames_per_call=frames, **size)
     if request.weights is None:
         raise ValueError("causal-wan needs --weights (a diffusers folder or a Self-Forcing / CausVid / LongLive .pt)")
     weights = Path(request.weights)
@@ -72,4 +73,18 @@ def load(request: LoadRequestLike) -> CausalWanModel:
         log.warning("causal-wan: the preset's LoRA scale %s needs --lora-alpha", preset.lora_alpha_over_rank)
     parts = load_parts(weights, cfg=preset.config(), base_folder=opts.get("wan_base"), ema=ema,
                        default_ema=preset.ema, lora=lora, lora_alpha=alpha, dtype=dtype, device=request.device)
-    return CausalWanModel(parts, name=f"causal-wan:{preset.name}", decode_frames_per_call=frames)
+    return CausalWanModel(parts, name=f"causal-wan:{preset.name}", decode_frames_per_call=frames, **size)
+
+
+def parse_size(value: object) -> dict[str, int]:
+    """"480x832" -> {"height": 480, "width": 832}; None -> {} (the config's size).
+
+    Raises:
+        ValueError: not HEIGHTxWIDTH with positive integers.
+    """
+    if value is None:
+        return {}
+    h, sep, w = str(value).lower().partition("x")
+    if not sep or not h.isdigit() or not w.isdigit() or int(h) <= 0 or int(w) <= 0:
+        raise ValueError(f"--wan-size {value!r}: expected HEIGHTxWIDTH, e.g. 480x832")
+    return {"height": int(h), "width": int(w)}

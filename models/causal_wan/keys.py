@@ -180,3 +180,51 @@ def wan_t5_to_transformers(key: str) -> list[str]:
     if (m := re.match(r"^blocks\.(\d+)\.(.+)$", key)) and m[2] in _T5_BLOCK:
         return [f"encoder.block.{m[1]}.{_T5_BLOCK[m[2]]}"]
     raise WeightsError(f"unexpected Wan umT5 key {key!r}: no row maps it")
+
+
+def _invert(table: dict[str, str]) -> dict[str, str]:
+    return {v: k for k, v in table.items()}
+
+
+def diffusers_to_wan_vae(key: str, cfg: WanVAEConfig) -> str:
+    """The inverse of `wan_vae_to_diffusers` for the decoder side (to write a file in Wan's own layout).
+
+    Raises:
+        WeightsError: a key that is not a Wan 2.1 decoder key in diffusers' names.
+    """
+    res = _invert(_RESIDUAL)
+    if key.startswith("post_quant_conv."):
+        return "conv2." + key[len("post_quant_conv."):]
+    for ours, theirs in (("decoder.conv_in.", "decoder.conv1."), ("decoder.conv_out.", "decoder.head.2.")):
+        if key.startswith(ours):
+            return theirs + key[len(ours):]
+    if key == "decoder.norm_out.gamma":
+        return "decoder.head.0.gamma"
+    if (m := re.match(r"^decoder\.mid_block\.resnets\.(\d)\.(.+)$", key)) and m[2] in res:
+        return f"decoder.middle.{2 * int(m[1])}.{res[m[2]]}"
+    if (m := re.match(r"^decoder\.mid_block\.attentions\.0\.(.+)$", key)) and m[1] in _ATTENTION:
+        return f"decoder.middle.1.{m[1]}"
+    if m := re.match(r"^decoder\.up_blocks\.(\d+)\.(resnets\.\d+|upsamplers\.0)\.(.+)$", key):
+        layout = wan_vae_upsample_layout(cfg)
+        n = layout.index((int(m[1]), m[2])) if (int(m[1]), m[2]) in layout else -1
+        tail = res.get(m[3]) if m[2].startswith("resnets.") else (m[3] if m[3] in _RESAMPLE else None)
+        if n >= 0 and tail:
+            return f"decoder.upsamples.{n}.{tail}"
+    raise WeightsError(f"no Wan VAE name for {key!r}")
+
+
+def transformers_to_wan_t5(key: str) -> str | None:
+    """The inverse of `wan_t5_to_transformers` (None for the tied copy `encoder.embed_tokens.weight`).
+
+    Raises:
+        WeightsError: a key with no row.
+    """
+    if key == "encoder.embed_tokens.weight":
+        return None
+    if key == "shared.weight":
+        return "token_embedding.weight"
+    if key == "encoder.final_layer_norm.weight":
+        return "norm.weight"
+    if (m := re.match(r"^encoder\.block\.(\d+)\.(.+)$", key)) and m[2] in (inv := _invert(_T5_BLOCK)):
+        return f"blocks.{m[1]}.{inv[m[2]]}"
+    raise WeightsError(f"no Wan umT5 name for {key!r}")

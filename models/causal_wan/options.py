@@ -48,6 +48,8 @@ OPTIONS: tuple[WanOption, ...] = (
               "the longlive preset: lora.pt beside the base checkpoint, if there)", type="path"),
     WanOption("lora-alpha", "causal-wan: the LoRA's alpha (scale alpha / rank); default: the preset's (LongLive "
               "1.0: alpha = rank = 256, scale 1)", type="float"),
+    WanOption("wan-size", "causal-wan: the frame size HEIGHTxWIDTH (default 480x832, what Wan 2.1 1.3B and its "
+              "causal descendants were trained at; each side a multiple of 16)"),
     WanOption("wan-decode-frames", "causal-wan: latent frames per VAE decoder pass, 1..3 (default: the most that "
               "fit in the memory left after the state pool, logged at start-up)", type="int"),
 )
