@@ -144,7 +144,8 @@ def check(config: ServerConfig) -> int:
             print(line)
     for name, b in plan.by_kind.items():
         names = plan.names_by_kind[name]
-        print(f"  {name:<18} {fmt_bytes(b):>10} per session  ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+        more = ", ..." if len(names) > 3 else ""
+        print(f"  {name:<18} {fmt_bytes(b):>10} per session  ({', '.join(names[:3])}{more})")
     print(f"sessions that fit: {plan.fit_slots} (pool holds {plan.num_slots}); check passed")
     return 0
 

@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import shutil
@@ -218,8 +219,9 @@ def check_coverage(paths: dict[str, Path], cfg: CausalWanConfig, *, xxl: bool) -
         raise AssertionError(f"LoRA targets {sorted(targets - set(ours))[:5]} are not DiT weights")
     out["longlive lora targets"] = len(targets)
     v = meta_shapes(lambda: WanVAEDecoder(cfg.vae))
-    out["diffusers vae"] = coverage({k: s for k, s in safetensors_shapes(diff / "vae").items()
-                                     if not k.startswith(("encoder.", "quant_conv."))}, lambda k: k, v, "diffusers vae/")
+    decoder_side = {k: s for k, s in safetensors_shapes(diff / "vae").items()
+                    if not k.startswith(("encoder.", "quant_conv."))}
+    out["diffusers vae"] = coverage(decoder_side, lambda k: k, v, "diffusers vae/")
     out["wan vae"] = coverage({k: tuple(t.shape) for k, t in read_pt(wan / "Wan2.1_VAE.pth").items()},
                               lambda k: wan_vae_to_diffusers(k, cfg.vae), v, "Wan2.1_VAE.pth")
     if xxl:  # the real umT5-XXL layout, Wan's names synthesised from its structure, on the meta device
@@ -261,24 +263,28 @@ def run_chunk(paths: dict[str, Path], *, height: int, width: int, device: str) -
     def req(weights: Path, **opts: object) -> SimpleNamespace:
         return SimpleNamespace(variant="checkpoint", weights=weights, device=device, options=opts)
 
-    key = "head.modulation"
+    def tensor(path: Path, group: str, name: str) -> torch.Tensor:  # one tensor of a memory-mapped file
+        return read_pt(path)[group][name].clone()
+
+    key, w = "head.modulation", "blocks.0.self_attn.q.weight"
     sf_path = paths["self-forcing .pt (generator + generator_ema)"]
     sf = load(req(sf_path, wan_base=wan))
-    ll_base = read_pt(paths["longlive base .pt + lora.pt"])["generator"]
-    ema = read_pt(sf_path)["generator_ema"][f"model.{key}"]
+    ema = tensor(sf_path, "generator_ema", f"model.{key}")
     facts["self-forcing serves generator_ema"] = bool(torch.equal(sf.dit.state_dict()[key].float(), ema.float()))
     params = sf.dit.num_params()
     del sf
+    gc.collect()
     folder = load(req(diff, wan_preset="self-forcing"))
     facts["diffusers folder loads"] = folder.dit.num_params() == params
     del folder
+    gc.collect()
     cv = load(req(paths["causvid .pt (generator)"], wan_base=diff))
     facts["causvid preset chosen"] = cv.spec.name == "causal-wan:causvid"
     del cv
+    gc.collect()
+    base_w = tensor(paths["longlive base .pt + lora.pt"], "generator", f"model.{w}")
     m = load(req(paths["longlive base .pt + lora.pt"], wan_base=wan, wan_decode_frames=1))
-    w = "blocks.0.self_attn.q.weight"
-    facts["longlive lora merged"] = not torch.equal(m.dit.state_dict()[w], ll_base[f"model.{w}"])
-    del ll_base
+    facts["longlive lora merged"] = not torch.equal(m.dit.state_dict()[w], base_w)
     cfg = m.cfg
     h, w_ = cfg.latent_size(height, width)
     g = torch.Generator().manual_seed(0)

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from worldcast.models.causal_wan.checkpoints import (
-    diffusers_transformer_sizes,
     diffusers_dit_state,
+    diffusers_transformer_sizes,
     dit_sizes,
     generator_names,
     load_state_strict,

@@ -288,7 +288,8 @@ class CausalWanModel(WorldModel):
         Returns the line the engine logs.
         """
         H, W = self.spec.frame_height, self.spec.frame_width
-        per = {f: decoder_activation_bytes(self.vae, H, W, latent_frames=f) for f in range(1, self.cfg.frames_per_chunk + 1)}
+        per = {f: decoder_activation_bytes(self.vae, H, W, latent_frames=f)
+               for f in range(1, self.cfg.frames_per_chunk + 1)}
         if not self._decode_fixed:
             fits = [f for f, b in per.items() if b * max_batch <= available_bytes]
             self.decode_frames_per_call = max(fits) if fits else 1

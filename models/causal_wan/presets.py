@@ -1,10 +1,12 @@
 """The published causal Wan 2.1 checkpoints' settings, one preset each, as their own code runs them.
 
-| preset | attention | steps (shift, warp) | weights | source |
-|---|---|---|---|---|
-| `self-forcing` | global over its 21-frame horizon, then a rolling 21-frame window, no sinks | 1000 750 500 250 (5, warped) | `generator_ema` | Self-Forcing `configs/self_forcing_dmd.yaml`, README `inference.py --use_ema` |
-| `causvid` | the same | 1000 757 522 (8, not warped) | `generator` | CausVid `configs/wan_causal_dmd.yaml`, `minimal_inference/autoregressive_inference.py` |
-| `longlive` | 12 frames, 3 of them sinks (global sink) | 1000 750 500 250 (5, warped) | `generator` + rank-256 LoRA (alpha 256) | LongLive 1.0 `configs/longlive_inference.yaml` |
+- `self-forcing`: global attention over its 21-frame horizon, then a rolling 21-frame window, no sinks;
+  steps 1000 750 500 250 (shift 5, warped); `generator_ema` (Self-Forcing `configs/self_forcing_dmd.yaml`,
+  README `inference.py --use_ema`).
+- `causvid`: the same attention; steps 1000 757 522 (shift 8, not warped); `generator` (CausVid
+  `configs/wan_causal_dmd.yaml`, `minimal_inference/autoregressive_inference.py`).
+- `longlive`: 12 frames attended, 3 of them sinks (global sink); Self-Forcing's steps; `generator` with the
+  rank-256 LoRA (alpha 256) merged (LongLive 1.0 `configs/longlive_inference.yaml`).
 
 All three: 3 latent frames per chunk, the commit pass at timestep 0
 (`context_noise: 0`), the prompt re-cached on a switch as LongLive's

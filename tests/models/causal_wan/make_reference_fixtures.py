@@ -485,7 +485,7 @@ def run_wan_vae(ref: Path) -> None:
         mean, std = torch.tensor(VAE_MEAN, dtype=torch.float64), torch.tensor(VAE_STD, dtype=torch.float64)
         with torch.no_grad():
             out = vae.decode(z, [mean, 1.0 / std]).float().clamp_(-1, 1)
-    clamped = float(((out.abs() == 1).double().mean()))
+    clamped = float((out.abs() == 1).double().mean())
     dec = {k: v for k, v in vae.state_dict().items() if not k.startswith(("encoder.", "conv1."))}  # decoding half
     tensors = {"z": z, "output": out, **{f"weights.{k}": v for k, v in dec.items()}}
     _write("wan_vae", tensors, {

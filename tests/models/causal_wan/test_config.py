@@ -40,7 +40,8 @@ def test_causvid_steps_are_embedded_as_integers_and_denoised_at_the_nearest_tabl
 def test_presets_cite_their_source_and_resolve_from_published_file_names() -> None:
     sf, cv, ll = PRESETS["self-forcing"], PRESETS["causvid"], PRESETS["longlive"]
     assert (sf.config().local_attn_size, sf.config().sink_size, sf.ema) == (21, 0, True)
-    assert (cv.config().local_attn_size, cv.config().timestep_shift, cv.config().warp_denoising_step) == (21, 8.0, False)
+    cvc = cv.config()
+    assert (cvc.local_attn_size, cvc.timestep_shift, cvc.warp_denoising_step) == (21, 8.0, False)
     assert (ll.config().local_attn_size, ll.config().sink_size, ll.lora_alpha_over_rank) == (12, 3, 1.0)
     assert all("@" in p.source and ".yaml" in p.source for p in PRESETS.values())
     assert resolve_preset("auto", Path("ckpt/self_forcing_dmd.pt"))[0] is sf

@@ -110,13 +110,9 @@ def test_self_forcing_and_causvid_presets_compute_what_their_own_pipelines_compu
     assert cfg.timesteps == tuple(meta["denoising_step_list"]), "the preset's timesteps are the reference's"
     errs = chunk_errors(rollout(t, meta, our_dit(t, cfg)), t["output"], meta["frames_per_chunk"])
     assert max(errs) <= TOL, f"{name} ({meta['commit'][:7]}): per-chunk max abs err {errs} > {TOL}"
-    # control: another preset's schedule on the same weights must differ
-    other = our_config(meta, **({"denoising_steps": (1000, 757, 522), "timestep_shift": 8.0, "warp_denoising_step":
-                                 False} if name != "causvid" else {"denoising_steps": (1000, 750, 500, 250),
-                                                                    "timestep_shift": 5.0, "warp_denoising_step": True}))
-    if len(other.timesteps) == len(cfg.timesteps):
-        wrong = rollout(t, meta, our_dit(t, other))
-        assert max(chunk_errors(wrong, t["output"], meta["frames_per_chunk"])) > 1e-3
+    # control: the same steps under another table shift (another noise level per step) must differ
+    wrong = rollout(t, meta, our_dit(t, our_config(meta, timestep_shift=3.0)))
+    assert max(chunk_errors(wrong, t["output"], meta["frames_per_chunk"])) > 1e-3
 
 
 def test_self_forcing_rolling_window_past_the_horizon_differs_from_sinks() -> None:
