@@ -10,6 +10,7 @@ import pytest
 from worldcast.models.causal_wan.fullsize import main
 
 
+@pytest.mark.slow  # about 30 s on the 2-core VM
 def test_every_layout_is_written_covered_loaded_and_run(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     report = main(["--tiny", "--tmp", str(tmp_path)])
     last = capsys.readouterr().out.strip().splitlines()[-1]
