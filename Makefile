@@ -11,7 +11,7 @@ LIVEKIT_VERSION := v1.13.5
 LIVEKIT_SERVER := $(HOME)/.cache/worldcast/livekit-server-$(LIVEKIT_VERSION)/server
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: serve test setup demo train evaluate bench gpu-check livekit-server fuzz cycles flood soak
+.PHONY: serve test setup demo train evaluate bench gpu-check fullsize-check livekit-server fuzz cycles flood soak
 
 setup: $(VENV)/.installed
 
@@ -59,6 +59,12 @@ bench: $(VENV)/.installed
 # On a machine with a CUDA device: gpu-marked tests, the causal-Wan 1.3B engine path per batch size, TinyWorld's bench.
 gpu-check: $(VENV)/.installed
 	$(PY) -m worldcast.engine.gpu_check --out gpu_results
+
+# The real causal Wan 1.3B architecture on the CPU (models/causal_wan/fullsize.py): generated bf16 checkpoints in
+# every layout the loader reads (about 10 GB of temp files under TMPDIR, removed after; up to ~8 GB of RAM), key and
+# shape coverage, each layout loaded, one chunk in bf16 at 64x64; the last line is one JSON object.
+fullsize-check: $(VENV)/.installed
+	$(PY) -m worldcast.models.causal_wan.fullsize
 
 # Hardening (BENCHMARKS.md, RELIABILITY): fuzz every input surface (10,000 cases each), connect/disconnect
 # cycles, the flood bar, and the soak (1 hour by default: make soak MINUTES=10).

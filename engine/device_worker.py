@@ -48,6 +48,7 @@ import torch
 from worldcast.engine.admission import active_capacity
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.errors import StatePoolExhausted
+from worldcast.engine.memory import MemoryReader, StatePlan, plan_state_memory, read_device_memory
 from worldcast.engine.rollout import BatchCache, ChunkRollout, Conditioner, denoise_batch, finalize_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
@@ -64,7 +65,12 @@ logger = logging.getLogger(__name__)
 class EngineConfig:
     """Settings of one device's engine."""
 
-    kv_budget_bytes: int = 256 * 1024 * 1024  #: state pool budget (KV rings and every other declared state), bytes
+    #: state pool budget (KV rings and every other declared state), bytes; None: `memory_fraction` of the
+    #: device's free memory after the weights are loaded (engine/memory.py)
+    state_budget_bytes: int | None = None
+    memory_fraction: float = 0.8  #: share of the free memory after the weights the state pool may take, (0, 1]
+    max_slots: int = 64  #: most state slots allocated, however much memory is free
+    kv_budget_bytes: int | None = None  #: the older name of `state_budget_bytes` (used when that is None)
     max_batch: int = 8  #: most sessions per batched step (1 = no batching)
     torch_threads: int | None = None  #: intra-op CPU threads for torch (None: chosen by measurement at warm-up)
     reserved_cores: int = 1  #: cores left to the event loop, video encoders and prompt encoder when choosing threads
@@ -74,10 +80,42 @@ class EngineConfig:
     target_utilization: float = 0.85  #: share of a chunk period a batched chunk may take (capacity, degraded)
 
     def __post_init__(self) -> None:
-        if self.kv_budget_bytes <= 0:
-            raise ValueError("kv_budget_bytes must be positive")
+        for name in ("state_budget_bytes", "kv_budget_bytes"):
+            if (v := getattr(self, name)) is not None and v <= 0:
+                raise ValueError(f"{name} must be positive")
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"memory_fraction must lie in (0, 1], got {self.memory_fraction}")
+        if self.max_slots < 1:
+            raise ValueError("max_slots must be >= 1")
         if self.step_timeout_s <= 0:
             raise ValueError("step_timeout_s must be positive")
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """The fixed state budget, bytes (None: sized from the device's memory)."""
+        return self.state_budget_bytes if self.state_budget_bytes is not None else self.kv_budget_bytes
+
+
+def plan_engine_memory(model: WorldModel, config: EngineConfig,
+                       memory_reader: MemoryReader = read_device_memory) -> StatePlan:
+    """Size the state pool for `model` on its device (engine/memory.py), let the model fit its activations
+    into what is left (`WorldModel.plan_activation_memory`), and log both.
+
+    Called with the weights already on the device, so the reading is the memory free after them.
+
+    Raises:
+        DeviceTooSmall: not one session's state fits.
+    """
+    reading = memory_reader(model.device)
+    plan = plan_state_memory(model.spec.states, state_budget_bytes=config.budget_bytes,
+                             memory_fraction=config.memory_fraction, max_slots=config.max_slots, reading=reading)
+    logger.info("DeviceWorker: %s", plan.describe())
+    if plan.headroom_bytes is not None:
+        line = model.plan_activation_memory(available_bytes=max(0, plan.headroom_bytes),
+                                            max_batch=min(config.max_batch, plan.num_slots))
+        if line:
+            logger.info("DeviceWorker: %s", line)
+    return plan
 
 
 @dataclass(frozen=True)
@@ -228,6 +266,10 @@ class DeviceWorker:
         clock: monotonic clock in seconds: deadlines and presentation times (injectable for tests).
         perf_clock: monotonic clock in seconds that step timeouts and the stall watchdog measure
             (injectable, so tests can simulate an overrun without sleeping).
+        memory_reader: reads the device's free memory (injectable; default `memory.read_device_memory`).
+
+    Raises:
+        DeviceTooSmall: the device cannot hold one session's declared state (the message has the numbers).
     """
 
     def __init__(
@@ -239,11 +281,13 @@ class DeviceWorker:
         on_error: Callable[[str, str], None],
         clock: Callable[[], float] = time.monotonic,
         perf_clock: Callable[[], float] = time.monotonic,
+        memory_reader: MemoryReader = read_device_memory,
     ) -> None:
         self.model = model
         self.config = config
         spec = model.spec
-        self.pool = StatePool(spec.states, budget_bytes=config.kv_budget_bytes, device=model.device)
+        self.memory_plan = plan_engine_memory(model, config, memory_reader)
+        self.pool = StatePool(spec.states, budget_bytes=self.memory_plan.budget_bytes, device=model.device)
         first = spec.chunk_pixel_frames(spec.initial_latent_frames)
         self.scheduler = StepScheduler(
             SchedulerConfig(

@@ -21,3 +21,16 @@ class StepFailed(EngineError):
 
 class DeviceWorkerDead(EngineError):
     """The device worker thread has stopped; no step will run."""
+
+
+class DeviceTooSmall(EngineError):
+    """The device cannot hold one session's declared state within its memory budget (refused at start-up).
+
+    Attributes:
+        session_bytes: bytes of one session's declared state. budget_bytes: the state budget.
+    """
+
+    def __init__(self, message: str, *, session_bytes: int, budget_bytes: int) -> None:
+        super().__init__(message)
+        self.session_bytes = session_bytes
+        self.budget_bytes = budget_bytes

@@ -254,6 +254,13 @@ class WorldModel(abc.ABC):
     def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
         """The pass at `spec.commit_timestep` over the finished chunk: what it writes to the session's state."""
 
+    def plan_activation_memory(self, *, available_bytes: int, max_batch: int) -> str | None:
+        """Fit the model's activation memory into `available_bytes` (device memory left after the weights and
+        the state pool) for batches of up to `max_batch` sessions, e.g. by choosing how many frames a decoder
+        pass takes. Called once by the engine at start-up; returns a line for the start-up log (None: nothing
+        to plan, the default)."""
+        return None
+
 
 def rectified_flow_update(x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor) -> torch.Tensor:
     """Deterministic rectified-flow (DDIM-like) step from flow time t to t_next < t.

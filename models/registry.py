@@ -130,6 +130,9 @@ class ModelFamily:
         variants: its variants; `default_variant` is used for a bare `--model NAME`.
         options: its own command-line settings.
         factory: "module:function", imported when loading; function(LoadRequest) -> WorldModel.
+        checkpoint_check: "module:function" (optional) for the GPU check: function(device, *, smoke, workdir)
+            yields (label, WorldModel, info dict) loaded from checkpoints it writes in the family's published
+            layouts, so the check covers loading as users do it (`engine/gpu_check.py`).
     """
 
     name: str
@@ -138,6 +141,7 @@ class ModelFamily:
     default_variant: str
     options: tuple[ModelOption, ...] = ()
     factory: str = ""
+    checkpoint_check: str = ""
 
     def __post_init__(self) -> None:
         names = [v.name for v in self.variants]

@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=_model_help())
     s.add_argument("--weights", type=Path, default=None,
                    help="model weights (tinyworld: a safetensors file, default the shipped one; causal-wan: a "
-                        "diffusers folder or a Self-Forcing .pt with --wan-base)")
+                        "diffusers folder, or a Self-Forcing / CausVid / LongLive .pt with --wan-base; "
+                        "matrix-game-2: the release's download folder)")
     add_model_options(s)
     s.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     s.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
@@ -39,7 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--video-scale", type=int, default=None,
                    help="integer upscale of the published video (default: up to ~256 px high)")
     s.add_argument("--max-batch", type=int, default=8, help="sessions per batched step (1 = no batching)")
-    s.add_argument("--kv-budget-mib", type=int, default=256, help="KV pool budget, MiB")
+    s.add_argument("--memory-fraction", type=float, default=0.8,
+                   help="share of the device's free memory after the weights are loaded that every session's "
+                        "declared state (KV rings, prompt and decoder caches) may take, as vLLM's "
+                        "gpu_memory_utilization; on a CPU, of available RAM (default 0.8; the rest is left to "
+                        "activations)")
+    s.add_argument("--state-budget-mib", type=int, default=None,
+                   help="a fixed state pool budget in MiB instead of --memory-fraction")
+    s.add_argument("--kv-budget-mib", type=int, default=None, dest="kv_budget_mib",
+                   help="the old name of --state-budget-mib (it covers all declared state, not only KV)")
+    s.add_argument("--check", action="store_true",
+                   help="load the model, print the memory plan (bytes per session by kind, sessions that fit, "
+                        "the decode plan) and exit without serving")
     s.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads on the device worker (default: the fastest of those leaving "
                         "--reserved-cores free, measured at start-up)")
@@ -120,6 +132,45 @@ def model_options(args: argparse.Namespace) -> dict[str, object]:
     return {k: getattr(args, k) for k in sorted(keys) if getattr(args, k, None) is not None}
 
 
+def state_budget_bytes(args: argparse.Namespace) -> int | None:
+    """--state-budget-mib (or its old name --kv-budget-mib, which says so) in bytes; None: from memory."""
+    if args.kv_budget_mib is not None:
+        logging.getLogger("worldcast").warning("--kv-budget-mib is the old name of --state-budget-mib (the budget "
+                                               "covers every kind of declared state); use --state-budget-mib")
+        if args.state_budget_mib is None:
+            return args.kv_budget_mib * 2**20
+    return args.state_budget_mib * 2**20 if args.state_budget_mib is not None else None
+
+
+def check(config: ServerConfig) -> int:
+    """`serve --check`: load the model, print its memory plan, serve nothing. Returns the exit status."""
+    from worldcast.engine.device_worker import plan_engine_memory
+    from worldcast.engine.errors import DeviceTooSmall
+    from worldcast.engine.memory import fmt_bytes
+
+    model = config.load_model()
+    spec = model.spec
+    print(f"model: {spec.name} ({getattr(model, 'source', '') or 'loaded'}) on {config.device}, "
+          f"{spec.frame_height}x{spec.frame_width} at {spec.fps} fps, {spec.denoising_steps} denoising steps")
+    try:
+        plan = plan_engine_memory(model, config.engine)
+    except DeviceTooSmall as e:
+        print(f"REFUSED: {e}")
+        return 2
+    print(plan.describe())
+    if plan.headroom_bytes is not None:
+        line = model.plan_activation_memory(available_bytes=max(0, plan.headroom_bytes),
+                                            max_batch=min(config.engine.max_batch, plan.num_slots))
+        if line:
+            print(line)
+    for name, b in plan.by_kind.items():
+        names = plan.names_by_kind[name]
+        more = ", ..." if len(names) > 3 else ""
+        print(f"  {name:<18} {fmt_bytes(b):>10} per session  ({', '.join(names[:3])}{more})")
+    print(f"sessions that fit: {plan.fit_slots} (pool holds {plan.num_slots}); check passed")
+    return 0
+
+
 def direct(args: argparse.Namespace) -> None:
     """`worldcast direct`: bad scripts and unreachable servers are one error line."""
     import asyncio
@@ -191,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
             agent=agent,
             negotiation_timeout_s=args.negotiation_timeout,
             ice_consent_timeout_s=args.ice_consent_timeout,
-            engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
+            engine=EngineConfig(state_budget_bytes=state_budget_bytes(args), memory_fraction=args.memory_fraction,
+                                max_slots=args.max_sessions, max_batch=args.max_batch,
                                 torch_threads=args.threads, reserved_cores=args.reserved_cores),
             sessions=SessionConfig(
                 idle_after_s=args.idle_after,
@@ -202,6 +254,11 @@ def main(argv: list[str] | None = None) -> None:
                                           min_observation_s=args.min_observation),
             ),
         )
+        if args.check:
+            try:
+                raise SystemExit(check(config))
+            except (OSError, ValueError) as e:  # missing or malformed weights, no preset: one line
+                raise SystemExit(f"worldcast serve --check: {e}") from None
         # video is already compressed: no permessage-deflate; client messages are small (ws_stream.MAX_TEXT_BYTES)
         uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower(),
                     ws_per_message_deflate=False, ws_max_size=1 << 20)

@@ -7,9 +7,12 @@ for the API the engine adapter calls.
 from worldcast.models.causal_wan.config import CausalWanConfig, WanVAEConfig, longlive_1_3b, tiny, wan_1_3b
 from worldcast.models.causal_wan.dense_attention import DenseSelfAttention, visible_key_frames
 from worldcast.models.causal_wan.dit import CausalWanDiT, DiTOutput
+from worldcast.models.causal_wan.presets import PRESETS, WanPreset, resolve_preset
+from worldcast.models.causal_wan.schedule import FlowSchedule
 from worldcast.models.causal_wan.vae import WanVAEDecoder
 
 __all__ = [
     "CausalWanConfig", "WanVAEConfig", "tiny", "wan_1_3b", "longlive_1_3b",
     "CausalWanDiT", "DiTOutput", "DenseSelfAttention", "visible_key_frames", "WanVAEDecoder",
+    "PRESETS", "WanPreset", "resolve_preset", "FlowSchedule",
 ]  # fmt: skip

@@ -1,21 +1,21 @@
 """Hyperparameters of the causal Wan family: the only source of them.
 
 `CausalWanConfig` describes the DiT (Wan 2.1 T2V layout), its causal rollout
-(chunk size, rolling window with attention sinks, denoising timesteps) and its
-VAE decoder (`WanVAEConfig`). Presets: `tiny()` (random weights, CPU-sized),
-`wan_1_3b()` (Self-Forcing's 1.3B, global attention) and `longlive_1_3b()`
-(the same network with LongLive 1.0's window of 12 latent frames, 3 of them sinks).
+(chunk size, rolling window with attention sinks, the sampling schedule) and
+its VAE decoder (`WanVAEConfig`). `tiny()` is the random-weight CPU config;
+the checkpoints' own settings (Self-Forcing, CausVid, LongLive) are the
+presets of `presets.py`, each citing the reference config it comes from.
 
-Sources: Self-Forcing `configs/self_forcing_dmd.yaml` and
-`utils/scheduler.py` (timesteps, warp, shift); LongLive
-`configs/longlive_inference.yaml` (window and sink); Wan 2.1
-`wan/configs/wan_t2v_1_3B.py` (network sizes); diffusers
-`AutoencoderKLWan` (VAE sizes and latent statistics).
+Sources: Wan 2.1 `wan/configs/wan_t2v_1_3B.py` (network sizes); diffusers
+`AutoencoderKLWan` (VAE sizes and latent statistics); `schedule.py` for the
+timesteps.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from worldcast.models.causal_wan.schedule import FlowSchedule
 
 #: Per-channel mean and std of Wan 2.1 VAE latents (diffusers AutoencoderKLWan defaults,
 #: the same numbers as Self-Forcing's utils/wan_wrapper.py WanVAEWrapper).
@@ -27,46 +27,6 @@ WAN21_LATENTS_STD = (
     2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
 )  # fmt: skip
-
-
-def shifted_sigma(sigma: float, shift: float) -> float:
-    """Flow time after the timestep shift: shift * s / (1 + (shift - 1) * s).
-
-    The shift of Esser et al. 2024 (SD3) as Wan's FlowMatchScheduler applies it
-    (Self-Forcing `utils/scheduler.py`, `set_timesteps`).
-    """
-    return shift * sigma / (1.0 + (shift - 1.0) * sigma)
-
-
-def warped_timesteps(steps: tuple[int, ...], shift: float, *, num_train_timesteps: int = 1000) -> tuple[float, ...]:
-    """Self-Forcing's warped denoising timesteps, in Wan's [0, num_train_timesteps] scale.
-
-    Self-Forcing (`pipeline/causal_inference.py`) builds the scheduler's
-    1000-entry table `timesteps[i] = 1000 * shifted(sigma_i)` with
-    `sigma_i = linspace(1, 0, 1001)[i]`, appends 0, and indexes it at
-    `1000 - step`. Index `1000 - k` of that linspace is exactly `k / 1000`, so
-    the warped timestep of step k is `1000 * shifted(k / 1000)`, computed here
-    in float64 (the original evaluates the table in float32).
-
-    Args:
-        steps: denoising steps in [0, num_train_timesteps], e.g. (1000, 750, 500, 250).
-        shift: timestep shift, e.g. 5.0.
-        num_train_timesteps: length of the training schedule.
-
-    Returns:
-        warped timesteps, e.g. (1000.0, 937.5, 833.333..., 625.0) for the example above.
-
-    Raises:
-        ValueError: a step outside [0, num_train_timesteps] or a shift <= 0.
-    """
-    if shift <= 0:
-        raise ValueError(f"shift must be positive, got {shift}")
-    out = []
-    for k in steps:
-        if not 0 <= k <= num_train_timesteps:
-            raise ValueError(f"denoising step {k} outside [0, {num_train_timesteps}]")
-        out.append(num_train_timesteps * shifted_sigma(k / num_train_timesteps, shift))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -104,8 +64,9 @@ class WanVAEConfig:
 class CausalWanConfig:
     """The causal Wan DiT, its rollout and its VAE decoder.
 
-    Timesteps are in Wan's scale [0, num_train_timesteps] (1000 x flow time sigma),
-    the scale the time embedding was trained on.
+    Timesteps are in Wan's scale [0, num_train_timesteps], the scale the time embedding was
+    trained on; each step's noise level (flow time sigma) is the reference table's entry
+    nearest its timestep (`schedule.FlowSchedule`), not timestep / 1000.
     """
 
     dim: int = 1536  #: model width D
@@ -126,8 +87,8 @@ class CausalWanConfig:
     local_attn_size: int = -1  #: latent frames a chunk attends to, sinks and itself included; -1 = all
     sink_size: int = 0  #: the session's first latent frames always attended (attention sinks)
     denoising_steps: tuple[int, ...] = (1000, 750, 500, 250)  #: Self-Forcing's denoising_step_list
-    timestep_shift: float = 5.0  #: flow-matching shift of the warp
-    warp_denoising_step: bool = True  #: map the steps through the shifted schedule (Self-Forcing)
+    timestep_shift: float = 5.0  #: the sampling table's shift (schedule.py)
+    warp_denoising_step: bool = True  #: map the steps through the shifted table (Self-Forcing), else use them
     num_train_timesteps: int = 1000  #: length of the training schedule
     context_noise: float = 0.0  #: timestep of the commit pass that writes a chunk's keys and values
     fps: int = 16  #: pixel frames per second of Wan 2.1 video (Hz)
@@ -160,7 +121,9 @@ class CausalWanConfig:
         stride = self.vae.spatial_stride * self.patch[1]
         if self.frame_height % stride or self.frame_width % stride:
             raise ValueError(f"frame size must divide by {stride} (VAE stride x patch)")
-        _ = self.timesteps  # validates the steps
+        if self.num_train_timesteps != 1000:
+            raise ValueError("the references' tables have 1000 entries (num_train_timesteps=1000)")
+        _ = self.schedule.sigmas  # validates the steps
 
     # -- derived geometry -------------------------------------------------------------
 
@@ -175,18 +138,34 @@ class CausalWanConfig:
         return self.head_dim - 2 * hw, hw, hw
 
     @property
+    def schedule(self) -> FlowSchedule:
+        """The sampling schedule (the references' float32 table; see schedule.py)."""
+        return FlowSchedule(self.denoising_steps, self.timestep_shift, self.warp_denoising_step,
+                            self.num_train_timesteps)
+
+    @property
     def timesteps(self) -> tuple[float, ...]:
-        """Denoising timesteps of one chunk, descending, in [0, num_train_timesteps]."""
-        if self.warp_denoising_step:
-            return warped_timesteps(
-                self.denoising_steps, self.timestep_shift, num_train_timesteps=self.num_train_timesteps
-            )
-        return tuple(float(s) for s in self.denoising_steps)
+        """What the time embedding sees at each denoising step, descending, in (0, num_train_timesteps]."""
+        return self.schedule.timesteps
 
     @property
     def flow_times(self) -> tuple[float, ...]:
-        """`timesteps` as flow times sigma in [0, 1] (x_t = (1 - sigma) x0 + sigma eps)."""
-        return tuple(t / self.num_train_timesteps for t in self.timesteps)
+        """Each step's noise level sigma in (0, 1] (x_t = (1 - sigma) x0 + sigma eps): the table's entry
+        nearest its timestep, as the references' `add_noise` and x0 conversion look it up."""
+        return self.schedule.sigmas
+
+    def timestep_of(self, sigma: float) -> float:
+        """The embedding timestep of the step whose noise level is `sigma` (`context_noise` for sigma 0).
+
+        Raises:
+            ValueError: sigma is none of this schedule's levels.
+        """
+        if sigma == 0.0:
+            return float(self.context_noise)
+        for s, t in zip(self.flow_times, self.timesteps, strict=True):
+            if abs(s - sigma) <= 1e-6:
+                return t
+        raise ValueError(f"noise level {sigma} is not a step of this schedule {self.flow_times}")
 
     def latent_size(self, height: int, width: int) -> tuple[int, int]:
         """Latent (h, w) of a pixel frame size; raises ValueError if it does not tile."""
@@ -231,22 +210,7 @@ class CausalWanConfig:
         return n - (self.vae.temporal_stride - 1) if first_chunk else n
 
 
-# -- presets ------------------------------------------------------------------------
-
-
-def wan_1_3b(**overrides: object) -> CausalWanConfig:
-    """Wan 2.1 T2V 1.3B as Self-Forcing runs it: 30 x 1536, 12 heads of 128, global causal attention.
-
-    `overrides` replace fields (e.g. local_attn_size=12, sink_size=3).
-    """
-    return CausalWanConfig(**overrides)  # type: ignore[arg-type]
-
-
-def longlive_1_3b(**overrides: object) -> CausalWanConfig:
-    """The 1.3B network with LongLive 1.0's rolling window: 12 latent frames attended, 3 of them sinks."""
-    kw: dict[str, object] = {"local_attn_size": 12, "sink_size": 3}
-    kw.update(overrides)
-    return CausalWanConfig(**kw)  # type: ignore[arg-type]
+# -- the random-weight config -------------------------------------------------------------
 
 
 def tiny(**overrides: object) -> CausalWanConfig:
@@ -269,4 +233,16 @@ def tiny(**overrides: object) -> CausalWanConfig:
     return CausalWanConfig(**kw)  # type: ignore[arg-type]
 
 
-PRESETS = {"tiny": tiny, "wan-1.3b": wan_1_3b, "longlive-1.3b": longlive_1_3b}
+def wan_1_3b(**overrides: object) -> CausalWanConfig:
+    """Wan 2.1 T2V 1.3B with Self-Forcing's sampling (30 x 1536, 12 heads of 128), global causal attention.
+
+    The served checkpoints' settings are `presets.PRESETS`; this is the bare network for tests and tools.
+    """
+    return CausalWanConfig(**overrides)  # type: ignore[arg-type]
+
+
+def longlive_1_3b(**overrides: object) -> CausalWanConfig:
+    """The 1.3B network with LongLive 1.0's rolling window: 12 latent frames attended, 3 of them sinks."""
+    kw: dict[str, object] = {"local_attn_size": 12, "sink_size": 3}
+    kw.update(overrides)
+    return CausalWanConfig(**kw)  # type: ignore[arg-type]

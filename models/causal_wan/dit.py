@@ -42,6 +42,13 @@ KV = tuple[torch.Tensor, torch.Tensor]
 FP32_PARAMS = ("time_embedding.", "time_projection.", "modulation")
 
 
+def param_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype parameter `name` is kept in when the model runs in `dtype` (float32 for `FP32_PARAMS` under a
+    half type, else `dtype`)."""
+    keep = dtype in (torch.bfloat16, torch.float16) and any(s in name for s in FP32_PARAMS)
+    return torch.float32 if keep else dtype
+
+
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype for norms and modulation: float32 for half types, else `dtype` itself."""
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
@@ -364,8 +371,7 @@ class CausalWanDiT(nn.Module):
     def cast(self, dtype: torch.dtype) -> CausalWanDiT:
         """Cast weights to `dtype`, keeping `FP32_PARAMS` in float32 when `dtype` is a half type; returns self."""
         for name, p in self.named_parameters():
-            keep = dtype in (torch.bfloat16, torch.float16) and any(s in name for s in FP32_PARAMS)
-            p.data = p.data.to(torch.float32 if keep else dtype)
+            p.data = p.data.to(param_dtype(name, dtype))
         return self
 
     def num_params(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from worldcast.models.causal_wan.config import PRESETS
+from worldcast.models.causal_wan.options import OPTIONS
 from worldcast.models.registry import LoadRequest, ModelFamily, ModelOption, ModelVariant
 from worldcast.models.spec import ActionSpace, ConditioningSpec, TextConditioning
 
@@ -20,39 +20,43 @@ CONDITIONING = ConditioningSpec(text=TextConditioning(), image=None)
 
 
 def load(req: LoadRequest) -> CausalWanModel:
-    """Build the variant: a checkpoint (`--weights`, with the preset and base folder options) or random weights.
+    """Build the variant: a checkpoint (`--weights`, through `factory.load`: the preset by file name, EMA, LoRA),
+    the tiny random model, or random weights at the full 1.3B size (GPU checks).
 
     Raises:
-        FileNotFoundError, WeightsError: missing or malformed weights (the message names what).
+        FileNotFoundError, WeightsError, PresetError: missing or malformed weights (the message names what).
     """
+    from worldcast.models.causal_wan import factory
+
+    if req.variant != "1.3b-random":
+        if req.variant == "tiny":
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "causal-wan:tiny has RANDOM weights: it streams noise-like video (for trying the path)")
+        return factory.load(req)
     import torch
 
-    from worldcast.models.causal_wan.loading import CausalWanParts, load_parts, tiny_parts
+    from worldcast.models.causal_wan.dit import CausalWanDiT
+    from worldcast.models.causal_wan.loading import CausalWanParts
     from worldcast.models.causal_wan.model import CausalWanModel
+    from worldcast.models.causal_wan.presets import PRESETS, resolve_preset
+    from worldcast.models.causal_wan.text import TextEncoder
+    from worldcast.models.causal_wan.vae import WanVAEDecoder
 
-    dtype = torch.bfloat16 if req.device.startswith("cuda") else torch.float32
-    if req.variant == "tiny":
-        import logging
-
-        logging.getLogger(__name__).warning(
-            "causal-wan:tiny has RANDOM weights: it streams noise-like video (for trying the path)")
-        return CausalWanModel(tiny_parts(dtype=dtype, device=req.device), name="causal-wan:tiny")
-    preset = req.options["wan_preset"]
-    cfg = PRESETS[preset]()
-    if req.variant == "1.3b-random":
-        from worldcast.models.causal_wan.dit import CausalWanDiT
-        from worldcast.models.causal_wan.text import TextEncoder
-        from worldcast.models.causal_wan.vae import WanVAEDecoder
-
-        with torch.device(req.device):
-            dit = CausalWanDiT(cfg).cast(dtype).eval()
-            vae = WanVAEDecoder(cfg.vae).to(dtype=dtype).eval()
-        text = TextEncoder.tiny_random(dim=cfg.text_dim, text_len=cfg.text_len)  # the prompt path, not umT5-XXL
-        text = TextEncoder(text.model.to(req.device), text.tokenizer, text_len=cfg.text_len)
-        return CausalWanModel(CausalWanParts(cfg=cfg, dit=dit, vae=vae, text=text), name="causal-wan:1.3b-random")
-    assert req.weights is not None
-    parts = load_parts(req.weights, cfg=cfg, base_folder=req.options["wan_base"], dtype=dtype, device=req.device)
-    return CausalWanModel(parts, name=f"causal-wan:{preset}")
+    preset = PRESETS["longlive"]
+    if req.options.get("wan_preset") not in (None, "auto"):
+        preset, _ = resolve_preset(str(req.options["wan_preset"]), None)
+    cfg = preset.config()
+    dtype = factory.serving_dtype(req.device)
+    with torch.device(req.device):
+        dit = CausalWanDiT(cfg).cast(dtype).eval()
+        vae = WanVAEDecoder(cfg.vae).to(dtype=dtype).eval()
+    text = TextEncoder.tiny_random(dim=cfg.text_dim, text_len=cfg.text_len)  # the prompt path, not umT5-XXL
+    text = TextEncoder(text.model.to(req.device), text.tokenizer, text_len=cfg.text_len)
+    return CausalWanModel(CausalWanParts(cfg=cfg, dit=dit, vae=vae, text=text), name="causal-wan:1.3b-random",
+                          decode_frames_per_call=req.options.get("wan_decode_frames"),
+                          **factory.parse_size(req.options.get("wan_size")))
 
 
 FAMILY = ModelFamily(
@@ -60,8 +64,10 @@ FAMILY = ModelFamily(
     description="causal Wan 2.1 text-to-video (Self-Forcing / CausVid / LongLive lineage); actions are ignored",
     variants=(
         ModelVariant("1.3b", "a 1.3B checkpoint: --weights a diffusers folder (transformer/ vae/ text_encoder/ "
-                     "tokenizer/) or a Self-Forcing .pt with --wan-base FOLDER", needs_weights=True,
-                     frame_height=480, frame_width=832, fps=16, conditioning=CONDITIONING, actions=ACTIONS),
+                     "tokenizer/), or a Self-Forcing / CausVid / LongLive .pt with --wan-base FOLDER (Wan 2.1's "
+                     "release or its diffusers form); --wan-preset auto picks the checkpoint's settings from its "
+                     "file name", needs_weights=True, frame_height=480, frame_width=832, fps=16,
+                     conditioning=CONDITIONING, actions=ACTIONS),
         ModelVariant("tiny", "RANDOM weights at 64x64: streams noise-like video, for trying the whole path on a CPU",
                      random_weights=True, frame_height=64, frame_width=64, fps=16, conditioning=CONDITIONING,
                      actions=ACTIONS),
@@ -70,12 +76,8 @@ FAMILY = ModelFamily(
                      frame_width=832, fps=16, conditioning=CONDITIONING, actions=ACTIONS),
     ),
     default_variant="1.3b",
-    options=(
-        ModelOption("wan-preset", "causal-wan: attention window, sinks and timesteps (default longlive-1.3b: 12 "
-                    "latent frames attended, 3 sinks; wan-1.3b attends globally and cannot serve unbounded sessions)",
-                    default="longlive-1.3b", choices=tuple(sorted(PRESETS))),
-        ModelOption("wan-base", "causal-wan with a .pt DiT: the diffusers folder holding vae/, text_encoder/, "
-                    "tokenizer/", type="path"),
-    ),
+    options=tuple(ModelOption(o.name, o.help, default=o.default, choices=o.choices, type=o.type)  # type: ignore[arg-type]
+                  for o in OPTIONS),
     factory="worldcast.models.causal_wan.family:load",
+    checkpoint_check="worldcast.models.causal_wan.chain:checkpoint_models",
 )

@@ -1,6 +1,6 @@
 """Model-level speed and memory check of the full causal Wan 1.3B path on one CUDA device.
 
-    python -m worldcast.models.causal_wan.gpu_check            # CUDA: 1.3B, 480x832, batch 1/2/4/8
+    python -m worldcast.models.causal_wan.gpu_check            # CUDA: 1.3B, 480x832, batch 1/2/4/8 (--preset)
     python -m worldcast.models.causal_wan.gpu_check --cpu-smoke  # the same code on `tiny`, CPU, seconds
 
 Random bf16 weights (the architecture, not a checkpoint). One chunk = 4
@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from worldcast.models.causal_wan.config import CausalWanConfig, longlive_1_3b, tiny
+from worldcast.models.causal_wan.config import CausalWanConfig, tiny
 from worldcast.models.causal_wan.dit import KV, CausalWanDiT
+from worldcast.models.causal_wan.presets import PRESETS
 from worldcast.models.causal_wan.sampler import flow_to_x0, renoise
 from worldcast.models.causal_wan.vae import WanVAEDecoder, frames_to_uint8
 
@@ -188,8 +189,10 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -
     p.add_argument("--cpu-smoke", action="store_true", help="tiny config on CPU (CI check of this code path)")
     p.add_argument("--batch-sizes", default=None, help="comma-separated (default 1,2,4,8; smoke 1,2)")
     p.add_argument("--chunks", type=int, default=None, help="timed chunks per batch size (default 3; smoke 1)")
-    p.add_argument("--local-attn-size", type=int, default=12, help="latent frames attended (LongLive: 12)")
-    p.add_argument("--sink-size", type=int, default=3, help="sink latent frames (LongLive: 3)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="longlive",
+                   help="window, sinks and steps of this checkpoint family (presets.py; default longlive)")
+    p.add_argument("--local-attn-size", type=int, default=None, help="override the preset's latent frames attended")
+    p.add_argument("--sink-size", type=int, default=None, help="override the preset's sink latent frames")
     p.add_argument("--vae-frames-per-call", type=int, default=1, help="latent frames per decoder pass (memory)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     a = p.parse_args(argv)
@@ -203,7 +206,8 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -
             p.error("no CUDA device (use --cpu-smoke to check the code path on CPU)")
         device, dtype = torch.device("cuda"), torch.bfloat16
         torch.backends.cudnn.benchmark = True
-        cfg = longlive_1_3b(local_attn_size=a.local_attn_size, sink_size=a.sink_size)
+        over = {k: v for k, v in (("local_attn_size", a.local_attn_size), ("sink_size", a.sink_size)) if v is not None}
+        cfg = PRESETS[a.preset].config(**over)
         sizes, chunks = [1, 2, 4, 8], a.chunks or 3
     if a.batch_sizes:
         sizes = [int(s) for s in a.batch_sizes.split(",")]

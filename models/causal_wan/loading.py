@@ -1,220 +1,174 @@
-"""Loading causal Wan weights: a diffusers-format folder, or a Self-Forcing / CausVid `.pt`.
+"""Loading a causal Wan model: the DiT from its checkpoint, the VAE decoder and umT5 from a base folder.
 
-One name-mapping table, `DIT_KEY_TABLE`, relates the original Wan /
-Self-Forcing parameter names (which `CausalWanDiT` uses) to diffusers'
-`WanTransformer3DModel` names. Original checkpoints store the DiT under
-`generator` or `generator_ema` with a `model.` prefix (Self-Forcing
-`inference.py`; LongLive also strips FSDP's `_fsdp_wrapped_module.`).
-Every key must be used and every parameter filled: a missing or unexpected
-key raises `WeightsError` naming it. Nothing here downloads anything.
+What a user brings, and what reads it:
 
-diffusers folder layout (what `save_pretrained` writes):
-`transformer/` (config.json, diffusion_pytorch_model*.safetensors),
-`vae/` (the same), `text_encoder/` (config.json, model*.safetensors),
-`tokenizer/` (tokenizer files).
+| weights | DiT | VAE + umT5 from |
+|---|---|---|
+| a diffusers folder (`transformer/ vae/ text_encoder/ tokenizer/`) | `transformer/` | the same folder |
+| a Self-Forcing / CausVid / LongLive `.pt` (`generator`, `generator_ema`) | the `.pt` (+ LoRA) | `base_folder` |
+
+`base_folder` is either a diffusers folder (Wan2.1-T2V-1.3B-Diffusers) or Wan
+2.1's own release folder, which the references read (Wan-AI/Wan2.1-T2V-1.3B:
+`Wan2.1_VAE.pth`, `models_t5_umt5-xxl-enc-bf16.pth`, `google/umt5-xxl/`;
+Self-Forcing `utils/wan_wrapper.py`). Every key must be used and every
+parameter filled: a missing or unexpected key raises `WeightsError` naming it.
+Nothing here downloads anything.
+
+The DiT is built on the meta device and takes the checkpoint's tensors (cast
+to the serving dtype), so a 1.3 B model is never held twice in memory.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
+from worldcast.models.causal_wan.checkpoints import (
+    diffusers_dit_state,
+    diffusers_transformer_sizes,
+    dit_sizes,
+    generator_names,
+    load_state_strict,
+    original_dit_state,
+    read_config,
+    read_pt,
+    read_safetensors_dir,
+)
 from worldcast.models.causal_wan.config import CausalWanConfig, WanVAEConfig
-from worldcast.models.causal_wan.dit import CausalWanDiT
+from worldcast.models.causal_wan.dit import CausalWanDiT, param_dtype
+from worldcast.models.causal_wan.keys import (  # re-exported: the names callers used to import from here
+    DIT_KEY_TABLE,
+    WeightsError,
+    diffusers_to_original,
+    original_to_diffusers,
+    wan_vae_to_diffusers,
+)
+from worldcast.models.causal_wan.lora import merge_lora, read_lora
 from worldcast.models.causal_wan.text import TextEncoder
 from worldcast.models.causal_wan.vae import WanVAEDecoder
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "DIT_KEY_TABLE", "WeightsError", "diffusers_to_original", "original_to_diffusers", "load_state_strict",
+    "CausalWanParts", "load_parts", "load_dit_pt", "tiny_parts", "build_dit", "base_layout", "load_vae", "load_text",
+    "original_dit_state", "vae_config_from_diffusers", "read_config", "read_safetensors_dir",
+]  # fmt: skip
 
-class WeightsError(ValueError):
-    """A checkpoint that does not fit the model: missing, unexpected or misshapen keys, or a bad layout."""
-
-
-#: original (Wan / Self-Forcing, what CausalWanDiT uses)  <->  diffusers WanTransformer3DModel.
-#: `{i}` is the block index; each row covers `.weight` and `.bias` (or the bare parameter).
-DIT_KEY_TABLE: tuple[tuple[str, str], ...] = (
-    ("patch_embedding", "patch_embedding"),
-    ("text_embedding.0", "condition_embedder.text_embedder.linear_1"),
-    ("text_embedding.2", "condition_embedder.text_embedder.linear_2"),
-    ("time_embedding.0", "condition_embedder.time_embedder.linear_1"),
-    ("time_embedding.2", "condition_embedder.time_embedder.linear_2"),
-    ("time_projection.1", "condition_embedder.time_proj"),
-    ("blocks.{i}.self_attn.q", "blocks.{i}.attn1.to_q"),
-    ("blocks.{i}.self_attn.k", "blocks.{i}.attn1.to_k"),
-    ("blocks.{i}.self_attn.v", "blocks.{i}.attn1.to_v"),
-    ("blocks.{i}.self_attn.o", "blocks.{i}.attn1.to_out.0"),
-    ("blocks.{i}.self_attn.norm_q", "blocks.{i}.attn1.norm_q"),
-    ("blocks.{i}.self_attn.norm_k", "blocks.{i}.attn1.norm_k"),
-    ("blocks.{i}.cross_attn.q", "blocks.{i}.attn2.to_q"),
-    ("blocks.{i}.cross_attn.k", "blocks.{i}.attn2.to_k"),
-    ("blocks.{i}.cross_attn.v", "blocks.{i}.attn2.to_v"),
-    ("blocks.{i}.cross_attn.o", "blocks.{i}.attn2.to_out.0"),
-    ("blocks.{i}.cross_attn.norm_q", "blocks.{i}.attn2.norm_q"),
-    ("blocks.{i}.cross_attn.norm_k", "blocks.{i}.attn2.norm_k"),
-    ("blocks.{i}.norm3", "blocks.{i}.norm2"),  # the affine cross-attention norm (names swap)
-    ("blocks.{i}.ffn.0", "blocks.{i}.ffn.net.0.proj"),
-    ("blocks.{i}.ffn.2", "blocks.{i}.ffn.net.2"),
-    ("blocks.{i}.modulation", "blocks.{i}.scale_shift_table"),
-    ("head.head", "proj_out"),
-    ("head.modulation", "scale_shift_table"),
-)
+#: Wan 2.1's own release files (Wan-AI/Wan2.1-T2V-1.3B), as Self-Forcing's wan_wrapper.py reads them.
+WAN_VAE_FILE = "Wan2.1_VAE.pth"
+WAN_T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
+WAN_TOKENIZER_DIR = "google/umt5-xxl"
 
 
-def _compile_table() -> list[tuple[re.Pattern[str], str, re.Pattern[str], str]]:
-    rows = []
-    for ours, theirs in DIT_KEY_TABLE:
-        def rx(p: str) -> re.Pattern[str]:
-            return re.compile("^" + re.escape(p).replace(re.escape("{i}"), r"(\d+)") + r"(\.weight|\.bias)?$")
-
-        rows.append((rx(ours), ours, rx(theirs), theirs))
-    return rows
-
-
-_TABLE = _compile_table()
-
-
-def diffusers_to_original(key: str) -> str:
-    """Map one diffusers DiT key to the original name. Raises WeightsError if no row matches."""
-    for _, ours, rx, _theirs in _TABLE:
-        m = rx.match(key)
-        if m:
-            *idx, suffix = m.groups()
-            name = ours.replace("{i}", idx[0]) if idx else ours
-            return name + (suffix or "")
-    raise WeightsError(f"unexpected diffusers transformer key {key!r}: no row of DIT_KEY_TABLE matches it")
-
-
-def original_to_diffusers(key: str) -> str:
-    """Map one original DiT key to diffusers' name. Raises WeightsError if no row matches."""
-    for rx, _ours, _, theirs in _TABLE:
-        m = rx.match(key)
-        if m:
-            *idx, suffix = m.groups()
-            name = theirs.replace("{i}", idx[0]) if idx else theirs
-            return name + (suffix or "")
-    raise WeightsError(f"unexpected key {key!r}: no row of DIT_KEY_TABLE matches it")
-
-
-def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], *, what: str) -> None:
-    """Copy `state` into `module`, refusing missing, unexpected or misshapen keys (named in the error)."""
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise WeightsError(
-            f"{what}: missing keys {missing[:10]}{' ...' if len(missing) > 10 else ''}, "
-            f"unexpected keys {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}"
-        )
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(own[k].shape):
-            raise WeightsError(f"{what}: {k} has shape {tuple(v.shape)}, the model needs {tuple(own[k].shape)}")
-    module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
-
-
-# -----------------------------------------------------------------------------
-# Original Self-Forcing / CausVid .pt
-
-
-def original_dit_state(ckpt: dict, *, ema: bool = False) -> dict[str, torch.Tensor]:
-    """The DiT's state dict (original names) from a Self-Forcing / CausVid / LongLive checkpoint dict.
-
-    Accepts `{"generator": ...}` / `{"generator_ema": ...}` (or `{"model": ...}`),
-    keys prefixed `model.` and possibly `_fsdp_wrapped_module.`.
+def build_dit(cfg: CausalWanConfig, state: dict[str, torch.Tensor], *, dtype: torch.dtype,
+              device: str | torch.device, what: str) -> CausalWanDiT:
+    """A `CausalWanDiT` holding `state` (original names), cast to `dtype` (time MLPs and modulation kept
+    float32 under a half type, `dit.FP32_PARAMS`), on `device`.
 
     Raises:
-        WeightsError: no generator state, or a key without the `model.` prefix.
+        WeightsError: missing / unexpected / misshapen keys (named).
     """
-    name = "generator_ema" if ema else "generator"
-    if name in ckpt:
-        raw = ckpt[name]
-    elif "model" in ckpt and isinstance(ckpt["model"], dict):
-        raw = ckpt["model"]
-    else:
-        raise WeightsError(f"checkpoint has no {name!r} (keys: {sorted(ckpt)[:10]})")
-    out = {}
-    for k, v in raw.items():
-        k = k.replace("_fsdp_wrapped_module.", "")
-        if not k.startswith("model."):
-            raise WeightsError(f"unexpected checkpoint key {k!r}: generator keys start with 'model.'")
-        out[k[len("model."):]] = v
-    return out
+    with torch.device("meta"):
+        dit = CausalWanDiT(cfg)
+    load_state_strict(dit, {k: v.to(param_dtype(k, dtype)) for k, v in state.items()}, what=what, assign=True)
+    return dit.to(device).eval()
 
 
-def load_dit_pt(path: str | Path, cfg: CausalWanConfig, *, ema: bool = False, dtype: torch.dtype = torch.float32,
+def load_dit_pt(path: str | Path, cfg: CausalWanConfig, *, ema: bool = False, lora: str | Path | None = None,
+                lora_alpha: float | None = None, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu") -> CausalWanDiT:
-    """A `CausalWanDiT` from a Self-Forcing-layout `.pt` (see `original_dit_state`).
+    """Only the DiT of a Self-Forcing-layout `.pt` (optionally with a LoRA merged), built for `cfg`.
 
     Raises:
-        WeightsError: missing/unexpected/misshapen keys (named), or a bad layout.
-        FileNotFoundError: no such file.
+        WeightsError: missing/unexpected/misshapen keys (named), or a bad layout. FileNotFoundError: no file.
     """
-    ckpt = torch.load(Path(path), map_location="cpu", weights_only=True)
-    dit = CausalWanDiT(cfg)
-    load_state_strict(dit, original_dit_state(ckpt, ema=ema), what=str(path))
-    return dit.cast(dtype).to(device).eval()
+    state = original_dit_state(read_pt(path), ema=ema)
+    if lora is not None:
+        state = merge_lora(state, read_lora(lora), alpha=lora_alpha)
+    return build_dit(cfg, state, dtype=dtype, device=device, what=str(path))
 
 
 # -----------------------------------------------------------------------------
-# diffusers folder
+# base folders: VAE and umT5
 
 
-def _read_safetensors_dir(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a folder's `*.safetensors` files (sharded or not)."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise WeightsError(f"{folder}: no .safetensors files")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        for k, v in load_file(str(f)).items():
-            if k in state:
-                raise WeightsError(f"{folder}: key {k!r} appears in two shards")
-            state[k] = v
-    return state
-
-
-def _read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise WeightsError(f"{folder}: no config.json")
-    return json.loads(path.read_text())
-
-
-def config_from_diffusers(folder: str | Path, base: CausalWanConfig) -> CausalWanConfig:
-    """`base` with the network and VAE sizes read from a diffusers folder's config.json files.
-
-    The causal settings (frames_per_chunk, window, sinks, timesteps) are not in
-    diffusers' configs and come from `base`.
+def base_layout(folder: str | Path) -> str:
+    """"diffusers" (vae/config.json) or "wan" (Wan2.1_VAE.pth beside the umT5 file).
 
     Raises:
-        WeightsError: a config this module cannot run (image conditioning, Wan 2.2 VAE, other patch).
+        FileNotFoundError: no such folder. WeightsError: neither layout.
     """
     root = Path(folder)
-    t = _read_config(root / "transformer")
-    if t.get("image_dim") or t.get("added_kv_proj_dim"):
-        raise WeightsError("image-conditioned (i2v) transformers are not supported")
-    if t.get("qk_norm", "rms_norm_across_heads") not in ("rms_norm_across_heads", None):
-        raise WeightsError(f"qk_norm {t['qk_norm']!r} is not supported")
-    heads, hd = int(t["num_attention_heads"]), int(t["attention_head_dim"])
-    kw: dict[str, object] = dict(
-        dim=heads * hd, heads=heads, ffn_dim=int(t["ffn_dim"]), freq_dim=int(t["freq_dim"]),
-        text_dim=int(t["text_dim"]), layers=int(t["num_layers"]), in_channels=int(t["in_channels"]),
-        out_channels=int(t.get("out_channels") or t["in_channels"]), patch=tuple(t["patch_size"]),
-        eps=float(t["eps"]), cross_attn_norm=bool(t["cross_attn_norm"]), qk_norm=t.get("qk_norm") is not None,
-    )  # fmt: skip
-    vae_dir = root / "vae"
-    if vae_dir.is_dir():
-        v = _read_config(vae_dir)
-        if v.get("is_residual") or v.get("patch_size"):
-            raise WeightsError("the Wan 2.2 VAE (is_residual / patch_size) is not supported")
-        kw["vae"] = vae_config_from_diffusers(v)
-    return replace(base, **kw)  # type: ignore[arg-type]
+    if not root.is_dir():
+        raise FileNotFoundError(root)
+    if (root / "vae" / "config.json").is_file():
+        return "diffusers"
+    if (root / WAN_VAE_FILE).is_file():
+        return "wan"
+    raise WeightsError(f"{root}: neither a diffusers folder (vae/config.json) nor Wan 2.1's release folder "
+                       f"({WAN_VAE_FILE}, {WAN_T5_FILE}, {WAN_TOKENIZER_DIR}/)")
+
+
+def wan_vae_config(shapes: dict[str, tuple[int, ...]], default: WanVAEConfig) -> WanVAEConfig:
+    """A Wan VAE file's sizes, read from its decoder's tensor shapes (the file has no config).
+
+    Wan 2.1's Decoder3d (`wan/modules/vae.py`): `decoder.conv1` -> base * dim_mult[-1] channels, then per
+    stage `num_res_blocks + 1` residual blocks (`residual.2`: the stage's width base * dim_mult reversed)
+    and a Resample (with a `time_conv` when it upsamples time) between stages; `conv2` is z_dim wide.
+    dim_mult[0] is taken as 1 (Wan 2.1: [1, 2, 4, 4]). The latent statistics are not in the file:
+    `default`'s when its z_dim matches (Wan 2.1's, as the references' WanVAEWrapper hard-codes), else 0 / 1.
+
+    Raises:
+        WeightsError: not a Wan VAE decoder.
+    """
+    import re
+
+    try:
+        z = shapes["conv2.weight"][0]
+    except KeyError:
+        raise WeightsError("not a Wan VAE file (no conv2.weight)") from None
+    stages: list[list[int]] = [[]]
+    temporal: list[bool] = []
+    entries = sorted({int(m[1]) for k in shapes if (m := re.match(r"^decoder\.upsamples\.(\d+)\.", k))})
+    for n in entries:
+        if f"decoder.upsamples.{n}.resample.1.weight" in shapes:
+            temporal.append(f"decoder.upsamples.{n}.time_conv.weight" in shapes)
+            stages.append([])
+        elif f"decoder.upsamples.{n}.residual.2.weight" in shapes:
+            stages[-1].append(shapes[f"decoder.upsamples.{n}.residual.2.weight"][0])
+        else:
+            raise WeightsError(f"decoder.upsamples.{n} is neither a residual block nor a resample (attention in "
+                               "the up path is not Wan 2.1's VAE)")
+    if not stages[-1] or len({len(st) for st in stages}) != 1:
+        raise WeightsError("the Wan VAE's up stages do not all have the same number of residual blocks")
+    base = stages[-1][-1]
+    dim_mult = tuple(st[-1] // base for st in reversed(stages))
+    same_z = default.z_dim == z
+    return WanVAEConfig(base_dim=base, z_dim=z, dim_mult=dim_mult, num_res_blocks=len(stages[0]) - 1,
+                        temporal_downsample=tuple(reversed(temporal)),
+                        latents_mean=default.latents_mean if same_z else (0.0,) * z,
+                        latents_std=default.latents_std if same_z else (1.0,) * z)
+
+
+def vae_config(folder: str | Path, default: WanVAEConfig | None = None) -> WanVAEConfig:
+    """The VAE's sizes: diffusers' vae/config.json, or read from the tensors of Wan's own file
+    (`wan_vae_config`, latent statistics from `default`, Wan 2.1's unless given).
+
+    Raises:
+        WeightsError: the Wan 2.2 VAE, or an unreadable config.
+    """
+    root = Path(folder)
+    if base_layout(root) == "wan":
+        return wan_vae_config({k: tuple(v.shape) for k, v in read_pt(root / WAN_VAE_FILE).items()},
+                              default or WanVAEConfig())
+    v = read_config(root / "vae")
+    if v.get("is_residual") or v.get("patch_size"):
+        raise WeightsError("the Wan 2.2 VAE (is_residual / patch_size) is not supported")
+    return vae_config_from_diffusers(v)
 
 
 def vae_config_from_diffusers(v: dict) -> WanVAEConfig:
@@ -228,33 +182,51 @@ def vae_config_from_diffusers(v: dict) -> WanVAEConfig:
     )  # fmt: skip
 
 
-def load_dit_diffusers(folder: str | Path, cfg: CausalWanConfig, *, dtype: torch.dtype = torch.float32,
-                       device: str | torch.device = "cpu") -> CausalWanDiT:
-    """A `CausalWanDiT` from `folder/transformer` through `DIT_KEY_TABLE`.
-
-    Raises:
-        WeightsError: a key no row maps (named), or missing/misshapen parameters.
-    """
-    raw = _read_safetensors_dir(Path(folder) / "transformer")
-    state = {diffusers_to_original(k): v for k, v in raw.items()}
-    dit = CausalWanDiT(cfg)
-    load_state_strict(dit, state, what=f"{folder}/transformer")
-    return dit.cast(dtype).to(device).eval()
+def vae_state(folder: str | Path, cfg: WanVAEConfig) -> dict[str, torch.Tensor]:
+    """The decoder's weights (diffusers names; the encoder side dropped) from either layout."""
+    root = Path(folder)
+    if base_layout(root) == "wan":
+        raw = read_pt(root / WAN_VAE_FILE)
+        return {name: v for k, v in raw.items() if (name := wan_vae_to_diffusers(k, cfg)) is not None}
+    raw = read_safetensors_dir(root / "vae")
+    return {k: v for k, v in raw.items() if not k.startswith(("encoder.", "quant_conv."))}
 
 
-def load_vae_diffusers(folder: str | Path, cfg: WanVAEConfig, *, dtype: torch.dtype = torch.float32,
-                       device: str | torch.device = "cpu") -> WanVAEDecoder:
-    """A `WanVAEDecoder` from `folder/vae` (its `decoder.*` and `post_quant_conv.*`; the encoder is skipped).
+def load_vae(folder: str | Path, cfg: WanVAEConfig, *, dtype: torch.dtype = torch.float32,
+             device: str | torch.device = "cpu") -> WanVAEDecoder:
+    """A `WanVAEDecoder` from a base folder of either layout.
 
     Raises:
         WeightsError: missing/unexpected decoder keys (named) or misshapen ones.
     """
-    raw = _read_safetensors_dir(Path(folder) / "vae")
-    encoder_side = ("encoder.", "quant_conv.")
-    state = {k: v for k, v in raw.items() if not k.startswith(encoder_side)}
     vae = WanVAEDecoder(cfg)
-    load_state_strict(vae, state, what=f"{folder}/vae")
+    load_state_strict(vae, vae_state(folder, cfg), what=f"{folder} (VAE)")
     return vae.to(dtype=dtype, device=device).eval()
+
+
+def base_heads(folder: str | Path) -> int | None:
+    """Attention heads of the base model's transformer config, if the folder has one (Wan's config.json
+    `num_heads`, diffusers' transformer/config.json `num_attention_heads`): a `.pt` does not say."""
+    root = Path(folder)
+    for path, key in ((root / "config.json", "num_heads"), (root / "transformer" / "config.json",
+                                                             "num_attention_heads")):
+        if path.is_file():
+            import json
+
+            value = json.loads(path.read_text()).get(key)
+            if value:
+                return int(value)
+    return None
+
+
+def load_text(folder: str | Path, *, text_len: int, dtype: torch.dtype = torch.float32,
+              device: str | torch.device = "cpu") -> TextEncoder:
+    """The umT5 prompt encoder from a base folder of either layout."""
+    root = Path(folder)
+    if base_layout(root) == "wan":
+        return TextEncoder.from_wan_checkpoint(root / WAN_T5_FILE, root / WAN_TOKENIZER_DIR, text_len=text_len,
+                                               dtype=dtype, device=device)
+    return TextEncoder.from_pretrained(root, text_len=text_len, dtype=dtype, device=device)
 
 
 # -----------------------------------------------------------------------------
@@ -263,56 +235,89 @@ def load_vae_diffusers(folder: str | Path, cfg: WanVAEConfig, *, dtype: torch.dt
 
 @dataclass
 class CausalWanParts:
-    """A loaded causal Wan model: config, DiT, VAE decoder and prompt encoder (all stateless across sessions)."""
+    """A loaded causal Wan model: config, DiT, VAE decoder and prompt encoder (all stateless across sessions).
+
+    Attributes:
+        source: how the weights were read, for logs and the dry run (layouts, EMA or not, LoRA).
+    """
 
     cfg: CausalWanConfig
     dit: CausalWanDiT
     vae: WanVAEDecoder
     text: TextEncoder
+    source: str = ""
+
+
+def choose_generator(ckpt: dict, ema: bool | None, *, default_ema: bool, path: Path) -> bool:
+    """Whether to read `generator_ema` from a `.pt`: as asked, else the preset's default where present.
+
+    Raises:
+        WeightsError: EMA weights asked for (`ema=True`) and the checkpoint has none, or no generator at all.
+    """
+    names = generator_names(ckpt)
+    if ema is True and "generator_ema" not in names:
+        raise WeightsError(f"{path} has no EMA weights (generator_ema); it holds {names or sorted(ckpt)[:10]}")
+    if ema is None:
+        ema = default_ema and "generator_ema" in names
+        if default_ema and not ema:
+            log.warning("causal-wan: %s has no generator_ema; serving its generator weights", path)
+    return ema
 
 
 def load_parts(
     weights: str | Path, *, cfg: CausalWanConfig | None = None, base_folder: str | Path | None = None,
-    ema: bool = False, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    ema: bool | None = False, default_ema: bool = False, lora: str | Path | None = None,
+    lora_alpha: float | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
 ) -> CausalWanParts:
-    """Load from a diffusers-format folder, or from a Self-Forcing-layout `.pt` plus a diffusers base folder.
+    """Load from a diffusers folder, or from a `.pt` (+ an optional LoRA) plus a base folder.
 
     Args:
-        weights: a diffusers folder (transformer/, vae/, text_encoder/, tokenizer/) or a `.pt`
-            (`generator` / `generator_ema`); a `.pt` takes its VAE and text encoder from `base_folder`
-            (e.g. Wan2.1-T2V-1.3B-Diffusers).
-        cfg: causal settings and sizes (default `wan_1_3b()`); network sizes are then read from
-            the folder's config.json files.
-        ema: take `generator_ema` from a `.pt`.
-        dtype: DiT and VAE weight dtype (bf16 on CUDA; see `CausalWanDiT.cast`). The text encoder
-            uses it too.
+        weights: a diffusers folder, or a `.pt` (`generator` / `generator_ema`).
+        cfg: causal settings (a preset's config; default Wan 2.1 1.3B with Self-Forcing's sampling);
+            the network sizes come from the weights.
+        base_folder: for a `.pt`: the diffusers or Wan 2.1 release folder with the VAE and umT5.
+        ema: take `generator_ema` (True), `generator` (False), or the preset's choice (None: `default_ema`
+            where the checkpoint has EMA weights).
+        lora: a PEFT LoRA file (LongLive's `lora.pt`) merged into the DiT (`lora.merge_lora`).
+        lora_alpha: the LoRA's alpha (None: its rank, i.e. scale 1, as LongLive's config).
+        dtype: DiT, VAE and umT5 weight dtype (bf16 on CUDA; see `dit.param_dtype`).
 
     Raises:
         WeightsError: a bad checkpoint (keys named). FileNotFoundError: a missing path.
     """
-    from worldcast.models.causal_wan.config import wan_1_3b
-
     path = Path(weights)
-    base = cfg or wan_1_3b()
+    base = cfg or CausalWanConfig()
     if path.is_dir():
         folder = path
+        if lora is not None:
+            raise WeightsError("a LoRA merges into a .pt generator, not into a diffusers folder")
+        sizes = diffusers_transformer_sizes(folder)
+        state = diffusers_dit_state(folder)
+        source = f"diffusers folder {folder}"
     elif path.is_file():
         if base_folder is None:
-            raise WeightsError(f"{path} holds the DiT only: pass base_folder= for the VAE and text encoder")
+            raise WeightsError(f"{path} holds the DiT only: pass the base folder (--wan-base) for the VAE and umT5")
         folder = Path(base_folder)
+        ckpt = read_pt(path)
+        use_ema = choose_generator(ckpt, ema, default_ema=default_ema, path=path)
+        state = original_dit_state(ckpt, ema=use_ema)
+        source = f"{path} ({'generator_ema' if use_ema else 'generator'})"
+        if lora is not None:
+            state = merge_lora(state, read_lora(lora), alpha=lora_alpha)
+            source += f" + LoRA {lora}"
+        sizes = dit_sizes({k: tuple(v.shape) for k, v in state.items()}, base_heads(folder) or base.heads)
+        source += f", VAE and umT5 from {base_layout(folder)} folder {folder}"
     else:
         raise FileNotFoundError(path)
-    cfg = config_from_diffusers(folder, base)
-    if path.is_dir():
-        dit = load_dit_diffusers(folder, cfg, dtype=dtype, device=device)
-    else:
-        dit = load_dit_pt(path, cfg, ema=ema, dtype=dtype, device=device)
-    vae = load_vae_diffusers(folder, cfg.vae, dtype=dtype, device=device)
-    text = TextEncoder.from_pretrained(folder, text_len=cfg.text_len, dtype=dtype, device=device)
+    cfg = replace(base, vae=vae_config(folder, base.vae), **sizes)  # type: ignore[arg-type]
+    dit = build_dit(cfg, state, dtype=dtype, device=device, what=str(path))
+    del state
+    vae = load_vae(folder, cfg.vae, dtype=dtype, device=device)
+    text = load_text(folder, text_len=cfg.text_len, dtype=dtype, device=device)
     if text.dim != cfg.text_dim:
         raise WeightsError(f"text encoder width {text.dim} != transformer text_dim {cfg.text_dim}")
-    log.info("causal-wan: loaded %s (%.3f B DiT parameters)", path, dit.num_params() / 1e9)
-    return CausalWanParts(cfg=cfg, dit=dit, vae=vae, text=text)
+    log.info("causal-wan: loaded %s (%.3f B DiT parameters)", source, dit.num_params() / 1e9)
+    return CausalWanParts(cfg=cfg, dit=dit, vae=vae, text=text, source=source)
 
 
 def tiny_parts(
@@ -331,5 +336,5 @@ def tiny_parts(
     log.warning("causal-wan:tiny has random weights: its video is noise-like")
     return CausalWanParts(
         cfg=cfg, dit=dit.cast(dtype).to(device).eval(), vae=vae.to(dtype=dtype, device=device).eval(),
-        text=TextEncoder(text.model.to(device), text.tokenizer, text_len=cfg.text_len),
+        text=TextEncoder(text.model.to(device), text.tokenizer, text_len=cfg.text_len), source="random (tiny)",
     )

@@ -6,8 +6,8 @@ Declared per-session state (`models/spec.py`), all held by the engine's pool:
   post-RoPE keys at absolute positions, read in place by `kernels/ring_attention.py`;
 - "cross": the prompt's cross-attention cache (layers, K/V, text_len, heads, head_dim),
   replaced on every prompt change;
-- "latents": the committed latents on the ring's positions, which a prompt
-  switch re-runs (LongLive's recache);
+- "latents": the last `local_attn_size - sink_size` committed latents and the
+  sinks', which a prompt switch re-runs (LongLive's recache, `recache.py`);
 - "vae.NN": the VAE decoder's causal-conv cache, one tensor per cached conv
   (the last 2 input frames each), advanced by every decoded chunk.
 
@@ -16,7 +16,10 @@ frame 0 decodes to 1 pixel frame and later ones to 4, so a session's first
 chunk is 9 pixel frames and every later one 12. The sampler is Self-Forcing's:
 predict x0, then re-noise it to the next timestep with fresh noise from the
 session's own generator; the finished chunk is run once more at the context
-noise timestep (0) to write its keys and values. The video is text-to-video:
+noise timestep (0) to write its keys and values; each step's time embedding
+and noise level come from the reference's table (`schedule.py`): the engine's
+flow times are the noise levels, mapped back to the embedding timesteps here.
+The video is text-to-video:
 actions are accepted (the same keys as every worldcast model) and ignored.
 
 `causal-wan:tiny` (random weights) runs the whole path on a CPU and makes
@@ -46,8 +49,9 @@ from worldcast.models.base import (
 from worldcast.models.causal_wan.config import CausalWanConfig
 from worldcast.models.causal_wan.family import ACTIONS, CONDITIONING
 from worldcast.models.causal_wan.loading import CausalWanParts
-from worldcast.models.causal_wan.sampler import flow_to_x0
-from worldcast.models.causal_wan.vae import WanVAEDecoder, frames_to_uint8
+from worldcast.models.causal_wan.recache import recache_kv, recache_plan
+from worldcast.models.causal_wan.sampler import x0_from_sigma
+from worldcast.models.causal_wan.vae import WanVAEDecoder, decoder_activation_bytes, frames_to_uint8
 from worldcast.models.spec import (
     AttentionRingSpec,
     Conditioning,
@@ -59,7 +63,6 @@ from worldcast.models.spec import (
 )
 
 logger = logging.getLogger(__name__)
-
 
 
 
@@ -81,19 +84,27 @@ class CausalWanModel(WorldModel):
         name: the served model's name (e.g. "causal-wan:tiny").
         height, width: pixel frame size (defaults: the config's).
 
+        decode_frames_per_call: latent frames per VAE decoder pass (None: chosen from the memory left
+            after the state pool, `plan_activation_memory`; all of a chunk's frames until then).
+
     Raises:
-        ValueError: the config attends globally (no bounded window: sessions could not run
-            indefinitely), or the frame size does not tile.
+        ValueError: the config attends globally without a bound (a session's KV would grow without
+            limit), or the frame size does not tile.
     """
 
     def __init__(self, parts: CausalWanParts, *, name: str, height: int | None = None,
-                 width: int | None = None) -> None:
+                 width: int | None = None, decode_frames_per_call: int | None = None) -> None:
         cfg = parts.cfg
         if cfg.local_attn_size == -1:
-            raise ValueError(f"{name}: global attention keeps every latent frame, so a session's KV would grow "
-                             "without bound; serve a windowed config (e.g. the longlive-1.3b preset: "
-                             "local_attn_size 12, sink_size 3)")
+            raise ValueError(f"{name}: unbounded global attention keeps every latent frame, so a session's KV would "
+                             "grow without limit; serve a preset (self-forcing and causvid: global over their "
+                             "21-frame horizon, then a rolling window; longlive: 12 frames, 3 sinks)")
+        if decode_frames_per_call is not None and not 1 <= decode_frames_per_call <= cfg.frames_per_chunk:
+            raise ValueError(f"decode_frames_per_call must lie in 1..{cfg.frames_per_chunk}")
         self.cfg: CausalWanConfig = cfg
+        self.source = parts.source
+        self.decode_frames_per_call = decode_frames_per_call
+        self._decode_fixed = decode_frames_per_call is not None
         self.dit, self.vae, self.text = parts.dit, parts.vae, parts.text
         self.device = next(self.dit.parameters()).device
         self.dtype = self.dit.dtype
@@ -102,12 +113,16 @@ class CausalWanModel(WorldModel):
         T = cfg.tokens_per_frame(H, W)
         self._tokens_per_frame = T
         self._vae_names = [f"vae.{i:02d}" for i in range(len(self.vae.cache_spec(H, W)))]
+        lat_dtype = self.dtype if self.dtype == torch.float64 else torch.float32
+        self._sigmas = torch.tensor(cfg.flow_times, dtype=torch.float64, device=self.device)
+        self._embed_t = torch.tensor(cfg.timesteps, dtype=torch.float64, device=self.device)
         states = (
             AttentionRingSpec("kv", layers=cfg.layers, heads=cfg.heads, head_dim=cfg.head_dim, tokens_per_frame=T,
                               window_frames=cfg.kv_recent_frames, sink_frames=cfg.sink_size, dtype=self.dtype),
             PromptCacheSpec("cross", shape=(cfg.layers, 2, cfg.text_len, cfg.heads, cfg.head_dim), dtype=self.dtype),
-            FrameRingSpec("latents", frame_shape=(cfg.out_channels, h, w), window_frames=cfg.kv_recent_frames,
-                          sink_frames=cfg.sink_size, dtype=torch.float32),
+            FrameRingSpec("latents", frame_shape=(cfg.out_channels, h, w),
+                          window_frames=cfg.local_attn_size - cfg.sink_size, sink_frames=cfg.sink_size,
+                          dtype=lat_dtype),
             *(TensorStateSpec(n, shape=shape, dtype=dt)
               for n, (shape, dt) in zip(self._vae_names, self.vae.cache_spec(H, W), strict=True)),
         )
@@ -159,8 +174,11 @@ class CausalWanModel(WorldModel):
             cross = cond.memo["cross"] = [(c[:, i, 0], c[:, i, 1]) for i in range(self.cfg.layers)]
         return cross  # type: ignore[return-value]
 
-    def _timesteps(self, flow_t: torch.Tensor) -> torch.Tensor:
-        return flow_t * self.cfg.num_train_timesteps  # Wan's scale
+    def _timesteps(self, sigma: torch.Tensor) -> torch.Tensor:
+        """Noise levels (B,) (the engine's flow times: this schedule's sigmas) -> embedding timesteps (B,),
+        float64, by the nearest schedule step (no host sync)."""
+        idx = (sigma.to(torch.float64)[:, None] - self._sigmas[None]).abs().argmin(dim=1)
+        return self._embed_t[idx]
 
     @staticmethod
     def _wan(x: torch.Tensor) -> torch.Tensor:
@@ -187,35 +205,43 @@ class CausalWanModel(WorldModel):
 
     @torch.no_grad()
     def set_prompt(self, cond: ChunkConditioning, state: StateView) -> StateUpdates:
-        """Re-cache for a new prompt before the chunk at `cond.frame_index` (LongLive's recache).
+        """Re-cache for a new prompt before the chunk at `cond.frame_index`: LongLive's `_recache_after_switch`.
 
-        The cross-attention cache is replaced, and the latest run of committed latent frames
-        still in the ring (at most the last `local_attn_size`, sinks included only while they
-        are contiguous with it) is re-run at the context-noise timestep under the new prompt, as
-        one block, attending to the ring frames before it; their keys and values are rewritten.
-        One session per call (the engine re-caches sessions one at a time). Reads the ring's
-        frame indices on the host: a prompt switch syncs once, never inside a chunk's steps.
+        The cross-attention cache is replaced, and the frames `recache.recache_plan` names are re-run
+        at the context-noise timestep under the new prompt as one block, attending each other and
+        (in steady state) the sinks' old keys and values; the ring positions that later chunks read
+        are rewritten. One session per call (the engine re-caches sessions one at a time); reads the
+        ring's frame indices on the host: a prompt switch syncs once, never inside a chunk's steps.
         """
         assert cond.batch == 1, "set_prompt re-caches one session at a time"
+        cfg = self.cfg
         cross = self.dit.cross_kv(cond.context["text"].to(self.dtype))
         updates: StateUpdates = {"cross": Replace(self._cross_tensor(cross))}
         nxt = cond.frame_index_host[0][0] if cond.frame_index_host else int(cond.frame_index[0, 0])
-        data, frames = state.frames("latents")  # (1, P, C, h, w), (1, P)
-        held = {int(f): p for p, f in enumerate(frames[0].tolist()) if f >= 0}
-        run: list[int] = []
-        j = nxt - 1
-        while j in held and j >= nxt - self.cfg.local_attn_size:
-            run.append(j)
-            j -= 1
-        if not run:
+        plan = recache_plan(nxt, local_attn_size=cfg.local_attn_size, sink_size=cfg.sink_size)
+        if plan is None:
             return updates
-        run.reverse()
-        x0 = data[:, [held[j] for j in run]].to(self.dtype)  # (1, F_r, C, h, w)
-        fi = torch.tensor([run], dtype=torch.int64, device=self.device)
-        recache = ChunkConditioning(action=cond.action[:, :0], context=cond.context, frame_index=fi,
-                                    frame_index_host=(tuple(run),))
-        updates["kv"] = self._kv_pass(x0, recache, state, cross)
-        logger.debug("causal-wan: recached latent frames %d..%d under a new prompt", run[0], run[-1])
+        data, lat_frames = state.frames("latents")  # (1, P, C, h, w), (1, P)
+        held = {int(f): p for p, f in enumerate(lat_frames[0].tolist()) if f >= 0}
+        missing = [f for f in plan.frames if f not in held]
+        assert not missing, f"latent frames {missing} are not held for the re-cache"
+        x0 = data[:, [held[f] for f in plan.frames]].to(self.dtype).permute(0, 2, 1, 3, 4)  # (1, C, F_r, h, w)
+        prefix = None
+        T = self._tokens_per_frame
+        if plan.keep_sinks:
+            k_pool, v_pool, ring_frame = state.ring("kv")
+            slot = state.slots_host[0]
+            pos = {int(f): p for p, f in enumerate(ring_frame[slot].tolist()) if f >= 0}
+            tok = torch.cat([torch.arange(pos[f] * T, (pos[f] + 1) * T) for f in plan.sink_frames]).to(self.device)
+            prefix = [(k_pool[slot, layer, tok][None], v_pool[slot, layer, tok][None]) for layer in range(cfg.layers)]
+        kv = recache_kv(self.dit, x0, plan.frames, cross, prefix)
+        # write back only the frames the ring keeps (the others would collide on its positions)
+        keep = [i for i, f in enumerate(plan.frames) if f < cfg.sink_size or f >= nxt - cfg.kv_recent_frames]
+        tok_idx = torch.cat([torch.arange(i * T, (i + 1) * T) for i in keep]).to(self.device)
+        frames = torch.tensor([[plan.frames[i] for i in keep]], dtype=torch.int64, device=self.device)
+        updates["kv"] = RingWrite(frames, [k[:, tok_idx] for k, _ in kv], [v[:, tok_idx] for _, v in kv])
+        logger.debug("causal-wan: recached latent frames %d..%d under a new prompt (%s sinks)", plan.frames[0],
+                     plan.frames[-1], "old" if plan.keep_sinks else "new")
         return updates
 
     @torch.no_grad()
@@ -223,7 +249,7 @@ class CausalWanModel(WorldModel):
         tw = self._timesteps(t)
         x = self._wan(x_t)
         out = self.dit(x, tw, cond.frame_index[:, 0], self._cross(cond, state), self._attend(cond, state))
-        return self._wan(flow_to_x0(out.flow, x, tw, num_train_timesteps=self.cfg.num_train_timesteps))
+        return self._wan(x0_from_sigma(out.flow, x, t))
 
     def sampler_step(self, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor,
                      noise: NoiseFn) -> torch.Tensor:
@@ -234,7 +260,28 @@ class CausalWanModel(WorldModel):
     def decode(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> tuple[list[torch.Tensor],
                                                                                          StateUpdates]:
         """Stream-decode each session's chunk with its decoder cache (see `stream_decode`)."""
-        return stream_decode(self.vae, self._vae_names, x0, cond, state)
+        return stream_decode(self.vae, self._vae_names, x0, cond, state, frames_per_call=self.decode_frames_per_call)
+
+    def plan_activation_memory(self, *, available_bytes: int, max_batch: int) -> str:
+        """Choose latent frames per VAE decoder pass so a batch's decode fits `available_bytes` (the memory
+        left after the weights and the state pool); a flag's choice (`decode_frames_per_call`) is kept.
+
+        The estimate is `vae.decoder_activation_bytes` (the largest live tensors of one pass) per session.
+        Returns the line the engine logs.
+        """
+        H, W = self.spec.frame_height, self.spec.frame_width
+        per = {f: decoder_activation_bytes(self.vae, H, W, latent_frames=f)
+               for f in range(1, self.cfg.frames_per_chunk + 1)}
+        if not self._decode_fixed:
+            fits = [f for f, b in per.items() if b * max_batch <= available_bytes]
+            self.decode_frames_per_call = max(fits) if fits else 1
+        f = self.decode_frames_per_call or self.cfg.frames_per_chunk
+        need = per[f] * max_batch
+        how = "set by flag" if self._decode_fixed else "chosen from memory"
+        warn = "" if need <= available_bytes else " -- OVER the memory left: decoding may run out of memory"
+        return (f"VAE decode: {f} latent frame(s) per decoder pass ({how}); about {need / 2**30:.2f} GiB of "
+                f"activations for a batch of {max_batch}, {available_bytes / 2**30:.2f} GiB left after the state "
+                f"pool{warn}")
 
     @torch.no_grad()
     def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
@@ -243,18 +290,20 @@ class CausalWanModel(WorldModel):
                 "latents": FrameWrite(cond.frame_index, x0.float())}
 
 
-@torch.no_grad()
 def stream_decode(vae: WanVAEDecoder, names: list[str], x0: torch.Tensor, cond: ChunkConditioning,
-                  state: StateView) -> tuple[list[torch.Tensor], StateUpdates]:
+                  state: StateView, *, frames_per_call: int | None = None) -> tuple[list[torch.Tensor], StateUpdates]:
     """Decode a batch's chunks with each session's causal-conv cache, the cache held as declared state.
 
     First chunks (latent frame 0 decoded alone first: 9 pixel frames from 3 latent frames) and later
-    ones (12) run as separate batches, since the decoder's `first_chunk` is per call.
+    ones (12) run as separate batches, since the decoder's `first_chunk` is per call. Shared by the
+    families that decode with the Wan 2.1 VAE (causal Wan, Matrix-Game 2.0).
 
     Args:
         vae: the Wan 2.1 VAE decoder. names: the declared state names of its cache tensors, in
             `vae.cache_spec` order. x0: (B, F, C, h, w) normalised latents.
         cond: the chunk's conditioning (frame indices tell first chunks apart). state: the batch's state.
+        frames_per_call: latent frames per decoder pass (None: all of a chunk's at once); fewer bound the
+            activation memory and give the same frames.
 
     Returns:
         per session uint8 (F_pix_b, H, W, 3) RGB frames, and the new cache tensors (`Replace` each).
@@ -272,7 +321,8 @@ def stream_decode(vae: WanVAEDecoder, names: list[str], x0: torch.Tensor, cond: 
         sub = x0 if len(rows) == B else x0[rows]
         cache = None if is_first else [
             (t if len(rows) == B else t[rows]) for t in (state.tensor(n) for n in names)]
-        out, c = vae.decode_chunk(sub.permute(0, 2, 1, 3, 4), cache, first_chunk=is_first)
+        out, c = vae.decode_chunk(sub.permute(0, 2, 1, 3, 4), cache, first_chunk=is_first,
+                                  frames_per_call=frames_per_call)
         pix = frames_to_uint8(out)  # (b, T_pix, H, W, 3)
         for j, b in enumerate(rows):
             frames[b] = pix[j]

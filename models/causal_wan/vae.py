@@ -363,3 +363,39 @@ class WanVAEDecoder(nn.Module):
 def frames_to_uint8(frames: torch.Tensor) -> torch.Tensor:
     """RGB in [-1, 1] (any shape) -> uint8 in [0, 255], rounding to nearest."""
     return ((frames.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+
+
+def decoder_activation_bytes(vae: WanVAEDecoder, height: int, width: int, *, latent_frames: int,
+                             dtype: torch.dtype | None = None) -> int:
+    """Estimated peak activation bytes of one decoder pass of one session (a later chunk's pass).
+
+    Runs the decoder on the meta device (no memory, no compute) with hooks on its causal convs;
+    for each conv the live tensors are taken as its cache-extended input, its output and two
+    more tensors of its input's size (the residual path and the norm/SiLU temporaries), and the
+    largest sum over the convs is returned. An estimate of the allocator's peak, not a measurement:
+    the GPU check records the measured peak beside it.
+
+    Args:
+        height, width: pixel frame size. latent_frames: latent frames per pass (`frames_per_call`).
+        dtype: activation dtype (default the decoder's).
+    """
+    elem = torch.empty((), dtype=dtype or vae.dtype).element_size()
+    with torch.device("meta"):
+        shadow = WanVAEDecoder(vae.cfg)
+    peak = [0]
+
+    def hook(_m: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        x = inp[0]
+        cat = x.numel() * (x.shape[2] + CACHE_FRAMES) // max(1, x.shape[2])
+        peak[0] = max(peak[0], (cat + out.numel() + 2 * x.numel()) * elem)
+
+    handles = [m.register_forward_hook(hook) for m in shadow.modules() if isinstance(m, CausalConv3d)]
+    try:
+        s = vae.cfg.spatial_stride
+        z = torch.zeros(1, vae.cfg.z_dim, latent_frames, height // s, width // s, device="meta")
+        cache = [torch.zeros(1, *shape, device="meta") for shape, _ in shadow.cache_spec(height, width)]
+        shadow.decode_chunk(z, cache, first_chunk=False, frames_per_call=latent_frames)
+    finally:
+        for h in handles:
+            h.remove()
+    return peak[0]

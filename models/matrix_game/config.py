@@ -26,7 +26,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from worldcast.models.causal_wan.config import CausalWanConfig, WanVAEConfig, warped_timesteps
+from worldcast.models.causal_wan.config import CausalWanConfig, WanVAEConfig
+
+
+def warped_timesteps(steps: tuple[int, ...], shift: float, *, num_train_timesteps: int = 1000) -> tuple[float, ...]:
+    """Self-Forcing's warped denoising timesteps, in Wan's [0, num_train_timesteps] scale, in float64.
+
+    The scheduler's 1000-entry table `timesteps[i] = 1000 * shifted(sigma_i)`, `sigma_i =
+    linspace(1, 0, 1001)[i]`, indexed at `1000 - step`: the warped timestep of step k is
+    `1000 * shifted(k / 1000)` with shifted(s) = shift s / (1 + (shift - 1) s) (SD3's shift, Esser et al.
+    2024). Matrix-Game 2.0's pipeline warps its steps so; its parity fixtures were made in float64, where
+    the noise level at a timestep is the timestep / 1000 (causal Wan's `schedule.FlowSchedule` reproduces
+    the references' float32 table, whose nearest entry differs in the last bits).
+
+    Raises:
+        ValueError: a step outside [0, num_train_timesteps] or a shift <= 0.
+    """
+    if shift <= 0:
+        raise ValueError(f"shift must be positive, got {shift}")
+    out = []
+    for k in steps:
+        if not 0 <= k <= num_train_timesteps:
+            raise ValueError(f"denoising step {k} outside [0, {num_train_timesteps}]")
+        sigma = k / num_train_timesteps
+        out.append(num_train_timesteps * shift * sigma / (1.0 + (shift - 1.0) * sigma))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

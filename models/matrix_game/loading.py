@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from worldcast.models.causal_wan.loading import WeightsError, load_state_strict, load_vae_diffusers
+from worldcast.models.causal_wan.loading import WeightsError, load_state_strict, load_vae
 from worldcast.models.causal_wan.vae import WanVAEDecoder
 from worldcast.models.matrix_game.conditioning import ImageEncoders, fake_encoders
 from worldcast.models.matrix_game.config import PRESETS, MatrixGameConfig, tiny
@@ -252,7 +252,7 @@ def load_parts(weights: str | Path, variant: str, *, encoders: ImageEncoders, va
         if not (folder / "vae" / "config.json").is_file():
             raise WeightsError(f"{folder}: no VAE decoder given and no diffusers-format vae/ folder; the release's "
                                "Wan2.1_VAE.pth is read by the encoder modules' loader")
-        vae = load_vae_diffusers(folder, cfg.vae, dtype=dtype, device=device)
+        vae = load_vae(folder, cfg.vae, dtype=dtype, device=device)
     return MatrixGameParts(cfg=cfg, dit=dit, vae=vae, encoders=encoders)
 
 

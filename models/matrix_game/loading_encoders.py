@@ -25,9 +25,9 @@ import torch
 from worldcast.models.causal_wan.config import WanVAEConfig
 from worldcast.models.causal_wan.loading import (
     WeightsError,
-    _read_config,
-    _read_safetensors_dir,
     load_state_strict,
+    read_config,
+    read_safetensors_dir,
     vae_config_from_diffusers,
 )
 from worldcast.models.causal_wan.vae import WanVAEDecoder
@@ -176,11 +176,11 @@ def load_wan_vae(
         state = vae_state_from_original(read_checkpoint(path), cfg, what=str(path))
     elif path.is_dir():
         folder = _vae_folder(path)
-        v = _read_config(folder)
+        v = read_config(folder)
         if v.get("is_residual") or v.get("patch_size"):
             raise WeightsError(f"{folder}: the Wan 2.2 VAE (is_residual / patch_size) is not supported")
         cfg = vae_config_from_diffusers(v)
-        state = _read_safetensors_dir(folder)
+        state = read_safetensors_dir(folder)
     else:
         raise FileNotFoundError(path)
     enc_side = ("encoder.", "quant_conv.")
@@ -340,8 +340,8 @@ def load_image_encoder(
         state = clip_state_from_original(read_checkpoint(path), cfg, what=str(path))
     elif path.is_dir():
         folder = path / "image_encoder" if (path / "image_encoder").is_dir() else path
-        cfg = clip_config_from_transformers(_read_config(folder))
-        state = clip_state_from_transformers(_read_safetensors_dir(folder), cfg)
+        cfg = clip_config_from_transformers(read_config(folder))
+        state = clip_state_from_transformers(read_safetensors_dir(folder), cfg)
     else:
         raise FileNotFoundError(path)
     enc = ClipImageEncoder(cfg, init_weights=False).to(dtype)  # every parameter is loaded below

@@ -39,7 +39,7 @@ def test_options_are_checked_against_their_family() -> None:
     with pytest.raises(ValueError, match="needs --weights; causal-wan:tiny"):
         registry.check_request("causal-wan", weights=None)
     fam, _ = registry.resolve("causal-wan:tiny")
-    assert fam.options_for({})["wan_preset"] == "longlive-1.3b"  # defaults fill what is not given
+    assert fam.options_for({})["wan_preset"] == "auto"  # defaults fill what is not given
 
 
 def test_a_family_declaration_is_checked() -> None:

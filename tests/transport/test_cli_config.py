@@ -29,3 +29,31 @@ def test_config_validation() -> None:
         ServerConfig(port=0)
     with pytest.raises(ValueError):
         ServerConfig(video_scale=0)
+
+
+def test_memory_flags_and_the_old_budget_name() -> None:
+    from worldcast.transport.cli import state_budget_bytes
+
+    a = build_parser().parse_args(["serve", "--memory-fraction", "0.6", "--state-budget-mib", "512"])
+    assert (a.memory_fraction, state_budget_bytes(a)) == (0.6, 512 * 2**20)
+    old = build_parser().parse_args(["serve", "--kv-budget-mib", "256"])
+    assert state_budget_bytes(old) == 256 * 2**20  # still works (and warns that it is the old name)
+    assert state_budget_bytes(build_parser().parse_args(["serve"])) is None  # sized from the device's memory
+    help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
+    for flag in ("--memory-fraction", "--state-budget-mib", "--ema", "--no-ema", "--lora", "--wan-preset", "--check"):
+        assert flag in help_text
+
+
+def test_serve_check_prints_the_memory_plan_and_refuses_a_device_too_small(capsys) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.transport.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", "causal-wan:tiny", "--check", "--log-level", "error"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0, out
+    assert "state pool:" in out and "per session" in out and "AttentionRingSpec" in out and "VAE decode:" in out
+    assert "sessions that fit:" in out
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", "causal-wan:tiny", "--check", "--state-budget-mib", "1", "--log-level", "error"])
+    out = capsys.readouterr().out
+    assert e.value.code == 2 and "cannot hold one session" in out and "--state-budget-mib" in out

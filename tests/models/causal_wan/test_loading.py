@@ -127,7 +127,7 @@ def test_ema_generator_and_errors_name_the_key(folder: Path, tmp_path: Path) -> 
         load_dit_pt(tmp_path / "nogen.pt", CFG)
     with pytest.raises(WeightsError, match="shape"):
         load_dit_pt(pt, tiny(ffn_dim=64))
-    with pytest.raises(WeightsError, match="base_folder"):
+    with pytest.raises(WeightsError, match="base folder"):
         load_parts(pt, cfg=CFG)
 
 

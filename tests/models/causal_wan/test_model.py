@@ -16,7 +16,8 @@ from worldcast.models.causal_wan.config import tiny
 from worldcast.models.causal_wan.dense_attention import DenseSelfAttention
 from worldcast.models.causal_wan.loading import tiny_parts
 from worldcast.models.causal_wan.model import CausalWanModel
-from worldcast.models.causal_wan.sampler import flow_to_x0
+from worldcast.models.causal_wan.recache import recache_dense
+from worldcast.models.causal_wan.sampler import x0_from_sigma
 from worldcast.models.causal_wan.vae import frames_to_uint8
 from worldcast.models.spec import ConditioningRequest
 
@@ -70,16 +71,16 @@ def test_served_rollout_equals_the_reference_loop(wan: CausalWanModel) -> None:
     cross = dit.cross_kv(torch.from_numpy(prompt(wan, text)["text"])[None])
     dense = DenseSelfAttention(cfg, 1)
     vae_cache = None
-    ts = torch.tensor([*cfg.flow_times, 0.0], dtype=torch.float32) * cfg.num_train_timesteps
+    ts = torch.tensor(cfg.timesteps, dtype=torch.float64)  # the time embedding's timesteps
+    sig = torch.tensor([*cfg.flow_times, 0.0], dtype=torch.float32)  # the table's noise levels
     F = cfg.frames_per_chunk
     for c, frames in enumerate(served):
         off = torch.tensor([c * F])
         dense.begin_chunk(off, F)
         x = torch.randn((F, *wan.spec.latent_shape), generator=g)[None].permute(0, 2, 1, 3, 4)
         for i in range(len(cfg.flow_times)):
-            t = ts[i].expand(1)
-            x0 = flow_to_x0(dit(x, t, off, cross, dense).flow, x, t)
-            x = (1 - ts[i + 1] / 1000) * x0 + (ts[i + 1] / 1000) * torch.randn(
+            x0 = x0_from_sigma(dit(x, ts[i].expand(1), off, cross, dense).flow, x, sig[i].expand(1))
+            x = (1 - sig[i + 1]) * x0 + sig[i + 1] * torch.randn(
                 (F, *wan.spec.latent_shape), generator=g)[None].permute(0, 2, 1, 3, 4)
         kv = dit(x0, torch.zeros(1), off, cross, dense, kv_only=True).kv
         dense.commit(kv)
@@ -94,11 +95,31 @@ def test_served_rollout_equals_the_reference_loop(wan: CausalWanModel) -> None:
     assert sorted(held) == [0, 1, 2, 9, 10, 11, 12, 13, 14], "3 sinks + the last 6 committed latent frames"
 
 
-def test_a_prompt_switch_recaches_as_its_own_transaction(wan: CausalWanModel) -> None:
+def _dense_mirror(wan: CausalWanModel, snap: dict) -> tuple[DenseSelfAttention, dict[int, torch.Tensor]]:
+    """The pool slot's ring as a dense cache (tokens in frame order) and its latents by frame."""
+    T = wan.spec.state("kv").tokens_per_frame
+    ring = snap["kv"]["frame"].tolist()
+    order = sorted((f, p) for p, f in enumerate(ring) if f >= 0)
+    dense = DenseSelfAttention(wan.cfg, 1)
+    for layer in range(wan.cfg.layers):
+        dense.k[layer] = torch.cat([snap["kv"]["k"][layer, p * T:(p + 1) * T] for _, p in order])[None]
+        dense.v[layer] = torch.cat([snap["kv"]["v"][layer, p * T:(p + 1) * T] for _, p in order])[None]
+    dense.frame = torch.tensor([f for f, _ in order]).repeat_interleave(T)[None]
+    dense.valid = torch.ones_like(dense.frame, dtype=torch.bool)
+    lat = {f: snap["latents"]["data"][p] for p, f in enumerate(snap["latents"]["frame"].tolist()) if f >= 0}
+    return dense, lat
+
+
+@pytest.mark.parametrize("chunks, written, sinks_rerun", [
+    (4, {0, 1, 2, 6, 7, 8, 9, 10, 11}, True),  # switch at frame 12 <= 12: every frame re-run, the sinks too
+    (6, {12, 13, 14, 15, 16, 17}, False),      # steady state: frames 9..17 re-run against the old sinks
+])  # fmt: skip
+def test_a_prompt_switch_recaches_as_longlive_in_its_own_transaction(wan: CausalWanModel, chunks: int,
+                                                                     written: set[int], sinks_rerun: bool) -> None:
     pool = StatePool(wan.spec.states, budget_bytes=wan.spec.state_bytes_per_session())
     r = session(wan, pool, "a", seed=3)
     cache = BatchCache()
-    for _ in range(4):  # latent frames 0..11 committed; the ring holds 0..2 and 6..11
+    for _ in range(chunks):
         chunk([r], cache)
     before = pool.snapshot(r.slot)
     new = prompt(wan, "a snowy mountain")
@@ -111,31 +132,23 @@ def test_a_prompt_switch_recaches_as_its_own_transaction(wan: CausalWanModel) ->
     assert r.context_version == 1
     cross = wan.dit.cross_kv(torch.from_numpy(new["text"])[None])
     torch.testing.assert_close(after["cross"]["data"][0, 0], cross[0][0][0])
-    # the re-run frames are the latest contiguous run, 6..11 (the sinks 0..2 are not contiguous with it)
     frames = after["kv"]["frame"].tolist()
     T = wan.spec.state("kv").tokens_per_frame
     changed = {f for p, f in enumerate(frames)
                if not torch.equal(after["kv"]["k"][:, p * T:(p + 1) * T], before["kv"]["k"][:, p * T:(p + 1) * T])}
-    assert changed == set(range(6, 12))
-    # and they equal a commit pass of the stored latents under the new prompt, attending to the sinks
-    dense = DenseSelfAttention(wan.cfg, 1)
-    lat, lf = after["latents"]["data"], after["latents"]["frame"].tolist()
-    dense.begin_chunk(torch.tensor([0]), 3)
-    sink_x0 = torch.stack([lat[lf.index(j)] for j in range(3)])[None].permute(0, 2, 1, 3, 4)
-    dense.commit(wan.dit(sink_x0, torch.zeros(1), torch.tensor([0]), cross, dense, kv_only=True).kv)  # sinks
-    # the sinks' K/V in the ring are the old prompt's; give the reference those
-    for layer in range(wan.cfg.layers):
-        dense.k[layer] = torch.cat([before["kv"]["k"][layer, frames.index(j) * T:(frames.index(j) + 1) * T]
-                                    for j in range(3)])[None]
-        dense.v[layer] = torch.cat([before["kv"]["v"][layer, frames.index(j) * T:(frames.index(j) + 1) * T]
-                                    for j in range(3)])[None]
-    run_x0 = torch.stack([lat[lf.index(j)] for j in range(6, 12)])[None].permute(0, 2, 1, 3, 4)
-    dense.begin_chunk(torch.tensor([6]), 6)
-    kv = wan.dit(run_x0, torch.zeros(1), torch.tensor([6]), cross, dense, kv_only=True).kv
-    for j in range(6, 12):
-        p = frames.index(j)
-        torch.testing.assert_close(after["kv"]["k"][0, p * T:(p + 1) * T], kv[0][0][0, (j - 6) * T:(j - 5) * T],
-                                   atol=1e-5, rtol=1e-5)
+    assert changed == written
+    assert ({0, 1, 2} <= changed) == sinks_rerun
+    # ... and the rewritten keys and values are the dense reference re-cache's (recache.recache_dense)
+    dense, lat = _dense_mirror(wan, before)
+    recache_dense(wan.dit, dense, lat, cross, next_frame=chunks * wan.cfg.frames_per_chunk)
+    for f in written:
+        p = frames.index(f)
+        sel = dense.frame[0] == f
+        for layer in range(wan.cfg.layers):
+            torch.testing.assert_close(after["kv"]["k"][layer, p * T:(p + 1) * T], dense.k[layer][0, sel],
+                                       atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(after["kv"]["v"][layer, p * T:(p + 1) * T], dense.v[layer][0, sel],
+                                       atol=1e-5, rtol=1e-5)
 
 
 def test_a_batch_at_different_chunk_indices_equals_each_session_alone(wan: CausalWanModel) -> None:
@@ -159,5 +172,5 @@ def test_a_session_whose_whole_state_does_not_fit_is_refused(wan: CausalWanModel
     pool.allocate("a")
     with pytest.raises(StatePoolExhausted):
         pool.allocate("b")
-    with pytest.raises(ValueError, match="global attention"):
+    with pytest.raises(ValueError, match="unbounded global attention"):
         CausalWanModel(tiny_parts(cfg=tiny(local_attn_size=-1, sink_size=0)), name="global")
