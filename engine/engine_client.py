@@ -347,17 +347,17 @@ class EngineClient(EngineHandle):
     # -- death and restart (event loop) ----------------------------------------------------------------
 
     def _ended(self, inc: _Incarnation, reason: str) -> None:
+        if inc.ready is not None and not inc.ready.done():
+            inc.ready.set_exception(EngineUnavailable(f"engine {self.id}: {reason}"))
+        if self._closing:
+            return  # `aclose` stops it and frees its ring and pipe
         inc.ring.close()
         try:
             inc.conn.close()
         except OSError:
             pass
-        if inc is not self._inc and self._inc is not None:
+        if inc is not self._inc:
             return  # an old incarnation finishing late
-        if inc.ready is not None and not inc.ready.done():
-            inc.ready.set_exception(EngineUnavailable(f"engine {self.id}: {reason}"))
-        if self._closing:
-            return
         self._inc = None
         with self._lock:
             sids, self._sessions = sorted(self._sessions), set()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 
@@ -88,6 +89,8 @@ class FrameRing:
         self.shm, self.slots, self.slot_bytes, self.owner = shm, slots, slot_bytes, owner
         self._released = np.ndarray((1,), dtype=np.uint64, buffer=shm.buf, offset=0)
         self._data = np.ndarray((slots, slot_bytes), dtype=np.uint8, buffer=shm.buf, offset=HEADER_BYTES)
+        self._close_lock = threading.Lock()
+        self._closed = False
         self.written = 0  #: frames written (writer side)
         self.dropped = 0  #: frames the writer dropped on a full ring
 
@@ -171,16 +174,20 @@ class FrameRing:
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Unmap the block; the owner also unlinks it (idempotent)."""
-        self._released = np.zeros(1, np.uint64)  # drop the views before closing the mapping
-        self._data = np.zeros((self.slots, 0), np.uint8)
-        try:
-            self.shm.close()
-        except BufferError:  # a view still exported somewhere: leave the mapping to the process's exit
-            logger.debug("FrameRing(%s): mapping still in use at close", self.name)
-        if self.owner:
+        """Unmap the block; the owner also unlinks it (idempotent, any thread)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._released = np.zeros(1, np.uint64)  # drop the views before closing the mapping
+            self._data = np.zeros((self.slots, 0), np.uint8)
             try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
-            self.owner = False
+                self.shm.close()
+            except BufferError:  # a view still exported somewhere: leave the mapping to the process's exit
+                logger.debug("FrameRing(%s): mapping still in use at close", self.name)
+            if self.owner:
+                try:
+                    self.shm.unlink()
+                except FileNotFoundError:
+                    pass
+                self.owner = False

@@ -99,4 +99,8 @@ def place(
     if len(candidates) > 1:
         d = dataclasses.replace(d, reason="no engine has room: " + "; ".join(
             f"engine {e.id}: {decisions[e.id].reason}" for e in candidates))
+    skipped = [f"engine {e.id} {'draining' if e.draining else e.state}" for e in engines
+               if e not in candidates and e is not exclude]
+    if skipped:
+        d = dataclasses.replace(d, reason=f"{d.reason} ({', '.join(skipped)})")
     return Placement(None, d, decisions)
