@@ -289,6 +289,9 @@ class EngineClient(EngineHandle):
         if isinstance(m, msg.FramesReady):
             frames = [FrameOut(f.session_id, f.frame_index, inc.ring.read(f), f.present_at_s, f.action_seq, f.epoch,
                                f.timings_ms) for f in m.frames]
+            ipc_ms = (time.monotonic() - m.sent_s) * 1e3  # pipe + copy out of the ring, this batch of frames
+            for f in frames:
+                f.timings_ms["ipc"] = ipc_ms
             self.on_frames(frames)
         elif isinstance(m, msg.EngineStatus):
             self._snapshot, self._stalled_s, inc.frames_dropped = m.snapshot, m.stalled_s, m.frames_dropped

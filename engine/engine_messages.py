@@ -148,6 +148,7 @@ class FramesReady:
     """Frames whose pixels are in the ring, in ring order."""
 
     frames: list[FrameMeta]
+    sent_s: float = 0.0  #: CLOCK_MONOTONIC when the engine sent them, s (the server reports the IPC time)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -123,7 +124,7 @@ class EngineServer:
             metas.append(FrameMeta(f.session_id, f.frame_index, idx, tuple(f.image.shape),  # type: ignore[arg-type]
                                    f.present_at_s, f.action_seq, f.epoch, f.timings_ms))
         if metas:
-            self.out.send(msg.FramesReady(metas))
+            self.out.send(msg.FramesReady(metas, time.monotonic()))
 
     def _on_error(self, session_id: str, reason: str) -> None:
         self.mirrors.pop(session_id, None)

@@ -81,6 +81,8 @@ def _target(m: SessionManager, src: EngineHandle, to: int | None) -> EngineHandl
         raise MoveFailed(f"the session is on engine {to} already")
     if not target.ready:
         raise MoveFailed(f"engine {to} is {target.state}; the session stays on engine {src.id}")
+    if target.draining:
+        raise MoveFailed(f"engine {to} is draining (undrain it first); the session stays on engine {src.id}")
     if target.free_slots < 1:
         raise MoveFailed(f"engine {to} has no free state slot; the session stays on engine {src.id}")
     return target
