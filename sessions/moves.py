@@ -17,6 +17,7 @@ measured in BENCHMARKS.md. Other sessions on either engine are not paused.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from worldcast.engine.engine_handle import EngineHandle, EngineUnavailable
 from worldcast.sessions.errors import MoveFailed, SessionNotFound
-from worldcast.sessions.session import CloseReason, SessionState
+from worldcast.sessions.session import CloseReason, Session, SessionState
 
 if TYPE_CHECKING:
     from worldcast.sessions.manager import SessionManager
@@ -92,6 +93,9 @@ async def move_session(m: SessionManager, session_id: str, *, to: int | None = N
                        verify: bool = False) -> MoveReport:
     """Move one session to engine `to` (None: where placement puts it) at its next chunk boundary.
 
+    A move, once begun, finishes even if the caller is cancelled (an HTTP client that went away):
+    a session left between two engines would generate nowhere.
+
     Args:
         verify: also capture its state on the target right after the restore and compare the bytes.
 
@@ -111,6 +115,27 @@ async def move_session(m: SessionManager, session_id: str, *, to: int | None = N
     if target.process != src.process:
         raise MoveFailed("sessions move between engines of one kind (all in processes, or all in this one)")
     m.moving[session_id] = []
+    task = asyncio.get_running_loop().create_task(_move(m, s, src, target, verify=verify),
+                                                  name=f"move-{session_id}")
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():  # the caller went away: the move goes on, its outcome is logged
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        raise
+
+
+async def _move(m: SessionManager, s: Session, src: EngineHandle, target: EngineHandle, *,
+                verify: bool) -> MoveReport:
+    try:
+        return await _move_steps(m, s, src, target, verify=verify)
+    finally:
+        m.moving.pop(s.id, None)
+
+
+async def _move_steps(m: SessionManager, s: Session, src: EngineHandle, target: EngineHandle, *,
+                      verify: bool) -> MoveReport:
+    session_id = s.id
     t0 = time.perf_counter()
     try:
         blob = await src.export_session(session_id)

@@ -119,3 +119,29 @@ async def test_a_lost_engine_fails_only_its_own_sessions_with_engine_lost(model)
         assert c.engine_id == 1 and not m.engines[0].ready and m.engines_up == 1 and m.ready
     finally:
         await m.aclose()
+
+
+async def test_inputs_during_a_move_reach_the_target_and_a_cancelled_caller_does_not_strand_it(model) -> None:  # type: ignore[no-untyped-def]
+    m = manager(model)
+    await m.start()
+    try:
+        s = await m.create(seed=5)
+        sink = ListSink()
+        s.attach_sink(sink)
+        await until(lambda: len(sink.frames) >= 2)
+        pushed: list[object] = []
+        target = m.engines[1]
+        target.push_input = lambda sid, delta: pushed.append((sid, delta))  # type: ignore[method-assign]
+        move = asyncio.create_task(moves.move_session(m, s.id, to=1))
+        await asyncio.sleep(0)  # the move has begun: the session is between engines
+        assert s.id in m.moving
+        s.push_action(0, ["d"], (3.0, 0.0))
+        move.cancel()  # the HTTP client went away
+        with pytest.raises(asyncio.CancelledError):
+            await move
+        await until(lambda: s.id not in m.moving and s.engine_id == 1)
+        assert [(sid, d.held, d.seq, d.mouse) for sid, d in pushed] == [(s.id, ("d",), 0, (3.0, 0.0))]
+        n = len(sink.frames)
+        await until(lambda: len(sink.frames) >= n + 3)  # it generates on the target
+    finally:
+        await m.aclose()
