@@ -28,94 +28,25 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import multiprocessing as mp
-import signal
 import threading
 import time
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
-from pathlib import Path
+from multiprocessing.connection import wait
 from typing import Any
 
 from worldcast.engine import engine_messages as msg
 from worldcast.engine.cost_model import CostModel
-from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
+from worldcast.engine.device_worker import EngineSnapshot
 from worldcast.engine.engine_conditioner import InputDelta
 from worldcast.engine.engine_handle import EngineHandle, EngineUnavailable, SessionSource
-from worldcast.engine.engine_process import engine_main
+from worldcast.engine.engine_launch import STOP_TIMEOUT_S, EngineLaunch, Incarnation, RestartPolicy, exit_reason, spawn
 from worldcast.engine.errors import StatePoolExhausted
-from worldcast.engine.shm_frames import FrameRing
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.threads import ThreadChoice
 from worldcast.models.spec import WorldModelSpec
 
+__all__ = ["EngineClient", "EngineLaunch", "RestartPolicy"]
+
 logger = logging.getLogger(__name__)
-
-#: Most bytes of frames an engine's ring holds (large frames get fewer slots).
-RING_MAX_BYTES = 256 * 2**20
-#: How long a stopping engine process may take to exit before it is killed, s.
-STOP_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class EngineLaunch:
-    """How to start an engine process.
-
-    Attributes:
-        model: "NAME[:VARIANT]" from the model registry.
-        weights: its weights (None: the variant's default).
-        options: the family's options by key.
-        device: torch device of this engine.
-        config: its device worker's settings.
-        thread_share: cores it may take for intra-op threads (CPU engines sharing a host; None: all but
-            `config.reserved_cores`).
-        family_modules: extra modules the process imports first (each registers a model family).
-        log_level: `logging` level in the process.
-        status_interval_s: how often the process reports its snapshot, s.
-    """
-
-    model: str
-    weights: Path | None
-    options: dict[str, Any]
-    device: str
-    config: EngineConfig
-    thread_share: int | None = None
-    family_modules: tuple[str, ...] = ()
-    log_level: int = logging.INFO
-    status_interval_s: float = 0.1
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """When a lost engine process is started again."""
-
-    initial_backoff_s: float = 0.5  #: wait before the first restart, s
-    max_backoff_s: float = 30.0  #: the wait doubles after each failed or short-lived incarnation, up to this, s
-    stable_s: float = 60.0  #: an incarnation up this long resets the wait, s
-    start_timeout_s: float = 600.0  #: model load + warm-up may take this long, s
-
-    def __post_init__(self) -> None:
-        if not 0 < self.initial_backoff_s <= self.max_backoff_s:
-            raise ValueError("restart backoff must satisfy 0 < initial <= max")
-
-
-@dataclass
-class _Incarnation:
-    """One engine process and what belongs to it."""
-
-    number: int
-    proc: Any  #: multiprocessing.Process (spawn context)
-    conn: Connection
-    ring: FrameRing
-    send_lock: threading.Lock = field(default_factory=threading.Lock)
-    pid: int | None = None
-    num_slots: int = 0
-    slot_bytes: int = 0
-    reader: threading.Thread | None = None  #: its reader thread
-    fatal: str | None = None  #: what the process said before exiting
-    ready: asyncio.Future[None] | None = None
-    ready_at_s: float | None = None
-    frames_dropped: int = 0
 
 
 class EngineClient(EngineHandle):
@@ -136,7 +67,7 @@ class EngineClient(EngineHandle):
         self.launch = launch
         self.restart_policy = restart or RestartPolicy()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._inc: _Incarnation | None = None
+        self._inc: Incarnation | None = None
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
         self._sessions: set[str] = set()
@@ -160,35 +91,6 @@ class EngineClient(EngineHandle):
         self._warmup = warmup
         await self._boot()
 
-    def _ring(self) -> FrameRing:
-        spec = self.spec
-        frame_bytes = spec.frame_height * spec.frame_width * 3
-        frames = max(64, 4 * spec.chunk_pixel_frames(0) * max(1, self.config.max_batch))
-        return FrameRing.create(slots=FrameRing.slots_for(frame_bytes=frame_bytes, frames=frames,
-                                                          max_bytes=RING_MAX_BYTES), slot_bytes=frame_bytes)
-
-    def _spawn(self, prior: tuple[CostModel, int | None] | None) -> _Incarnation:
-        """Start a process (blocking: run off the event loop)."""
-        la = self.launch
-        ctx = mp.get_context("spawn")
-        ring = self._ring()
-        spec = msg.EngineProcessSpec(
-            engine_id=self.id, model=la.model, weights=la.weights, options=dict(la.options), device=la.device,
-            config=la.config, warmup=self._warmup, ring_name=ring.name, ring_slots=ring.slots,
-            ring_slot_bytes=ring.slot_bytes, thread_share=la.thread_share,
-            prior_cost=prior[0] if prior else None, prior_threads=prior[1] if prior else None,
-            status_interval_s=la.status_interval_s, log_level=la.log_level, family_modules=la.family_modules)
-        ours, theirs = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=engine_main, args=(theirs, spec), name=f"worldcast-engine-{self.id}", daemon=True)
-        try:
-            proc.start()
-        except BaseException:
-            ring.close()
-            raise
-        finally:
-            theirs.close()  # only the child holds its end now: its death is our EOF
-        return _Incarnation(next(self._numbers), proc, ours, ring)
-
     async def _boot(self) -> None:
         """Start a process and wait for it to be ready.
 
@@ -197,7 +99,9 @@ class EngineClient(EngineHandle):
         """
         loop = asyncio.get_running_loop()
         prior = self._prior
-        inc = await loop.run_in_executor(None, self._spawn, prior)
+        inc = await loop.run_in_executor(None, lambda: spawn(self.id, self.launch, spec=self.spec,
+                                                             number=next(self._numbers), warmup=self._warmup,
+                                                             prior=prior))
         inc.ready = loop.create_future()
         self._inc = inc
         inc.reader = threading.Thread(target=self._read_loop, args=(inc,), name=f"worldcast-engine-{self.id}-reader",
@@ -212,7 +116,7 @@ class EngineClient(EngineHandle):
         logger.info("Engine(%d): ready on %s, pid %s (incarnation %d)", self.id, self.device, inc.pid, inc.number)
         self._set_state("ready")
 
-    def _kill(self, inc: _Incarnation) -> None:
+    def _kill(self, inc: Incarnation) -> None:
         if inc.proc.is_alive():
             inc.proc.kill()
         inc.proc.join(STOP_TIMEOUT_S)
@@ -232,22 +136,18 @@ class EngineClient(EngineHandle):
             await loop.run_in_executor(None, self._stop_process, inc)
         self._set_state("stopped")
 
-    def _stop_process(self, inc: _Incarnation) -> None:
+    def _stop_process(self, inc: Incarnation) -> None:
         inc.proc.join(STOP_TIMEOUT_S)
         if inc.proc.is_alive():
             logger.warning("Engine(%d): pid %s did not stop in %.0f s; killing it", self.id, inc.pid, STOP_TIMEOUT_S)
             self._kill(inc)
         if inc.reader is not None:
-            inc.reader.join(STOP_TIMEOUT_S)  # it saw the EOF; nothing reads the ring after this
-        inc.ring.close()
-        try:
-            inc.conn.close()
-        except OSError:
-            pass
+            inc.reader.join(STOP_TIMEOUT_S)  # it saw the EOF and closed the ring and the pipe
+        inc.ring.close()  # (idempotent) a reader that never started
 
     # -- the reader thread ---------------------------------------------------------------------------
 
-    def _read_loop(self, inc: _Incarnation) -> None:
+    def _read_loop(self, inc: Incarnation) -> None:
         while True:
             try:
                 ready = wait([inc.conn, inc.proc.sentinel])
@@ -267,25 +167,18 @@ class EngineClient(EngineHandle):
                 pass
             break
         inc.proc.join(1.0)  # it closed its pipe: its exit code follows at once
-        reason = self._exit_reason(inc)
+        reason = exit_reason(inc)
+        inc.ring.close()  # nothing reads it after this thread
+        with inc.send_lock:  # no send is mid-write on the fd we close
+            try:
+                inc.conn.close()
+            except OSError:
+                pass
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._ended, inc, reason)
 
-    def _exit_reason(self, inc: _Incarnation) -> str:
-        code = inc.proc.exitcode
-        if code is None:
-            how = "closed its pipe"
-        elif code < 0:
-            try:
-                how = f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"killed by signal {-code}"
-        else:
-            how = f"exited with code {code}"
-        return f"engine process {inc.pid} {how}" + (f": {inc.fatal}" if inc.fatal else "")
-
-    def _handle(self, inc: _Incarnation, m: object) -> None:
+    def _handle(self, inc: Incarnation, m: object) -> None:
         if isinstance(m, msg.FramesReady):
             frames = [FrameOut(f.session_id, f.frame_index, inc.ring.read(f), f.present_at_s, f.action_seq, f.epoch,
                                f.timings_ms) for f in m.frames]
@@ -349,16 +242,11 @@ class EngineClient(EngineHandle):
 
     # -- death and restart (event loop) ----------------------------------------------------------------
 
-    def _ended(self, inc: _Incarnation, reason: str) -> None:
+    def _ended(self, inc: Incarnation, reason: str) -> None:
         if inc.ready is not None and not inc.ready.done():
             inc.ready.set_exception(EngineUnavailable(f"engine {self.id}: {reason}"))
         if self._closing:
-            return  # `aclose` stops it and frees its ring and pipe
-        inc.ring.close()
-        try:
-            inc.conn.close()
-        except OSError:
-            pass
+            return  # `aclose` is stopping it
         if inc is not self._inc:
             return  # an old incarnation finishing late
         self._inc = None
@@ -409,7 +297,7 @@ class EngineClient(EngineHandle):
 
     # -- sessions (event loop) ----------------------------------------------------------------------
 
-    def _send(self, inc: _Incarnation | None, m: object) -> None:
+    def _send(self, inc: Incarnation | None, m: object) -> None:
         if inc is None:
             return
         try:
@@ -418,7 +306,7 @@ class EngineClient(EngineHandle):
         except (OSError, ValueError):  # it is dying: the reader thread reports the loss
             pass
 
-    def _check_room(self) -> _Incarnation:
+    def _check_room(self) -> Incarnation:
         inc = self._inc
         if self.state != "ready" or inc is None:
             raise EngineUnavailable(f"engine {self.id} is {self.state}")

@@ -108,9 +108,10 @@ async def test_a_killed_engine_takes_only_its_sessions_and_comes_back(server: st
 
             await asyncio.sleep(max(0.0, t_kill + 4.0 - time.monotonic()))
             after = len(media(a, t_kill))
-            # Done-when: >= 60 frames in the 4 s after the kill (20 fps at most). On a machine too busy to give
-            # the survivor 16.7 fps before the kill, it must keep at least 90 % of its own earlier rate.
-            want = min(60, int(0.9 * rate_before * 4.0))
+            # Done-when: >= 60 frames in the 4 s after the kill, 75 % of the 80 a 20 fps stream makes. On a machine
+            # too busy to give the survivor 20 fps before the kill, the same 75 % of its own earlier rate (the
+            # restarting engine imports torch on the same cores meanwhile).
+            want = min(60, int(0.75 * rate_before * 4.0))
             assert after >= want, f"survivor: {after} frames in the 4 s after the kill (before: {rate_before:.1f}/s)"
             r = await http.get(f"/v1/sessions/{b.session_id}", headers={"Authorization": f"Bearer {b.token}"})
             assert r.status_code == 404  # closed cleanly, freed
