@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worldcast.engine import session_state
 from worldcast.engine.admission import active_capacity
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.errors import StatePoolExhausted
@@ -267,6 +268,8 @@ class DeviceWorker:
         perf_clock: monotonic clock in seconds that step timeouts and the stall watchdog measure
             (injectable, so tests can simulate an overrun without sleeping).
         memory_reader: reads the device's free memory (injectable; default `memory.read_device_memory`).
+        cost: step costs measured before (a restarted engine process starts from its predecessor's);
+            None: an empty cost model (`warmup` fills it).
 
     Raises:
         DeviceTooSmall: the device cannot hold one session's declared state (the message has the numbers).
@@ -282,6 +285,7 @@ class DeviceWorker:
         clock: Callable[[], float] = time.monotonic,
         perf_clock: Callable[[], float] = time.monotonic,
         memory_reader: MemoryReader = read_device_memory,
+        cost: CostModel | None = None,
     ) -> None:
         self.model = model
         self.config = config
@@ -297,7 +301,7 @@ class DeviceWorker:
                 max_batch=config.max_batch,
                 first_chunk_frames=first if first != spec.frames_per_chunk else None,
             ),
-            CostModel(),
+            cost if cost is not None else CostModel(),
         )
         self.rollouts: dict[str, ChunkRollout] = {}
         self.timer = DeviceTimer(model.device)
@@ -310,6 +314,10 @@ class DeviceWorker:
         self._wake = threading.Condition(self._lock)
         self._pending_add: list[ChunkRollout] = []
         self._pending_remove: list[str] = []
+        #: sessions to capture at their next chunk boundary: (id, done callback, detach)
+        self._pending_export: list[tuple[str, Callable[[bytes | None, str | None], None], bool]] = []
+        #: moved sessions' captured state, applied with their pending add
+        self._restores: dict[str, tuple[session_state.CapturedSession, Callable[[bytes], None] | None]] = {}
         self._reserved = 0  #: slots promised to queued adds (under `_lock`)
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -464,18 +472,41 @@ class DeviceWorker:
         with self._lock:
             return self.pool.num_slots - self.pool.used_slots - self._reserved
 
-    def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int) -> None:
+    def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int, state: bytes | None = None,
+                    on_restored: Callable[[bytes], None] | None = None) -> None:
         """Reserve a state slot and start generating for `session_id` (the worker allocates it).
+
+        Args:
+            state: a session moved from another engine: its bytes from `export_session` there
+                (`engine/session_state.py`); its slot, rollout, RNG and schedule carry on from them.
+            on_restored: with `state`, called on the worker thread with the state captured again
+                right after the restore, before any step (a move's check: equal bytes).
 
         Raises:
             StatePoolExhausted: no free slot.
+            SessionStateError: `state` is not a state of this engine's model.
         """
+        captured = session_state.parse(state, self.model.spec) if state is not None else None
         with self._wake:
             if self.pool.num_slots - self.pool.used_slots - self._reserved < 1:
                 raise StatePoolExhausted(f"all {self.pool.num_slots} state slots in use "
                                          f"({self.pool.slot_bytes} B of declared state per session)")
             self._reserved += 1
             self._pending_add.append(ChunkRollout(session_id, self.model, self.pool, conditioner, seed=seed))
+            if captured is not None:
+                self._restores[session_id] = (captured, on_restored)
+            self._wake.notify_all()
+
+    def export_session(self, session_id: str, done: Callable[[bytes | None, str | None], None], *,
+                       detach: bool = True) -> None:
+        """Capture a session's whole state at its next chunk boundary (`engine/session_state.py`).
+
+        `done(state, None)` is called on the worker thread once captured, or `done(None, reason)` for
+        an unknown session; with `detach` the session then leaves this engine (its slot freed) and
+        generates nothing more here. Keep `done` quick: it runs between two steps.
+        """
+        with self._wake:
+            self._pending_export.append((session_id, done, detach))
             self._wake.notify_all()
 
     def remove_session(self, session_id: str) -> None:
@@ -514,21 +545,68 @@ class DeviceWorker:
             self.pool.free(session_id)
 
     def _apply_pending(self) -> None:
+        calls: list[Callable[[], None]] = []  #: move callbacks, run once the lock is released
         with self._lock:
             adds, self._pending_add = self._pending_add, []
             removes, self._pending_remove = self._pending_remove, []
-            if not adds and not removes:
+            if not adds and not removes and not self._pending_export:
                 return
             for r in adds:
                 self._reserved -= 1
+                restore = self._restores.pop(r.session_id, None)
                 if r.session_id in removes:  # closed before it started
                     continue
                 r.slot = self.pool.allocate(r.session_id)  # reserved: cannot be exhausted
                 self.rollouts[r.session_id] = r
-                self.scheduler.add(r.session_id)
+                if restore is None:
+                    self.scheduler.add(r.session_id)
+                else:
+                    calls += self._restore(r, *restore)
             for sid in removes:
                 self._remove(sid)
+            calls += self._run_exports()
         self._publish()
+        for call in calls:
+            call()
+
+    def _restore(self, r: ChunkRollout, captured: session_state.CapturedSession,
+                 on_restored: Callable[[bytes], None] | None) -> list[Callable[[], None]]:
+        """A moved session's state into its new slot (worker thread); a failure ends only that session.
+        Returns the callbacks to run after the lock."""
+        try:
+            session_state.restore(r, captured)
+            self.scheduler.restore(r.session_id, captured.schedule)
+            if on_restored is None:
+                return []
+            blob = session_state.capture(r, self.scheduler.schedule_of(r.session_id))
+            return [lambda: on_restored(blob)]
+        except Exception as e:  # noqa: BLE001 - isolated to the moved session
+            logger.warning("Session(%s): restoring its moved state failed: %r", r.session_id, e)
+            self._remove(r.session_id)
+            sid, reason = r.session_id, f"restoring its moved state failed: {e}"
+            return [lambda: self.on_error(sid, reason)]
+
+    def _run_exports(self) -> list[Callable[[], None]]:
+        """Capture (and detach) the sessions asked for that are between chunks now; the rest wait for
+        their commit (under `_lock`). Returns the callbacks to run after the lock."""
+        waiting, calls = [], []
+        for sid, done, detach in self._pending_export:
+            r = self.rollouts.get(sid)
+            if r is None:
+                calls.append(lambda d=done, s=sid: d(None, f"no session {s} on this engine"))
+            elif r.staged is not None:
+                waiting.append((sid, done, detach))
+            else:
+                try:
+                    blob = session_state.capture(r, self.scheduler.schedule_of(sid))
+                except Exception as e:  # noqa: BLE001 - reported to the caller; the session stays
+                    calls.append(lambda d=done, why=f"capturing its state failed: {e}": d(None, why))
+                    continue
+                if detach:
+                    self._remove(sid)
+                calls.append(lambda d=done, b=blob: d(b, None))
+        self._pending_export = waiting
+        return calls
 
     def _poll_sessions(self, now_s: float) -> None:
         for sid, r in self.rollouts.items():
@@ -564,7 +642,7 @@ class DeviceWorker:
                     if plan.next_wake_s is not None:
                         timeout = min(timeout, max(0.0, plan.next_wake_s - now))
                     with self._wake:
-                        if not self._stop and not self._pending_add and not self._pending_remove:
+                        if not self._stop and not (self._pending_add or self._pending_remove or self._pending_export):
                             self._wake.wait(timeout)
                     continue
                 self._step_started = self.perf_clock()

@@ -49,7 +49,8 @@ class FrameOut:
         action_seq: seq of the last action applied in this frame (-1: none yet).
         epoch: flush epoch of the conditioning it was generated under.
         timings_ms: per-stage times of its chunk up to publication, ms: queue (waiting between its
-            steps), denoise (its denoising steps), decode (latents to pixels). The KV-writing
+            steps), denoise (its denoising steps), decode (latents to pixels), and ipc (from an engine
+            process to the server: pipe and shared-memory copy; absent in-process). The KV-writing
             commit forward runs after the frame is published and is not on its path.
     """
 

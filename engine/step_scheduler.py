@@ -117,6 +117,23 @@ class StepScheduler:
         """Register a session; its first step is its initial frame."""
         self._entries[session_id] = _Entry()
 
+    def restore(self, session_id: str, schedule: SessionSchedule) -> None:
+        """Register a session moved from another engine, with the schedule it had there (`schedule_of`,
+        taken at a chunk boundary): its next deadline, counters and phase carry on unchanged, so its
+        frames keep their presentation times. A target with no grid yet takes the session's deadline
+        as its grid origin.
+
+        Raises:
+            ValueError: the schedule is mid-chunk (RUNNING).
+        """
+        if schedule.phase == Phase.RUNNING:
+            raise ValueError(f"session {session_id} is mid-chunk; sessions move at a chunk boundary")
+        self._entries[session_id] = _Entry(phase=schedule.phase, step=0, deadline_s=schedule.deadline_s,
+                                           start_at_s=schedule.start_at_s, frames=schedule.frames,
+                                           chunks=schedule.chunks, late_frames=schedule.late_frames)
+        if self._grid_origin_s is None and schedule.phase == Phase.WAITING and self.config.align_to_grid:
+            self._grid_origin_s = schedule.deadline_s
+
     def remove(self, session_id: str) -> None:
         self._entries.pop(session_id, None)
 

@@ -5,6 +5,8 @@
     python -m worldcast.latency_bench mtp --transport fmp4          # WebSocket fMP4 beside WebRTC
     python -m worldcast.latency_bench load --trace duty30-short --profile duty-cycle
     python -m worldcast.latency_bench compare --a shared --b baseline --trace duty30-short
+    python -m worldcast.latency_bench mtp --sessions 2 --profile static:engines=2   # two engine processes
+    python -m worldcast.latency_bench engines --kills 3 --moves 10                  # crash and move costs
 
 Without --url each run starts its own server (`worldcast serve` in a child
 process on a free loopback port, ICE pinned to 127.0.0.1) from a profile
@@ -176,7 +178,18 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("default", help="the default profile: mtp for one session (10 s), then shared vs baseline "
                                        "on the short trace", formatter_class=fmt)
     common(p, mtp=False, slo=True)
+    p = sub.add_parser("engines", help="two engine processes: kill one (engine_lost, restart, the other "
+                                       "session's frames), then move a streaming session back and forth",
+                       formatter_class=fmt)
+    p.add_argument("--url", default=None, help="a running server with two engines (needs --admin-token)")
+    p.add_argument("--admin-token", default=None, help="with --url: the server's admin token")
+    p.add_argument("--kills", type=int, default=3, help="SIGKILLs of an engine process, one after another")
+    p.add_argument("--moves", type=int, default=10, help="moves of one streaming session")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results/<time>)")
     args = ap.parse_args(argv)
+    if args.command == "engines":
+        run_engines(ap, args)
+        return
 
     out = args.out or Path("bench_results") / time.strftime("%Y%m%d-%H%M%S")
     slo = load_mod.SLO(getattr(args, "slo_mtp_ms", load_mod.SLO.mtp_p95_ms),
@@ -218,6 +231,33 @@ def main(argv: list[str] | None = None) -> None:
         where = f" ({args.url})" if args.url else ""
         raise SystemExit(f"error{where}: {type(e).__name__}: {e}") from None
     finish(out, data)
+
+
+def run_engines(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`engines`: kill and move measurements (latency_bench/engines.py) on a server with two engine processes."""
+    from worldcast.latency_bench import engines as engines_mod
+
+    if args.url and not args.admin_token and args.moves:
+        ap.error("--url needs --admin-token for moves (or --moves 0)")
+    if not (0 <= args.kills <= 100 and 0 <= args.moves <= 1000):
+        ap.error("need 0 <= --kills <= 100 and 0 <= --moves <= 1000")
+    token = args.admin_token or engines_mod.new_token()
+    profile = ServerProfile.parse("static:engines=2,max_sessions=4")
+    out = args.out or Path("bench_results") / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        if args.url:
+            rep = asyncio.run(engines_mod.run(args.url, admin_token=token, kills=args.kills, move_count=args.moves))
+        else:
+            with spawn(profile, extra_flags=["--admin-token", token]) as url:
+                rep = asyncio.run(engines_mod.run(url, admin_token=token, kills=args.kills, move_count=args.moves))
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None
+    except Exception as e:  # noqa: BLE001 - one line for the user
+        raise SystemExit(f"error: {type(e).__name__}: {e}") from None
+    data = {"command": "engines", "machine": platform.platform(), "profile": profile.flags()} | rep.as_dict()
+    report.table("engines (kill, move)", {"two engine processes": rep.summary()})
+    report.write_json(out / "report.json", data)
+    print(f"report: {out / 'report.json'}")
 
 
 def run(args: argparse.Namespace, profiles: list[ServerProfile], trace: Trace | None, slo: load_mod.SLO,

@@ -50,8 +50,11 @@ async def run(url: str, *, sessions: int, seconds: float, action_hz: float,
 def report(results: list[SessionMetrics]) -> dict[str, Any]:
     """Aggregate over sessions: MTP pooled over all actions; per-session numbers as mean / worst."""
     mtp = [x for r in results for x in r.mtp_ms]
-    stages = {k: float(np.nanmedian([r.stages_ms.get(k, float("nan")) for r in results]))
-              for k in ("queue", "denoise", "decode", "event_to_decoded")} if results else {}
+    def median(k: str) -> float:
+        xs = [r.stages_ms.get(k, float("nan")) for r in results]
+        return float(np.nanmedian(xs)) if any(np.isfinite(x) for x in xs) else float("nan")
+
+    stages = {k: median(k) for k in ("queue", "denoise", "decode", "ipc", "event_to_decoded")} if results else {}
     return {
         "sessions": len(results),
         "mtp_ms": stats.percentiles(mtp),

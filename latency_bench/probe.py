@@ -269,7 +269,7 @@ class SessionProbe:
         """Server stage p50s from frame events, and the delivery stage (event to decoded frame) joined
         by frame index: the time from handing the frame to the track to having it decoded."""
         out: dict[str, float] = {}
-        for k in ("queue", "denoise", "decode"):
+        for k in ("queue", "denoise", "decode", "ipc"):  # ipc: only from an engine in its own process
             xs = [e["timings_ms"][k] for e in events if k in e.get("timings_ms", {})]
             out[k] = float(np.median(xs)) if xs else float("nan")
         by_index = {e["frame_index"]: e["received_at"] for e in events}

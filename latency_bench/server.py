@@ -9,8 +9,9 @@ clients' interpreter lock, waits for `/readyz`, and stops it with SIGINT
 Profiles are written `name` (a preset) or `name:key=value,key=value`
 (a preset, or `shared` when the name is new, with overrides). Keys:
 max_batch, admission, max_sessions, target_utilization, min_observation,
-threads, video_scale, model (a registered `NAME[:VARIANT]`, e.g.
-`static:model=matrix-game-2:tiny`; the benchmark's `--model` sets it too).
+threads, video_scale, engines, engine_process, model (a registered
+`NAME[:VARIANT]`, e.g. `static:model=matrix-game-2:tiny`; the benchmark's
+`--model` sets it too).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class ServerProfile:
         threads: torch threads of the device worker (None: torch's default).
         video_scale: integer upscale of the published video.
         model: the served model, `NAME[:VARIANT]` from the registry (None: the server's default).
+        engines: engine cores (`--engines`; more than one run in processes of their own).
+        engine_process: 1: `--engine-process` (even one engine in its own process), 0: `--no-engine-process`,
+            -1: the server's default.
     """
 
     name: str
@@ -62,8 +66,12 @@ class ServerProfile:
     threads: int | None = None
     video_scale: int = 4
     model: str | None = None
+    engines: int = 1
+    engine_process: int = -1
 
     def __post_init__(self) -> None:
+        if self.engines < 1 or self.engine_process not in (-1, 0, 1):
+            raise ValueError(f"profile {self.name!r}: engines must be >= 1 and engine_process -1, 0 or 1")
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", self.name):
             raise ValueError(f"profile name {self.name!r}: use 1-40 letters, digits, '_', '.', '-'")
         if not all(math.isfinite(x) for x in (self.target_utilization, self.max_overload, self.min_observation)):
@@ -95,6 +103,10 @@ class ServerProfile:
             f += ["--threads", str(self.threads)]
         if self.model:
             f += ["--model", self.model]
+        if self.engines != 1:
+            f += ["--engines", str(self.engines)]
+        if self.engine_process != -1:
+            f += ["--engine-process" if self.engine_process else "--no-engine-process"]
         return f
 
     @classmethod

@@ -21,12 +21,15 @@ just ahead (within the window) holds the keys for at most SEQ_REORDER_WINDOW
 messages.
 
 Thread-safe: pushed from the event loop, sampled from the device thread.
+An engine in a process of its own samples a mirror of the buffer instead
+(`engine/engine_conditioner.py`), fed through `on_change`.
 """
 
 from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from worldcast.sessions.errors import InvalidAction
@@ -78,6 +81,9 @@ class ActionBuffer:
     _mouse: list[float] = field(default_factory=lambda: [0.0, 0.0])
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _last_push_s: float | None = None
+    #: called after every change (on the pushing thread) with (held keys, newest seq, dx, dy, cleared): the
+    #: keys and seq as now decided, the movement added, and whether pending movement was dropped first
+    on_change: Callable[[frozenset[str], int, float, float, bool], None] | None = None
 
     def push(self, seq: int, keys: list[str], mouse: tuple[float, float], *, now_s: float) -> SeqOutcome:
         """Apply one validated action message.
@@ -111,10 +117,14 @@ class ActionBuffer:
             elif seq < self._seq - SEQ_REORDER_WINDOW:
                 outcome = SeqOutcome.RESTART
             else:
-                return SeqOutcome.STALE
-            self._seq = seq
-            self._held = frozenset(keys)
-            return outcome
+                outcome = SeqOutcome.STALE
+            if outcome is not SeqOutcome.STALE:
+                self._seq = seq
+                self._held = frozenset(keys)
+            held, newest = self._held, self._seq
+        if self.on_change is not None:
+            self.on_change(held, newest, float(dx), float(dy), False)
+        return outcome
 
     def sample(self, frames: int) -> ActionSample:
         """Take the state for the next chunk of `frames` frames; mouse movement is consumed."""
@@ -135,12 +145,22 @@ class ActionBuffer:
             self._seq = -1
             self._held = frozenset()
             self._mouse = [0.0, 0.0]
+        if self.on_change is not None:
+            self.on_change(frozenset(), -1, 0.0, 0.0, True)
 
     def release_all(self) -> None:
         """Release every key and drop pending mouse movement (e.g. when the client leaves)."""
         with self._lock:
             self._held = frozenset()
             self._mouse = [0.0, 0.0]
+            seq = self._seq
+        if self.on_change is not None:
+            self.on_change(frozenset(), seq, 0.0, 0.0, True)
+
+    def state(self) -> tuple[frozenset[str], int, tuple[float, float]]:
+        """(held keys, newest seq, pending (dx, dy)) now."""
+        with self._lock:
+            return self._held, self._seq, (self._mouse[0], self._mouse[1])
 
     @property
     def last_seq(self) -> int:

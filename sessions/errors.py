@@ -43,3 +43,11 @@ class InvalidConditioning(SessionError):
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+
+
+class EngineNotFound(SessionError):
+    """No engine core with that id."""
+
+
+class MoveFailed(SessionError):
+    """A session could not move between engines (the reason is in the message); where it stayed is said too."""

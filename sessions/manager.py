@@ -1,8 +1,16 @@
-"""SessionManager: create, look up, idle and close sessions; bridge engine frames to them.
+"""SessionManager: create, look up, idle and close sessions; place them on engines; bridge frames to them.
 
-The manager owns the device worker's session membership. Frames and errors
-arrive on the worker thread and are marshalled to the event loop with
-`call_soon_threadsafe`, where they reach each session's sinks.
+The manager owns the engines' session membership. Each session runs on one
+engine core (`engine/engine_handle.py`: a thread of this process, or a
+process of its own per device); placement picks the engine with the most
+headroom (`sessions/placement.py`). Frames and errors arrive on engine
+threads and are marshalled to the event loop with `call_soon_threadsafe`,
+where they reach each session's sinks; pacing and the flush guarantees
+(`Session.deliver`, `MediaClock`) stay here, whatever engine made a frame.
+
+An engine that dies takes only its own sessions: each gets an "error"
+event with code `engine_lost` and is closed; sessions elsewhere are not
+touched. Moving a session between engines is `sessions/moves.py`.
 """
 
 from __future__ import annotations
@@ -11,20 +19,24 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad, decide
+from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
+from worldcast.engine.engine_conditioner import InputDelta
+from worldcast.engine.engine_handle import EngineHandle, EngineUnavailable
 from worldcast.engine.errors import KVPoolExhausted
+from worldcast.engine.local_engine import LocalEngine
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
 from worldcast.models.errors import ConditioningError
 from worldcast.models.spec import Conditioning, ConditioningRequest
 from worldcast.sessions.directing import DirectingSession
-from worldcast.sessions.errors import CapacityExhausted, InvalidConditioning, SessionNotFound
+from worldcast.sessions.errors import CapacityExhausted, EngineNotFound, InvalidConditioning, SessionNotFound
+from worldcast.sessions.placement import Placement, place
 from worldcast.sessions.session import CloseReason, Session, SessionMode, SessionState
 
 logger = logging.getLogger(__name__)
@@ -45,13 +57,15 @@ class SessionConfig:
 
 
 class SessionManager:
-    """All sessions of one server, and the device worker that runs them.
+    """All sessions of one server, and the engines that run them.
 
     Args:
-        model: the world model.
-        engine_config: device worker settings.
+        model: the world model (this process's copy: action and conditioning encoding, geometry).
+        engine_config: device worker settings (of the default engine).
         config: session settings.
         clock: monotonic clock, s.
+        engines: the engine cores (None: one `LocalEngine` on `model`'s device). Engines in other
+            processes keep time on CLOCK_MONOTONIC, so `clock` must then be `time.monotonic`.
     """
 
     def __init__(
@@ -61,29 +75,67 @@ class SessionManager:
         engine_config: EngineConfig,
         config: SessionConfig,
         clock: Callable[[], float] = time.monotonic,
+        engines: Sequence[EngineHandle] | None = None,
     ) -> None:
         self.model = model
         self.config = config
         self.clock = clock
         self.sessions: dict[str, Session] = {}
-        self.worker = DeviceWorker(
-            model, engine_config, on_frames=self._on_frames, on_error=self._on_error, clock=clock
-        )
+        self.engines: list[EngineHandle] = list(engines) if engines else [
+            LocalEngine(0, model, engine_config, clock=clock)]
+        if [e.id for e in self.engines] != list(range(len(self.engines))):
+            raise ValueError("engine ids must be 0, 1, ... in order")
+        for e in self.engines:
+            e.on_frames, e.on_lost = self._on_frames, self._on_engine_lost
+            e.on_error = lambda sid, reason, e=e: self._on_error(e, sid, reason)  # type: ignore[misc]
+        self._placed: dict[str, EngineHandle] = {}  #: session id -> the engine it runs on
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._creating = 0  #: sessions admitted but not yet registered (their prompt is being encoded)
+        self._creating: dict[int, int] = {}  #: per engine: sessions admitted but not yet on it (encoding)
+        #: sessions between two engines (`sessions/moves.py`): their input changes wait here
+        self.moving: dict[str, list[InputDelta]] = {}
         #: duty cycle charged to sessions not yet measured: the mean over measured ones
         adm = config.admission
         self.duty_prior = DutyCyclePrior(adm.min_observation_s, default=adm.default_duty_cycle)
         self._tick_task: asyncio.Task[None] | None = None
-        #: hooks for metrics: on_frame(delivered, lateness_s), on_admission(admitted)
+        #: hooks for metrics: on_frame(delivered, lateness_s), on_admission(admitted), on_engine_lost(engine)
         self.on_frame: Callable[[bool, float], None] | None = None
         self.on_admission: Callable[[bool], None] | None = None
+        self.on_engine_lost: Callable[[EngineHandle], None] | None = None
+
+    @property
+    def worker(self) -> DeviceWorker | EngineHandle:
+        """The first engine's device worker (in this process), else its handle (compatibility, tests)."""
+        e = self.engines[0]
+        return e.worker if isinstance(e, LocalEngine) else e
+
+    def engine(self, engine_id: int) -> EngineHandle:
+        """The engine with this id.
+
+        Raises:
+            EngineNotFound: no such engine.
+        """
+        if not 0 <= engine_id < len(self.engines):
+            raise EngineNotFound(f"no engine {engine_id}; engines are 0..{len(self.engines) - 1}")
+        return self.engines[engine_id]
+
+    def engine_of(self, session_id: str) -> EngineHandle | None:
+        """The engine a session runs on (None: unknown or closed)."""
+        return self._placed.get(session_id)
+
+    def assign(self, session_id: str, engine: EngineHandle) -> None:
+        """Record that a session runs on `engine` now (a move: `sessions/moves.py`)."""
+        self._placed[session_id] = engine
+        self.sessions[session_id].engine_id = engine.id
 
     async def start(self) -> None:
-        """Start the device worker and the housekeeping task."""
+        """Start every engine (warm-up included) and the housekeeping task.
+
+        Raises:
+            EngineUnavailable: an engine could not start.
+        """
         self._loop = asyncio.get_running_loop()
+        await asyncio.gather(*(e.start(warmup=self.config.warmup) for e in self.engines))
         if self.config.warmup:
-            await self._loop.run_in_executor(None, self.worker.warmup)
             # load the conditioning encoders now, not on the first user's request
             try:
                 self.model.spec.conditioning.validate(ConditioningRequest())
@@ -91,7 +143,6 @@ class SessionManager:
                 pass  # the model needs an image, and has no default one: nothing to warm up without one
             else:
                 await self._loop.run_in_executor(None, self.model.encode_conditioning, ConditioningRequest())
-        self.worker.start()
         self._tick_task = asyncio.create_task(self._tick_loop(), name="session-manager-tick")
 
     @property
@@ -100,7 +151,7 @@ class SessionManager:
         return self._loop
 
     async def aclose(self) -> None:
-        """Close every session and stop the worker (idempotent)."""
+        """Close every session and stop the engines (idempotent)."""
         if self._tick_task is not None:
             self._tick_task.cancel()
             try:
@@ -110,7 +161,7 @@ class SessionManager:
             self._tick_task = None
         for sid in list(self.sessions):
             self.close(sid, CloseReason.SHUTDOWN)
-        await asyncio.get_running_loop().run_in_executor(None, self.worker.stop)
+        await asyncio.gather(*(e.aclose() for e in self.engines))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -140,7 +191,7 @@ class SessionManager:
         self, *, prompt: str | None = None, image: np.ndarray | None = None, seed: int | None = None,
         stamp_frames: bool = False, mode: SessionMode = "interactive",
     ) -> Session:
-        """Open a session; its initial frame is generated at once.
+        """Open a session on the engine with the most headroom; its initial frame is generated at once.
 
         Args:
             prompt: the text prompt (None: the model's default, for a model that takes text).
@@ -153,21 +204,24 @@ class SessionManager:
         Raises:
             InvalidConditioning: the prompt, image or mode is refused (checked before admission:
                 nothing is allocated).
-            CapacityExhausted: too many sessions or no KV slot (retry later).
+            CapacityExhausted: too many sessions, no engine with room or a free state slot (retry later).
         """
         request = ConditioningRequest(text=prompt or None, image=image)
         self.check_conditioning(request, mode=mode)
-        decision = self.admission_decision()
+        placement = self.placement()
+        decision = placement.decision
         if self.on_admission is not None:
             self.on_admission(decision.admitted)
-        if not decision.admitted:
+        if placement.engine is None:
             logger.info("SessionManager: refused a session: %s", decision.reason)
             raise CapacityExhausted(f"refused: {decision.reason}", retry_after_s=decision.retry_after_s)
-        self._creating += 1  # counted by admission while we wait, so concurrent creates cannot overshoot
+        engine = placement.engine
+        # counted by admission while we wait, so concurrent creates cannot overshoot
+        self._creating[engine.id] = self._creating.get(engine.id, 0) + 1
         try:
             context = await asyncio.get_running_loop().run_in_executor(None, self._encode, request)
         finally:
-            self._creating -= 1
+            self._creating[engine.id] -= 1
         sid = secrets.token_hex(8)
         session = Session(
             sid,
@@ -185,34 +239,59 @@ class SessionManager:
             session.directing = DirectingSession(session)
             session.pause()  # nothing to generate until the first direction
         try:
-            self.worker.add_session(sid, session, seed=session.seed)
-        except KVPoolExhausted as e:
+            engine.add_session(sid, session, seed=session.seed)
+        except (KVPoolExhausted, EngineUnavailable) as e:
             raise CapacityExhausted(str(e)) from e
         self.sessions[sid] = session
-        session.on("state", lambda s, st: self.worker.wake())
-        session.on("control", lambda s, op: self.worker.wake())  # flush, cancel, resume act at the next step
-        logger.info("Session(%s): created (prompt of %d chars, %s, seed %d)", sid, len(prompt or ""),
-                    "no image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image", session.seed)
+        self._placed[sid] = engine
+        session.engine_id = engine.id
+        session.on("state", lambda s, st: self._changed(s))
+        session.on("control", lambda s, op: self._changed(s))  # flush, cancel, resume act at the next step
+        session.actions.on_change = lambda held, seq, dx, dy, clear: self._input(
+            sid, InputDelta(tuple(sorted(held)), seq, (dx, dy), clear))
+        logger.info("Session(%s): created on engine %d (prompt of %d chars, %s, seed %d)", sid, engine.id,
+                    len(prompt or ""), "no image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image",
+                    session.seed)
         return session
 
-    def measured_loads(self) -> list[SessionLoad]:
-        """Measured duty cycle and observation time of each open session."""
+    def _changed(self, s: Session) -> None:
+        """A session's epoch, wants or conditioning changed: its engine acts at its next step boundary."""
+        e = self._placed.get(s.id)
+        if e is not None and s.id not in self.moving:
+            e.session_changed(s.id, s)
+
+    def _input(self, session_id: str, delta: InputDelta) -> None:
+        pending = self.moving.get(session_id)
+        if pending is not None:
+            pending.append(delta)
+            return
+        e = self._placed.get(session_id)
+        if e is not None:
+            e.push_input(session_id, delta)
+
+    def measured_loads(self, engine: EngineHandle | None = None) -> list[SessionLoad]:
+        """Measured duty cycle and observation time of each open session (of one engine, if given)."""
         now = self.clock()
         return [SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now))
-                for s in list(self.sessions.values()) if s.state != SessionState.CLOSED]
+                for s in list(self.sessions.values()) if s.state != SessionState.CLOSED
+                and (engine is None or self._placed.get(s.id) is engine)]
+
+    def placement(self, *, exclude: EngineHandle | None = None) -> Placement:
+        """Where a new session would go now, and the admission decision behind it (`sessions/placement.py`)."""
+        measured = self.measured_loads()
+        loads: dict[int, list[SessionLoad]] = {e.id: [] for e in self.engines}
+        now = self.clock()
+        for s in list(self.sessions.values()):
+            e = self._placed.get(s.id)
+            if e is not None and s.state != SessionState.CLOSED:
+                loads[e.id].append(SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now)))
+        return place(self.engines, config=self.config.admission, loads=loads, pending=self._creating,
+                     prior_duty=self.duty_prior.value(measured),
+                     open_sessions=len(measured) + sum(self._creating.values()), exclude=exclude)
 
     def admission_decision(self) -> AdmissionDecision:
-        """Would a new session be admitted now? (See `engine/admission.py`.)"""
-        measured = self.measured_loads()
-        prior = self.duty_prior.value(measured)
-        adm = self.config.admission
-        return decide(
-            adm,
-            admitted=measured + [SessionLoad(duty_cycle=prior, observed_s=0.0)] * self._creating,
-            active_capacity=self.worker.active_capacity(adm.target_utilization),
-            kv_free_slots=self.worker.free_slots,
-            prior_duty=prior,
-        )
+        """Would a new session be admitted now? (See `engine/admission.py` and `sessions/placement.py`.)"""
+        return self.placement().decision
 
     def get(self, session_id: str) -> Session:
         """The open session with this id.
@@ -233,18 +312,33 @@ class SessionManager:
         now = self.clock()
         self.duty_prior.record_departure(SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now)))
         s.close(reason)
-        self.worker.remove_session(session_id)
+        s.actions.on_change = None
+        e = self._placed.pop(session_id, None)
+        if e is not None:
+            e.remove_session(session_id)
         logger.info("Session(%s): closed (%s)", session_id, reason.value)
 
-    # -- engine callbacks (worker thread) -----------------------------------------------------------
+    # -- engine callbacks ------------------------------------------------------------------------------
 
-    def _on_frames(self, frames: list[FrameOut]) -> None:
+    def _on_frames(self, frames: list[FrameOut]) -> None:  # an engine's thread
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._dispatch_frames, frames)
 
-    def _on_error(self, session_id: str, reason: str) -> None:
+    def _on_error(self, engine: EngineHandle, session_id: str, reason: str) -> None:  # an engine's thread
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._dispatch_error, session_id, reason)
+            self._loop.call_soon_threadsafe(self._dispatch_error, engine, session_id, reason)
+
+    def _on_engine_lost(self, engine: EngineHandle, session_ids: list[str], reason: str) -> None:  # event loop
+        """An engine died: each of its sessions is told (`engine_lost`) and closed; no other is touched."""
+        logger.error("%r lost (%s): closing its %d session(s)", engine, reason, len(session_ids))
+        if self.on_engine_lost is not None:
+            self.on_engine_lost(engine)
+        for sid in session_ids:
+            s = self.sessions.get(sid)
+            if s is not None and self._placed.get(sid) is engine:
+                self._placed.pop(sid, None)
+                s.fail(f"engine {engine.id} ({engine.device}) was lost: {reason}", code="engine_lost")
+                self.close(sid, CloseReason.ERROR)
 
     def _dispatch_frames(self, frames: list[FrameOut]) -> None:
         """Deliver each frame now, or at `send_ahead_frames` periods before its presentation time if that is later.
@@ -270,9 +364,9 @@ class SessionManager:
             if self.on_frame is not None:
                 self.on_frame(delivered, self.clock() - f.present_at_s)
 
-    def _dispatch_error(self, session_id: str, reason: str) -> None:
+    def _dispatch_error(self, engine: EngineHandle, session_id: str, reason: str) -> None:
         s = self.sessions.get(session_id)
-        if s is not None:
+        if s is not None and self._placed.get(session_id) is engine:  # not an old engine of a moved session
             s.fail(reason)
             self.close(session_id, CloseReason.ERROR)
 
@@ -284,13 +378,20 @@ class SessionManager:
             self.tick(self.clock())
 
     def tick(self, now_s: float) -> None:
-        """Idle quiet sessions; close abandoned ones."""
+        """Idle quiet sessions; close abandoned ones; look for engines that died unnoticed."""
+        for e in self.engines:
+            e.check()
         for sid, s in list(self.sessions.items()):
             s.tick(now_s)
             if s.sink_count == 0 and now_s - max(s.last_activity_s, s.actions.last_push_s or 0) > self.config.timeout_s:
                 self.close(sid, CloseReason.TIMEOUT)
 
     @property
+    def engines_up(self) -> int:
+        """Engines ready to serve (alive, not stalled)."""
+        return sum(1 for e in self.engines if e.ready)
+
+    @property
     def ready(self) -> bool:
-        """Whether the device worker is alive and not stalled in a step."""
-        return self.worker.alive and self.worker.stalled_s == 0.0
+        """Whether at least one engine is ready (alive and not stalled in a step)."""
+        return self.engines_up > 0

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
+from worldcast.engine.engine_conditioner import ConditionerState
 from worldcast.engine.rollout import ChunkInputs
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
@@ -114,6 +115,21 @@ class FrameSink(Protocol):
 #: Session events; callbacks are synchronous and get (session, payload).
 SessionEvent = Literal["state", "frame", "error", "control"]
 
+#: Codes of a session's device-side failure (`SessionFailure.code`), as transports send them in their
+#: `error` event: its own step failed ("session_failed") or the engine it ran on died ("engine_lost").
+FailureCode = Literal["session_failed", "engine_lost"]
+
+
+@dataclass(frozen=True)
+class SessionFailure:
+    """The payload of a session's "error" event: a stable code and a precise message (its `str`)."""
+
+    code: FailureCode
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
 
 class Session:
     """One user's session. Create through `SessionManager.create`.
@@ -150,6 +166,7 @@ class Session:
         self.stamp_frames = stamp_frames
         self.mode: SessionMode = mode
         self.directing: DirectingSession | None = None  #: set by SessionManager for directing sessions
+        self.engine_id: int | None = None  #: the engine core it runs on (set by SessionManager)
         self.token = token
         self.model = model
         self.seed = seed
@@ -185,7 +202,7 @@ class Session:
         """Subscribe to an event; returns an unsubscribe function.
 
         Events: "state" (payload: SessionState), "frame" (payload: VideoFrame,
-        after delivery to sinks), "error" (payload: str reason), "control" (payload: the
+        after delivery to sinks), "error" (payload: `SessionFailure`), "control" (payload: the
         operation, "flush" | "cancel" | "pause" | "resume" | "set_prompt": the engine should
         look at the session now).
 
@@ -230,6 +247,15 @@ class Session:
     def current_epoch(self) -> int:
         with self._lock:
             return self._epoch
+
+    def conditioner_state(self) -> ConditionerState:
+        """Everything `sample_chunk`, `current_epoch` and `wants_frames` answer from, at once (an engine
+        in another process keeps a mirror of it: `engine/engine_conditioner.py`)."""
+        held, seq, mouse = self.actions.state()
+        with self._lock:
+            return ConditionerState(epoch=self._epoch, context_version=self._context_version, context=self._context,
+                                    wants_frames=self.state == SessionState.ACTIVE and not self._paused
+                                    and not self._cancelled, held=tuple(sorted(held)), seq=seq, mouse=mouse)
 
     def wants_frames(self) -> bool:
         with self._lock:
@@ -432,9 +458,12 @@ class Session:
         self._emit("frame", frame)
         return frame
 
-    def fail(self, reason: str) -> None:
-        """Report a device-side failure of this session (it is then closed by its manager)."""
-        self._emit("error", reason)
+    def fail(self, reason: str, *, code: FailureCode = "session_failed") -> None:
+        """Report a device-side failure of this session (it is then closed by its manager).
+
+        Emits "error" with a `SessionFailure(code, reason)`.
+        """
+        self._emit("error", SessionFailure(code, reason))
 
     # -- housekeeping --------------------------------------------------------------------------------
 
@@ -473,4 +502,5 @@ class Session:
             "last_action_seq": self.actions.last_seq,
             "sinks": len(self._sinks),
             "duty_cycle": round(self.duty_cycle(), 4),
+            "engine": self.engine_id,
         }

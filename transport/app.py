@@ -13,7 +13,10 @@ Routes:
     WS     /ws                          the Dreamverse-compatible directing protocol (dreamverse.py)
     GET    /v1/model                    the model's declared geometry
     GET    /v1/agent                    agent worker status (worldcast worker only)
-    GET    /healthz, /readyz            liveness; readiness (device worker alive, not stalled)
+    GET    /v1/engines[/{id}]           engine cores: device, pid, state, sessions, load (engine_api.py)
+    POST   /v1/engines/{id}/drain       move its sessions off, stop placing on it (operator; also undrain)
+    POST   /v1/sessions/{id}/move       move one session to another engine (operator)
+    GET    /healthz, /readyz            liveness; readiness (at least one engine alive and not stalled)
     GET    /metrics                     Prometheus text format
     GET    /                            the browser demo (web_demo/dist)
 """
@@ -34,6 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from worldcast.engine.local_engine import LocalEngine
 from worldcast.models.base import WorldModel
 from worldcast.sessions.errors import CapacityExhausted, SessionError
 from worldcast.sessions.manager import SessionManager
@@ -41,6 +45,7 @@ from worldcast.sessions.session import CloseReason, Session
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
 from worldcast.transport.dreamverse import serve_dreamverse
+from worldcast.transport.engine_api import add_engine_routes, build_engines
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.model_api import MAX_BODY_BYTES, create_body_limit, families_info, model_info, read_create_body
@@ -151,11 +156,18 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         configure_ice(config.ice_host_addresses, consent_timeout_s=config.ice_consent_timeout_s)
         quiet_closed_transport_errors(asyncio.get_running_loop())
         m = model if model is not None else config.load_model()
-        manager = SessionManager(m, engine_config=config.engine, config=config.sessions)
+        manager = SessionManager(m, engine_config=config.engine, config=config.sessions,
+                                 engines=build_engines(config, m))
         metrics = Metrics(manager)
-        manager.worker.on_step, manager.on_frame, manager.on_admission = (
-            metrics.on_step, metrics.on_frame, metrics.on_admission)
-        await manager.start()
+        manager.on_frame, manager.on_admission, manager.on_engine_lost = (
+            metrics.on_frame, metrics.on_admission, metrics.on_engine_lost)
+        for e in manager.engines:
+            e.on_step = metrics.on_step
+        try:
+            await manager.start()
+        except BaseException:
+            await manager.aclose()  # engines that did start
+            raise
 
         def make_peer(session: Session, **callbacks: Any) -> WebRTCPeer:
             return WebRTCPeer(session, video_scale=config.scale_for(m),
@@ -184,7 +196,8 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
 
             app.state.agent_worker = AgentWorker(config.agent, config.livekit, manager, app.state.livekit)
             app.state.agent_worker.start()
-        logger.info("worldcast: serving %s", m.spec.name)
+        logger.info("worldcast: serving %s on %d engine(s) (%s)", m.spec.name, len(manager.engines),
+                    ", ".join(f"{e.device}{' in its own process' if e.process else ''}" for e in manager.engines))
         try:
             yield
         finally:
@@ -247,20 +260,32 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     @app.get("/readyz")
     async def readyz(request: Request) -> JSONResponse:
         manager: SessionManager = request.app.state.manager
+        engines = {"up": manager.engines_up, "total": len(manager.engines),
+                   "states": {str(e.id): e.state for e in manager.engines}}
         if manager.ready:
-            body: dict[str, Any] = {"status": "ready", "model": manager.model.spec.name}
-            if manager.worker.degraded:  # still serves, one session at a time: say so
+            body: dict[str, Any] = {"status": "ready", "model": manager.model.spec.name, "engines": engines}
+            if all(e.degraded for e in manager.engines if e.ready):  # still serves, one session at a time: say so
                 body |= {"degraded": True, "reason": "the measured chunk time exceeds the chunk budget even for "
                          "one session: one session at a time, below real time"}
             return JSONResponse(body)
-        w = manager.worker
-        reason = (w.last_error or "device worker stopped") if not w.alive else (
-            f"device step running {w.stalled_s + w.config.stall_factor * w.config.step_timeout_s:.1f} s (stalled)")
-        return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
+        reasons = []
+        for e in manager.engines:
+            if e.state == "ready" and e.stalled_s > 0:
+                c = e.config
+                reasons.append(f"engine {e.id}: device step running "
+                               f"{e.stalled_s + c.stall_factor * c.step_timeout_s:.1f} s (stalled)")
+            elif isinstance(e, LocalEngine) and not e.worker.alive:
+                reasons.append(e.worker.last_error or "device worker stopped")
+            else:
+                reasons.append(f"engine {e.id} {e.state}" + (f": {e.last_error}" if e.last_error else ""))
+        return JSONResponse({"status": "not ready", "reason": "; ".join(reasons), "engines": engines},
+                            status_code=503)
 
     @app.get("/metrics")
     async def metrics_route(request: Request) -> Response:
         return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    add_engine_routes(app, config)
 
     @app.get("/v1/model", response_model=ModelInfo)
     async def get_model(request: Request) -> ModelInfo:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
+from worldcast.engine.engine_client import RestartPolicy
 from worldcast.models import registry
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
@@ -34,6 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "matrix-game-2: the release's download folder)")
     add_model_options(s)
     s.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
+    s.add_argument("--devices", type=_devices, default=(), metavar="DEV,DEV,...",
+                   help="one engine core per device, each in its own process, e.g. cuda:0,cuda:1 (overrides "
+                        "--device and --engines)")
+    s.add_argument("--engines", type=int, default=1, metavar="N",
+                   help="engine cores on --device (default 1); more than one run in processes of their own, "
+                        "and on a CPU each takes an equal share of the cores left after --reserved-cores")
+    s.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the engine core(s) in processes of their own: crash-isolated and restarted "
+                        "(default: only with more than one engine)")
+    s.add_argument("--restart-backoff", type=float, default=0.5, metavar="S",
+                   help="seconds before restarting a lost engine process; doubles per failed restart, up to 30")
+    s.add_argument("--admin-token", default=os.environ.get("WORLDCAST_ADMIN_TOKEN"), metavar="TOKEN",
+                   help="bearer token of the operator routes (drain, undrain, move); default "
+                        "WORLDCAST_ADMIN_TOKEN; without one they are off")
     s.add_argument("--ice-host", action="append", default=None, metavar="ADDR",
                    help="address to gather ICE host candidates on (repeatable; default: the bind address "
                         "if it is loopback, else every non-loopback interface)")
@@ -98,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--fragmented", action="store_true", help="write the stream's fragmented MP4 as received")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def _devices(text: str) -> tuple[str, ...]:
+    devices = tuple(d.strip() for d in text.split(",") if d.strip())
+    if not devices:
+        raise argparse.ArgumentTypeError("give one or more devices, e.g. cuda:0,cuda:1")
+    return devices
 
 
 def _model_help() -> str:
@@ -225,35 +248,15 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(e))
         try:
             registry.check_request(args.model, weights=args.weights, options=model_options(args))
+            if args.engines < 1:
+                raise ValueError("--engines must be >= 1")
+            if args.devices and args.engines != 1 and args.engines != len(args.devices):
+                raise ValueError(f"--engines {args.engines} disagrees with the {len(args.devices)} --devices given")
+            if not args.restart_backoff > 0:
+                raise ValueError("--restart-backoff must be positive")
+            config = _server_config(args, livekit, agent)
         except ValueError as e:
             parser.error(str(e))
-        config = ServerConfig(
-            host=args.host,
-            port=args.port,
-            model=args.model,
-            weights=args.weights,
-            model_options=model_options(args),
-            device=args.device,
-            video_scale=args.video_scale,
-            ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
-            static_dir=args.static_dir,
-            dreamverse_segment_s=args.dreamverse_segment,
-            livekit=livekit,
-            agent=agent,
-            negotiation_timeout_s=args.negotiation_timeout,
-            ice_consent_timeout_s=args.ice_consent_timeout,
-            engine=EngineConfig(state_budget_bytes=state_budget_bytes(args), memory_fraction=args.memory_fraction,
-                                max_slots=args.max_sessions, max_batch=args.max_batch,
-                                torch_threads=args.threads, reserved_cores=args.reserved_cores),
-            sessions=SessionConfig(
-                idle_after_s=args.idle_after,
-                timeout_s=args.session_timeout,
-                admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
-                                          target_utilization=args.target_utilization,
-                                          max_overload_probability=args.max_overload,
-                                          min_observation_s=args.min_observation),
-            ),
-        )
         if args.check:
             try:
                 raise SystemExit(check(config))
@@ -262,6 +265,48 @@ def main(argv: list[str] | None = None) -> None:
         # video is already compressed: no permessage-deflate; client messages are small (ws_stream.MAX_TEXT_BYTES)
         uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower(),
                     ws_per_message_deflate=False, ws_max_size=1 << 20)
+
+
+def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConfig | None,
+                   agent: livekit_config.AgentWorkerConfig | None) -> ServerConfig:
+    """`serve`'s arguments as a ServerConfig.
+
+    Raises:
+        ValueError: a setting out of range (the message names it).
+    """
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        weights=args.weights,
+        model_options=model_options(args),
+        device=args.device,
+        video_scale=args.video_scale,
+        ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
+        static_dir=args.static_dir,
+        dreamverse_segment_s=args.dreamverse_segment,
+        livekit=livekit,
+        agent=agent,
+        negotiation_timeout_s=args.negotiation_timeout,
+        ice_consent_timeout_s=args.ice_consent_timeout,
+        engine=EngineConfig(state_budget_bytes=state_budget_bytes(args), memory_fraction=args.memory_fraction,
+                            max_slots=args.max_sessions, max_batch=args.max_batch,
+                            torch_threads=args.threads, reserved_cores=args.reserved_cores),
+        engines=args.engines,
+        devices=args.devices,
+        engine_processes=args.engine_process,
+        restart=RestartPolicy(initial_backoff_s=args.restart_backoff,
+                              max_backoff_s=max(30.0, args.restart_backoff)),
+        admin_token=args.admin_token,
+        sessions=SessionConfig(
+            idle_after_s=args.idle_after,
+            timeout_s=args.session_timeout,
+            admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
+                                      target_utilization=args.target_utilization,
+                                      max_overload_probability=args.max_overload,
+                                      min_observation_s=args.min_observation),
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worldcast.engine.device_worker import EngineConfig
+from worldcast.engine.engine_client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
@@ -40,8 +41,22 @@ class ServerConfig:
     negotiation_timeout_s: float = 15.0  #: an answered peer not `connected` after this is closed, s
     ice_consent_timeout_s: float | None = None  #: a peer silent to ICE consent checks this long is closed, s (None: 30)
     input_limits: InputLimits = field(default_factory=InputLimits)  #: per-connection rates, sizes, flood policy
+    #: engine cores on `device` (a CPU host: each takes its share of the cores); ignored when `devices` is given
+    engines: int = 1
+    #: one engine core per device, e.g. ("cuda:0", "cuda:1") (empty: `engines` on `device`)
+    devices: tuple[str, ...] = ()
+    #: run each engine core in a process of its own (crash-isolated, restarted); None: only when there are several
+    engine_processes: bool | None = None
+    restart: RestartPolicy = field(default_factory=RestartPolicy)  #: when a lost engine process is started again
+    admin_token: str | None = None  #: bearer token of the operator routes (drain, move); None: those routes are off
 
     def __post_init__(self) -> None:
+        if self.engines < 1:
+            raise ValueError("engines must be >= 1")
+        if self.devices and len(set(self.devices)) != len(self.devices):
+            raise ValueError(f"devices must be distinct: {list(self.devices)}")
+        if self.admin_token is not None and len(self.admin_token) < 16:
+            raise ValueError("admin_token must be at least 16 characters")
         if self.agent is not None and self.livekit is None:
             raise ValueError("an agent worker needs a LiveKit server (livekit)")
         if not 0 < self.port < 65536:
@@ -71,10 +86,24 @@ class ServerConfig:
             return self.video_scale
         return max(1, min(8, 256 // model.spec.frame_height))
 
+    @property
+    def engine_devices(self) -> list[str]:
+        """The device of each engine core, in engine id order."""
+        return list(self.devices) if self.devices else [self.device] * self.engines
+
+    @property
+    def isolated(self) -> bool:
+        """Whether the engine cores run in processes of their own."""
+        if self.engine_processes is not None:
+            return self.engine_processes
+        return len(self.engine_devices) > 1
+
     def load_model(self) -> WorldModel:
-        """Load the configured model through the registry.
+        """Load the configured model through the registry: on `device` when the engine runs in this
+        process, else on the CPU (this process then only encodes actions and conditioning).
 
         Raises:
             FileNotFoundError / ValueError: missing or malformed weights (the message names what).
         """
-        return registry.load(self.model, weights=self.weights, device=self.device, options=self.model_options)
+        device = "cpu" if self.isolated else self.engine_devices[0]
+        return registry.load(self.model, weights=self.weights, device=device, options=self.model_options)

@@ -383,7 +383,7 @@ class DreamverseConnection(StreamConnection):
             self.close(CLOSE_NORMAL)
 
     def _on_error(self, session: Session, reason: object) -> None:
-        self.error("session_failed", f"AV streaming failed: {reason}")
+        self.error(getattr(reason, "code", "session_failed"), f"AV streaming failed: {reason}")
 
 
 async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scale: int, segment_s: float,

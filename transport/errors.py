@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from worldcast.sessions.errors import (
     CapacityExhausted,
+    EngineNotFound,
     InvalidAction,
     InvalidConditioning,
+    MoveFailed,
     SessionClosedError,
     SessionNotFound,
 )
@@ -28,6 +30,8 @@ HTTP_STATUS: dict[type[Exception], int] = {
     InvalidAction: 400,
     InvalidConditioning: 422,
     CapacityExhausted: 503,
+    EngineNotFound: 404,
+    MoveFailed: 409,
 }
 
 RPC_CODE: dict[type[Exception], int] = {

@@ -46,29 +46,53 @@ class _LiveCollector(Collector):
         for k, v in counts.items():
             states.add_metric([k], v)
         yield states
-        snap = m.worker.snapshot  # published by the device thread: consistent, never mutated
+        engines = m.engines
+        snaps = [e.snapshot for e in engines]  # each published whole by its engine: consistent, never mutated
         kv = GaugeMetricFamily("worldcast_kv_pool_bytes", "State pool bytes (KV rings and all other declared "
-                               "per-session state)", labels=["kind"])
-        kv.add_metric(["used"], snap.used_bytes)
-        kv.add_metric(["budget"], snap.budget_bytes)
+                               "per-session state), all engines", labels=["kind"])
+        kv.add_metric(["used"], sum(s.used_bytes for s in snaps))
+        kv.add_metric(["budget"], sum(s.budget_bytes for s in snaps))
         yield kv
-        yield GaugeMetricFamily("worldcast_scheduler_queue_depth", "Sessions with a step ready or a chunk staged",
-                                value=snap.queue_depth)
-        yield GaugeMetricFamily("worldcast_device_worker_alive", "1 if the device worker runs",
-                                value=1.0 if m.worker.alive else 0.0)
-        yield GaugeMetricFamily("worldcast_device_degraded", "1 if the measured costs say the device cannot carry "
-                                "one session in real time (it then serves one session at a time)",
-                                value=1.0 if m.worker.degraded else 0.0)
-        choice = m.worker.thread_choice
+        yield GaugeMetricFamily("worldcast_scheduler_queue_depth", "Sessions with a step ready or a chunk staged, "
+                                "all engines", value=sum(s.queue_depth for s in snaps))
+        up = m.engines_up
+        yield GaugeMetricFamily("worldcast_device_worker_alive", "1 if an engine's device worker runs",
+                                value=1.0 if up else 0.0)
+        yield GaugeMetricFamily("worldcast_engines_up", "Engine cores ready to serve", value=up)
+        yield GaugeMetricFamily("worldcast_engines_total", "Engine cores configured", value=len(engines))
+        by_state = GaugeMetricFamily("worldcast_engine_state", "1 for each engine core's current state",
+                                     labels=["engine", "device", "state"])
+        per_sessions = GaugeMetricFamily("worldcast_engine_sessions", "Sessions on each engine core", labels=["engine"])
+        per_kv = GaugeMetricFamily("worldcast_engine_kv_pool_bytes", "State pool bytes per engine core",
+                                   labels=["engine", "kind"])
+        restarts = CounterMetricFamily("worldcast_engine_restarts", "Restarts of each engine core after a loss",
+                                       labels=["engine"])
+        losses = CounterMetricFamily("worldcast_engine_losses", "Deaths of each engine core", labels=["engine"])
+        for e, snap in zip(engines, snaps, strict=True):
+            eid = str(e.id)
+            by_state.add_metric([eid, e.device, e.state], 1.0)
+            per_sessions.add_metric([eid], len(e.session_ids))
+            per_kv.add_metric([eid, "used"], snap.used_bytes)
+            per_kv.add_metric([eid, "budget"], snap.budget_bytes)
+            restarts.add_metric([eid], e.restarts)
+            losses.add_metric([eid], e.losses)
+        yield from (by_state, per_sessions, per_kv, restarts, losses)
+        ready = [e for e in engines if e.ready]
+        yield GaugeMetricFamily("worldcast_device_degraded", "1 if the measured costs say no engine can carry "
+                                "one session in real time (each then serves one session at a time)",
+                                value=1.0 if ready and all(e.degraded for e in ready) else 0.0)
+        first = ready[0] if ready else engines[0]
+        choice = first.thread_choice
         if choice is not None:
-            yield GaugeMetricFamily("worldcast_device_threads", "Torch intra-op threads of the device worker",
-                                    value=choice.threads)
+            yield GaugeMetricFamily("worldcast_device_threads", "Torch intra-op threads of the first ready "
+                                    "engine's device worker", value=choice.threads)
             per = GaugeMetricFamily("worldcast_device_thread_chunk_seconds",
                                     "Warm-up chunk time measured under each candidate thread count",
                                     labels=["threads"])
             for n, sec in sorted(choice.chunk_s.items()):
                 per.add_metric([str(n)], sec)
             yield per
+        snap = first.snapshot
         adm = m.admission_decision()
         yield GaugeMetricFamily("worldcast_admission_active_capacity",
                                 "Sessions the device carries generating at once, by the cost model",
@@ -79,8 +103,8 @@ class _LiveCollector(Collector):
         yield GaugeMetricFamily("worldcast_admission_duty_prior",
                                 "Duty cycle charged to a session not yet measured", value=m.duty_prior.value(
                                     m.measured_loads()))
-        cost = GaugeMetricFamily("worldcast_cost_model_step_seconds", "Cost model: predicted step time",
-                                 labels=["kind", "batch"])
+        cost = GaugeMetricFamily("worldcast_cost_model_step_seconds", "Cost model of the first ready engine: "
+                                 "predicted step time", labels=["kind", "batch"])
         for (kind, batch), (sec, _n) in sorted(snap.cost.snapshot().items()):
             cost.add_metric([kind, str(batch)], sec)
         yield cost
@@ -90,7 +114,7 @@ class _LiveCollector(Collector):
                                    "after their presentation time, per session", labels=["session"])
         duty = GaugeMetricFamily("worldcast_session_duty_cycle", "Measured share of time generating",
                                  labels=["session"])
-        stats = snap.sessions
+        stats = {sid: st for sn in snaps for sid, st in sn.sessions.items()}
         for sid, s in list(m.sessions.items()):
             frames.add_metric([sid], s.frames_delivered)
             late.add_metric([sid], stats.get(sid, {}).get("late_frames", 0.0))
@@ -119,6 +143,7 @@ class Metrics:
         self.input_messages = Counter("worldcast_input_messages", "Client messages by channel and outcome "
                                       "(accepted, ignored, too_large, rate_limited, parse_error, invalid, closed, "
                                       "internal)", ["channel", "outcome"], registry=r)
+        self.engines_lost = Counter("worldcast_engines_lost", "Engine cores lost (every engine)", registry=r)
         self.peer_closes = Counter("worldcast_peer_closes", "Peer connections closed, by reason", ["reason"],
                                    registry=r)
         #: open peer connections, set by the app (None: not reported)
@@ -139,6 +164,10 @@ class Metrics:
         self.frames.labels("delivered" if delivered else "dropped_stale").inc()
         if delivered:
             self.lateness.observe(lateness_s)
+
+    def on_engine_lost(self, engine: object) -> None:
+        """An engine core died (its sessions were told `engine_lost`)."""
+        self.engines_lost.inc()
 
     def on_admission(self, admitted: bool) -> None:
         self.admissions.labels("admitted" if admitted else "refused").inc()

@@ -224,7 +224,7 @@ class WebRTCPeer:
             self.session.attach_sink(self.track)  # SessionClosedError if a DELETE won the race
             self._unsubscribe.append(self.session.on("frame", self._on_frame))
             self._unsubscribe.append(self.session.on("error", lambda s, r: self.send_event(
-                {"event": "error", "code": "session_failed", "message": str(r)})))
+                {"event": "error", "code": getattr(r, "code", "session_failed"), "message": str(r)})))
             self._unsubscribe.append(self.session.on("state", self._on_session_state))
             self._spawn(self._negotiation_timer())
         except BaseException:

@@ -468,7 +468,7 @@ class StreamConnection:
             self.close(CLOSE_NORMAL)
 
     def _on_error(self, session: Session, reason: object) -> None:
-        self.error("session_failed", str(reason))
+        self.error(getattr(reason, "code", "session_failed"), str(reason))
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 

@@ -57,3 +57,37 @@ def test_serve_check_prints_the_memory_plan_and_refuses_a_device_too_small(capsy
         main(["serve", "--model", "causal-wan:tiny", "--check", "--state-budget-mib", "1", "--log-level", "error"])
     out = capsys.readouterr().out
     assert e.value.code == 2 and "cannot hold one session" in out and "--state-budget-mib" in out
+def test_engine_flags_become_the_engine_layout(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.transport.cli import _server_config
+
+    a = build_parser().parse_args(["serve", "--engines", "3", "--admin-token", "t" * 20, "--restart-backoff", "2"])
+    cfg = _server_config(a, None, None)
+    assert cfg.engine_devices == ["cpu"] * 3 and cfg.isolated and cfg.admin_token == "t" * 20
+    assert cfg.restart.initial_backoff_s == 2.0
+    a = build_parser().parse_args(["serve", "--devices", "cuda:0, cuda:1"])
+    cfg = _server_config(a, None, None)
+    assert cfg.engine_devices == ["cuda:0", "cuda:1"] and cfg.isolated
+    one = _server_config(build_parser().parse_args(["serve"]), None, None)
+    assert one.engine_devices == ["cpu"] and not one.isolated  # one engine stays in the server's process
+    forced = _server_config(build_parser().parse_args(["serve", "--engine-process"]), None, None)
+    assert forced.isolated and forced.engine_devices == ["cpu"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--engines", "0"], "--engines must be >= 1"),
+    (["--devices", "cuda:0,cuda:1", "--engines", "3"], "disagrees"),
+    (["--restart-backoff", "0"], "--restart-backoff must be positive"),
+    (["--admin-token", "short"], "admin_token must be at least 16"),
+    (["--devices", ","], "give one or more devices"),
+])
+def test_bad_engine_flags_are_one_error_line(argv: list[str], message: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "worldcast.transport.cli", "serve", *argv],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_engine_config_validation() -> None:
+    with pytest.raises(ValueError, match="engines must be >= 1"):
+        ServerConfig(engines=0)
+    with pytest.raises(ValueError, match="distinct"):
+        ServerConfig(devices=("cuda:0", "cuda:0"))

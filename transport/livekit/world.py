@@ -148,7 +148,7 @@ class LiveKitWorld:
         self.sink.start()
         self._unsubscribe.append(self.session.on("state", self._on_state))
         self._unsubscribe.append(self.session.on("error", lambda s, r: self.send_event(
-            {"event": "error", "code": "session_failed", "message": str(r)})))
+            {"event": "error", "code": getattr(r, "code", "session_failed"), "message": str(r)})))
         logger.info("%r: joined as %s (%s source), user %s", self, self.identity, self.config.source.value,
                     self.user_identity or "(first to join)")
         for p in list(self.room.remote_participants.values()):

@@ -1,0 +1,226 @@
+"""EngineHandle: what the server holds of one engine core, in its own thread or its own process.
+
+Two kinds behind one interface, so sessions/ never asks which it has:
+- `LocalEngine` (`engine/local_engine.py`): a `DeviceWorker` thread in the
+  server's process; a session's conditioner is the server's `Session`.
+- `EngineClient` (`engine/engine_client.py`): a `DeviceWorker` in an engine
+  process of its own (`engine/engine_process.py`); the session's
+  conditioner there is a mirror the handle feeds (`session_changed`,
+  `push_input`), frames come back through shared memory.
+
+Callbacks (set by the owner before `start`; called from the engine's own
+threads, so the owner marshals them to its event loop):
+- `on_frames(frames)`: a list of `FrameOut`;
+- `on_error(session_id, reason)`: one session failed (the engine dropped it);
+- `on_lost(engine, session_ids, reason)`: the engine died with these sessions;
+- `on_step(plan, result)`: every executed step (metrics);
+- `on_state(engine)`: its `state` changed.
+
+States (`EngineState`): starting -> ready; ready -> lost when it dies;
+lost -> restarting (after a backoff) -> ready; any -> stopped at shutdown.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from worldcast.engine.admission import active_capacity
+from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
+from worldcast.engine.engine_conditioner import ConditionerState, InputDelta
+from worldcast.engine.rollout import Conditioner
+from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
+from worldcast.engine.threads import ThreadChoice
+from worldcast.models.spec import WorldModelSpec
+
+#: An engine's life (see the module docstring).
+EngineState = Literal["starting", "ready", "lost", "restarting", "stopped"]
+
+
+class SessionSource(Conditioner, Protocol):
+    """A session as an engine handle needs it: a conditioner that can say its whole state at once."""
+
+    def conditioner_state(self) -> ConditionerState:
+        """Epoch, wants, conditioning (context given) and inputs, now."""
+        ...
+
+
+class EngineUnavailable(Exception):
+    """The engine is not ready (starting, lost or restarting) or went away mid-operation."""
+
+
+class EngineHandle(abc.ABC):
+    """One engine core as the server sees it (see the module docstring).
+
+    Args:
+        engine_id: its id on this server (0, 1, ...).
+        device: its torch device.
+        spec: the served model's spec (the same model on every engine).
+        config: its device worker's settings.
+    """
+
+    process: bool = False  #: whether it runs in a process of its own
+
+    def __init__(self, engine_id: int, *, device: str, spec: WorldModelSpec, config: EngineConfig) -> None:
+        self.id = engine_id
+        self.device = device
+        self.spec = spec
+        self.config = config
+        self.state: EngineState = "starting"
+        self.draining = False  #: placement skips it (`POST /v1/engines/{id}/drain`)
+        self.restarts = 0  #: times it was restarted after a loss
+        self.losses = 0  #: times it was lost
+        self.last_error: str | None = None
+        self.state_since_s = time.monotonic()
+        self.on_frames: Callable[[list[FrameOut]], None] = lambda frames: None
+        self.on_error: Callable[[str, str], None] = lambda sid, reason: None
+        self.on_lost: Callable[[EngineHandle, list[str], str], None] = lambda engine, sids, reason: None
+        self.on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None
+        self.on_state: Callable[[EngineHandle], None] = lambda engine: None
+
+    def __repr__(self) -> str:
+        return f"Engine({self.id}, {self.device}, {self.state})"
+
+    def _set_state(self, state: EngineState) -> None:
+        if state != self.state:
+            self.state = state
+            self.state_since_s = time.monotonic()
+            self.on_state(self)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def start(self, *, warmup: bool) -> None:
+        """Bring the engine up and wait until it is ready.
+
+        Raises:
+            EngineUnavailable: it could not start (the reason names why).
+        """
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop it and free what it holds (idempotent)."""
+
+    def check(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Housekeeping (event loop, about once a second): report a death not noticed otherwise."""
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def session_ids(self) -> set[str]:
+        """Sessions placed here (a copy)."""
+
+    @abc.abstractmethod
+    def add_session(self, session_id: str, source: SessionSource, *, seed: int) -> None:
+        """Start generating for a new session.
+
+        Raises:
+            StatePoolExhausted: no free slot.
+            EngineUnavailable: not ready.
+        """
+
+    @abc.abstractmethod
+    def remove_session(self, session_id: str) -> None:
+        """Stop generating for a session and free its slot (idempotent)."""
+
+    @abc.abstractmethod
+    def session_changed(self, session_id: str, source: SessionSource) -> None:
+        """The session's epoch, wants or conditioning changed: act on it at the next step boundary."""
+
+    def push_input(self, session_id: str, delta: InputDelta) -> None:  # noqa: B027 - optional, see docstring
+        """The session's inputs changed (an engine that reads the `Session` itself needs nothing)."""
+
+    @abc.abstractmethod
+    async def export_session(self, session_id: str) -> bytes:
+        """Capture the session's whole state at its next chunk boundary and stop serving it here.
+
+        Raises:
+            EngineUnavailable: the engine went away first.
+            KeyError: no such session here.
+        """
+
+    @abc.abstractmethod
+    async def import_session(self, session_id: str, source: SessionSource, *, seed: int, state: bytes,
+                             verify: bool = False) -> bytes | None:
+        """Serve a session moved here from another engine, from its state bytes.
+
+        Returns:
+            with `verify`, its state captured again right after the restore (else None).
+
+        Raises:
+            StatePoolExhausted, SessionStateError, EngineUnavailable.
+        """
+
+    # -- load ------------------------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def num_slots(self) -> int:
+        """State slots of its pool (0 until known)."""
+
+    @property
+    def free_slots(self) -> int:
+        """Slots neither held nor promised."""
+        return max(0, self.num_slots - len(self.session_ids))
+
+    @property
+    @abc.abstractmethod
+    def snapshot(self) -> EngineSnapshot:
+        """Its latest published snapshot."""
+
+    @property
+    @abc.abstractmethod
+    def thread_choice(self) -> ThreadChoice | None: ...
+
+    @property
+    @abc.abstractmethod
+    def stalled_s(self) -> float: ...
+
+    @property
+    @abc.abstractmethod
+    def pid(self) -> int | None: ...
+
+    @property
+    def steps_run(self) -> int:
+        return self.snapshot.steps_run
+
+    def active_capacity(self, target_utilization: float) -> int:
+        """Sessions it carries generating at once, by its own measured costs (`admission.active_capacity`)."""
+        cost, spec = self.snapshot.cost, self.spec
+
+        def chunk_time_s(batch: int) -> float:
+            return spec.denoising_steps * cost.predict("denoise", batch) + cost.predict("commit", batch)
+
+        return active_capacity(chunk_time_s, chunk_period_s=float(spec.chunk_period),
+                               target_utilization=target_utilization,
+                               max_batch=min(self.config.max_batch, max(1, self.num_slots)))
+
+    @property
+    def degraded(self) -> bool:
+        return self.active_capacity(self.config.target_utilization) == 0
+
+    @property
+    def ready(self) -> bool:
+        """Serving and not stalled in a step."""
+        return self.state == "ready" and self.stalled_s == 0.0
+
+    def info(self) -> dict[str, Any]:
+        """A JSON-able summary (`GET /v1/engines`)."""
+        snap = self.snapshot
+        choice = self.thread_choice
+        return {
+            "id": self.id, "device": self.device, "pid": self.pid, "state": self.state, "draining": self.draining,
+            "process": self.process, "sessions": sorted(self.session_ids), "restarts": self.restarts,
+            "losses": self.losses, "last_error": self.last_error,
+            "state_for_s": round(time.monotonic() - self.state_since_s, 3),
+            "load": {
+                "slots_used": len(self.session_ids), "slots_total": self.num_slots, "slot_bytes": snap.slot_bytes,
+                "active_capacity": self.active_capacity(self.config.target_utilization) if self.num_slots else 0,
+                "queue_depth": snap.queue_depth, "steps_run": snap.steps_run,
+                "threads": choice.threads if choice is not None else None,
+                "degraded": bool(self.num_slots) and self.degraded, "stalled_s": round(self.stalled_s, 3),
+            },
+        }

@@ -1,0 +1,199 @@
+"""EngineClient with real engine processes (spawned, TinyWorld built by name): frames through shared memory,
+death noticed at once and restarted, sessions moved between processes byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from worldcast.engine.device_worker import DeviceWorker, EngineConfig
+from worldcast.engine.engine_client import EngineClient, EngineLaunch, RestartPolicy
+from worldcast.engine.engine_conditioner import ConditionerState, InputDelta, MirrorConditioner
+from worldcast.engine.engine_handle import EngineHandle, EngineUnavailable
+from worldcast.engine.step_output import FrameOut
+
+pytestmark = pytest.mark.timeout(600)
+
+FRAMES = 12
+
+
+class Source:
+    """FAKE session (stands in for `Session`, which needs a manager): a fixed conditioning state."""
+
+    def __init__(self, state: ConditionerState) -> None:
+        self.state = state
+
+    def conditioner_state(self) -> ConditionerState:
+        return self.state
+
+    def sample_chunk(self, frames: int):  # type: ignore[no-untyped-def]
+        raise AssertionError("an engine in another process samples its mirror, never the session")
+
+    def current_epoch(self) -> int:
+        return self.state.epoch
+
+    def wants_frames(self) -> bool:
+        return self.state.wants_frames
+
+
+def state(model, held: tuple[str, ...] = ("d",)) -> ConditionerState:  # type: ignore[no-untyped-def]
+    prompt = np.eye(model.spec.conditioning.tensors[0][1][0], dtype=np.float32)[0]
+    return ConditionerState(epoch=0, wants_frames=True, context_version=0, context={"prompt": prompt}, held=held)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.frames: dict[str, dict[int, FrameOut]] = {}
+        self.lost: list[tuple[float, list[str], str]] = []
+        self.errors: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def attach(self, e: EngineHandle) -> None:
+        e.on_frames = self.on_frames
+        e.on_error = lambda sid, r: self.errors.append((sid, r))
+        e.on_lost = lambda eng, sids, r: self.lost.append((time.monotonic(), sids, r))
+
+    def on_frames(self, frames: list[FrameOut]) -> None:
+        with self.lock:
+            for f in frames:
+                self.frames.setdefault(f.session_id, {})[f.frame_index] = f
+
+    def count(self, sid: str) -> int:
+        with self.lock:
+            return len(self.frames.get(sid, {}))
+
+
+async def until(cond, timeout_s: float = 120.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, f"{what} not met within {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+def launch(model, **kw) -> EngineLaunch:  # type: ignore[no-untyped-def]
+    cfg = EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 2, max_batch=1, torch_threads=1)
+    return EngineLaunch(model="tinyworld", weights=kw.pop("weights", None), options={}, device="cpu", config=cfg,
+                        log_level=logging.WARNING, **kw)
+
+
+def twin_frames(model, held: tuple[str, ...], seed: int, n: int) -> dict[int, np.ndarray]:  # type: ignore[no-untyped-def]
+    """The same session in this process (its conditioner the same mirror)."""
+    out: dict[int, np.ndarray] = {}
+    lock = threading.Lock()
+
+    def on_frames(frames: list[FrameOut]) -> None:
+        with lock:
+            out.update({f.frame_index: f.image.copy() for f in frames})
+
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session(), max_batch=1,
+                                         torch_threads=1), on_frames=on_frames, on_error=lambda s, r: None)
+    w.start()
+    try:
+        w.add_session("twin", MirrorConditioner(model, state(model, held)), seed=seed)
+        deadline = time.monotonic() + 120
+        while len(out) < n:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        w.stop()
+    return out
+
+
+async def test_frames_come_through_shared_memory_as_the_in_process_engine_makes_them(model) -> None:  # type: ignore[no-untyped-def]
+    twin = twin_frames(model, ("d",), 7, FRAMES)
+    rec = Recorder()
+    c = EngineClient(0, launch(model), spec=model.spec)
+    rec.attach(c)
+    await c.start(warmup=False)
+    try:
+        assert c.state == "ready" and c.pid is not None and c.pid != os.getpid() and c.num_slots == 2
+        c.add_session("s", Source(state(model)), seed=7)
+        await until(lambda: rec.count("s") >= FRAMES, what="frames")
+        with rec.lock:
+            got = dict(rec.frames["s"])
+        for i in range(FRAMES):
+            assert np.array_equal(got[i].image, twin[i]), f"frame {i} differs from the in-process engine's"
+        t = [got[i].present_at_s for i in range(FRAMES)]
+        assert all(b > a for a, b in zip(t, t[1:]))
+        assert c.info()["sessions"] == ["s"] and c.free_slots == 1
+        await until(lambda: c.snapshot.steps_run > 0, what="a status report")
+        c.remove_session("s")
+        await until(lambda: c.snapshot.slots_used == 0, what="the slot freed")
+    finally:
+        await c.aclose()
+    assert c.state == "stopped" and not rec.errors
+
+
+async def test_a_killed_engine_is_noticed_at_once_names_its_sessions_and_comes_back(model) -> None:  # type: ignore[no-untyped-def]
+    rec = Recorder()
+    c = EngineClient(0, launch(model), spec=model.spec, restart=RestartPolicy(initial_backoff_s=0.2))
+    states: list[str] = []
+    c.on_state = lambda e: states.append(e.state)
+    rec.attach(c)
+    await c.start(warmup=False)
+    try:
+        c.add_session("a", Source(state(model)), seed=1)
+        c.add_session("b", Source(state(model)), seed=2)
+        await until(lambda: rec.count("a") >= 3 and rec.count("b") >= 3, what="frames")
+        await until(lambda: bool(c.snapshot.cost.snapshot()), what="measured costs")
+        old = c.pid
+        assert old is not None
+        t_kill = time.monotonic()
+        os.kill(old, signal.SIGKILL)
+        await until(lambda: bool(rec.lost), timeout_s=30, what="the loss")
+        at, sids, reason = rec.lost[0]
+        assert sorted(sids) == ["a", "b"] and "SIGKILL" in reason, reason
+        assert c.losses == 1 and c.session_ids == set()
+        with pytest.raises(EngineUnavailable):
+            c.add_session("c", Source(state(model)), seed=3)  # admission places nothing on a lost engine
+        logging.getLogger(__name__).info("kill -> lost in %.3f s", at - t_kill)
+        await until(lambda: c.state == "ready", what="the restart")
+        assert c.pid not in (None, old) and c.restarts == 1
+        assert states == ["ready", "lost", "restarting", "ready"], states
+        n = rec.count("c")
+        c.add_session("c", Source(state(model)), seed=3)
+        await until(lambda: rec.count("c") >= n + 3, what="frames from the restarted engine")
+    finally:
+        await c.aclose()
+
+
+async def test_a_session_moves_between_processes_byte_for_byte_and_goes_on_as_its_twin(model) -> None:  # type: ignore[no-untyped-def]
+    twin = twin_frames(model, ("w", "d"), 11, FRAMES)
+    rec = Recorder()
+    a, b = EngineClient(0, launch(model), spec=model.spec), EngineClient(1, launch(model), spec=model.spec)
+    rec.attach(a)
+    rec.attach(b)
+    await asyncio.gather(a.start(warmup=False), b.start(warmup=False))
+    try:
+        src = Source(state(model, ("w", "d")))
+        a.add_session("m", src, seed=11)
+        a.push_input("m", InputDelta(held=("w", "d"), seq=0))  # a seq for the same keys: nothing changes
+        await until(lambda: rec.count("m") >= 4, what="frames on A")
+        blob = await a.export_session("m")
+        n_a = rec.count("m")
+        assert a.session_ids == set()
+        restored = await b.import_session("m", src, seed=0, state=blob, verify=True)
+        assert restored == blob, "B's state right after the restore differs from what left A"
+        await until(lambda: rec.count("m") >= FRAMES, what="frames on B")
+    finally:
+        await asyncio.gather(a.aclose(), b.aclose())
+    with rec.lock:
+        got = rec.frames["m"]
+    assert sorted(got)[:FRAMES] == list(range(FRAMES)) and 0 < n_a < FRAMES
+    differ = [i for i in range(FRAMES) if not np.array_equal(got[i].image, twin[i])]
+    assert not differ, f"frames {differ} differ from the unmoved twin's (moved after frame {n_a - 1})"
+
+
+async def test_an_engine_that_cannot_start_says_why(model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    c = EngineClient(0, launch(model, weights=tmp_path / "missing.safetensors"), spec=model.spec)
+    with pytest.raises(EngineUnavailable, match="missing.safetensors"):
+        await c.start(warmup=False)
+    await c.aclose()

@@ -1,0 +1,118 @@
+"""The engine cores at the network edge: building them from the server's config, and their routes.
+
+Routes:
+    GET  /v1/engines                   every engine: id, device, pid, state, sessions, load
+    GET  /v1/engines/{id}              one engine
+    POST /v1/engines/{id}/drain        move every session off it, stop placing on it   (operator)
+    POST /v1/engines/{id}/undrain      place sessions on it again                       (operator)
+    POST /v1/sessions/{id}/move        move one session: {"engine": id | null, "verify": bool} (operator)
+
+Operator routes need `Authorization: Bearer <admin token>` (`--admin-token`, or the
+WORLDCAST_ADMIN_TOKEN environment variable); a server started without one answers
+them 403.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from worldcast.engine.engine_client import EngineClient, EngineLaunch
+from worldcast.engine.engine_handle import EngineHandle
+from worldcast.engine.local_engine import LocalEngine
+from worldcast.engine.threads import available_cores
+from worldcast.models.base import WorldModel
+from worldcast.sessions import moves
+from worldcast.sessions.manager import SessionManager
+from worldcast.transport.config import ServerConfig
+
+
+def build_engines(config: ServerConfig, model: WorldModel) -> list[EngineHandle]:
+    """One engine core per configured device: threads of this process sharing `model`, or processes that
+    each build the model through the registry by name (`config.isolated`).
+
+    CPU engine processes each get an equal share of the cores left after `engine.reserved_cores`
+    (at least one) for their intra-op threads, measured within that share at warm-up.
+
+    Raises:
+        ValueError: in-process engines on devices other than the model's (they share the one model).
+    """
+    devices = config.engine_devices
+    if not config.isolated:
+        if any(d != devices[0] for d in devices):
+            raise ValueError("engines in this process share one model on one device; run several devices with "
+                             "engine processes (--devices starts them)")
+        return [LocalEngine(i, model, config.engine) for i in range(len(devices))]
+    cpu = sum(1 for d in devices if d == "cpu")
+    share = max(1, (available_cores() - config.engine.reserved_cores) // cpu) if cpu else None
+    level = logging.getLogger().getEffectiveLevel()
+    return [EngineClient(i, EngineLaunch(model=config.model, weights=config.weights, options=dict(config.model_options),
+                                         device=d, config=config.engine, thread_share=share if d == "cpu" else None,
+                                         log_level=level),
+                         spec=model.spec, restart=config.restart)
+            for i, d in enumerate(devices)]
+
+
+class MoveRequest(BaseModel):
+    """POST /v1/sessions/{id}/move."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: int | None = Field(default=None, ge=0, description="target engine id (null: where placement puts it)")
+    verify: bool = Field(default=False, description="compare the state bytes captured on the target after the "
+                         "restore with those that left the source")
+
+
+def _manager(request: Request) -> SessionManager:
+    return request.app.state.manager
+
+
+def _admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    """The operator routes' check: the admin token, compared in constant time."""
+    expected: str | None = request.app.state.admin_token
+    if expected is None:
+        raise HTTPException(403, "operator routes are off: start the server with --admin-token "
+                                 "(or WORLDCAST_ADMIN_TOKEN)")
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise HTTPException(401, "missing 'Authorization: Bearer <admin token>'", {"WWW-Authenticate": "Bearer"})
+    if not secrets.compare_digest(token.strip().encode(), expected.encode()):
+        raise HTTPException(403, "not the admin token")
+
+
+Manager = Annotated[SessionManager, Depends(_manager)]
+
+
+def add_engine_routes(app: FastAPI, config: ServerConfig) -> None:
+    """Add the engine routes (module docstring) to `app`; its `state.manager` is the `SessionManager`."""
+    app.state.admin_token = config.admin_token
+    admin_dep = _admin
+
+    @app.get("/v1/engines")
+    async def list_engines(manager: Manager) -> dict[str, Any]:
+        return {"engines": [e.info() for e in manager.engines], "up": manager.engines_up,
+                "total": len(manager.engines)}
+
+    @app.get("/v1/engines/{engine_id}")
+    async def get_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
+        return manager.engine(engine_id).info()  # EngineNotFound -> 404
+
+    @app.post("/v1/engines/{engine_id}/drain", dependencies=[Depends(admin_dep)])
+    async def drain_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
+        report = await moves.drain(manager, engine_id)
+        return {"engine": manager.engine(engine_id).info(), "moved": [r.info() for r in report.moved],
+                "stayed": report.stayed}
+
+    @app.post("/v1/engines/{engine_id}/undrain", dependencies=[Depends(admin_dep)])
+    async def undrain_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
+        moves.undrain(manager, engine_id)
+        return manager.engine(engine_id).info()
+
+    @app.post("/v1/sessions/{session_id}/move", dependencies=[Depends(admin_dep)])
+    async def move_session(session_id: str, manager: Manager, body: MoveRequest | None = None) -> dict[str, Any]:
+        body = body or MoveRequest()
+        report = await moves.move_session(manager, session_id, to=body.engine, verify=body.verify)
+        return report.info()
