@@ -8,6 +8,7 @@ arrive on the worker thread and are marshalled to the event loop with
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -31,13 +32,24 @@ class SessionConfig:
     """Session lifecycle settings."""
 
     idle_after_s: float = 30.0  #: an ACTIVE session without actions goes IDLE after this, s
-    timeout_s: float = 120.0  #: a session with no sink and no activity is closed after this, s
+    #: reconnect grace: a session whose viewers have all left is closed after this long without a viewer
+    #: or activity, s
+    timeout_s: float = 120.0
+    #: connect grace: a session that has never had a connected viewer is closed this long after its creation
+    #: (or when its last connecting viewer's own deadline passes, if later: a WebRTC peer's negotiation), s
+    connect_grace_s: float = 15.0
     tick_s: float = 1.0  #: housekeeping period, s
     #: frames are handed to sinks no earlier than this many frame periods before their presentation time;
     #: a chunk of many frames (causal Wan: 12) is thus paced out in real time instead of in a burst
     send_ahead_frames: float = 1.0
     warmup: bool = True  #: measure step costs at start (admission and pacing rely on them)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  #: who gets in
+
+    def __post_init__(self) -> None:
+        for name in ("idle_after_s", "timeout_s", "connect_grace_s", "tick_s"):
+            v = getattr(self, name)
+            if not 0 < v < float("inf"):
+                raise ValueError(f"SessionConfig.{name} must be positive and finite, got {v!r}")
 
 
 class SessionManager:
@@ -150,7 +162,7 @@ class SessionManager:
         try:
             self.worker.add_session(sid, session, seed=session.seed)
         except KVPoolExhausted as e:
-            raise CapacityExhausted(str(e)) from e
+            raise CapacityExhausted(str(e), retry_after_s=self.next_release_in_s()) from e
         self.sessions[sid] = session
         session.on("state", lambda s, st: self.worker.wake())
         session.on("control", lambda s, op: self.worker.wake())  # flush, cancel, resume act at the next step
@@ -168,13 +180,45 @@ class SessionManager:
         measured = self.measured_loads()
         prior = self.duty_prior.value(measured)
         adm = self.config.admission
-        return decide(
+        d = decide(
             adm,
             admitted=measured + [SessionLoad(duty_cycle=prior, observed_s=0.0)] * self._creating,
             active_capacity=self.worker.active_capacity(adm.target_utilization),
             kv_free_slots=self.worker.free_slots,
             prior_duty=prior,
         )
+        if not d.admitted:
+            d = dataclasses.replace(d, retry_after_s=self.next_release_in_s())
+        return d
+
+    def release_at_s(self, s: Session) -> float | None:
+        """When housekeeping will close `s` if nothing changes (clock time, s); None while a viewer holds it.
+
+        - a connected viewer holds a session indefinitely;
+        - one that never had a viewer is released `connect_grace_s` after its creation, or when its
+          connecting viewers' own deadline passes (`Session.connect_deadline_s`), whichever is later;
+        - one whose viewers left is released `timeout_s` (the reconnect grace) after the last of its
+          viewer leaving, its last action or its last other activity, and not before a re-offer still
+          connecting has had its time.
+        """
+        if s.viewer_count > 0:
+            return None
+        pending = s.connect_deadline_s
+        if not s.had_viewer:
+            t = s.created_s + self.config.connect_grace_s
+        else:
+            t = max(s.last_activity_s, s.actions.last_push_s or 0.0, s.last_viewer_s or 0.0) + self.config.timeout_s
+        return t if pending is None else max(t, pending)
+
+    def next_release_in_s(self) -> float:
+        """Seconds until the first session's release (`release_at_s`), at least 1: the truthful `Retry-After`
+        of a refusal. When every session is held by a viewer no release is due; then the configured hint
+        (`AdmissionConfig.retry_after_s`)."""
+        now = self.clock()
+        due = [t for t in (self.release_at_s(s) for s in list(self.sessions.values())) if t is not None]
+        if not due:
+            return self.config.admission.retry_after_s
+        return max(1.0, min(due) - now + self.config.tick_s)
 
     def get(self, session_id: str) -> Session:
         """The open session with this id.
@@ -246,10 +290,11 @@ class SessionManager:
             self.tick(self.clock())
 
     def tick(self, now_s: float) -> None:
-        """Idle quiet sessions; close abandoned ones."""
+        """Idle quiet sessions; close those no viewer holds once their grace has passed (`release_at_s`)."""
         for sid, s in list(self.sessions.items()):
             s.tick(now_s)
-            if s.sink_count == 0 and now_s - max(s.last_activity_s, s.actions.last_push_s or 0) > self.config.timeout_s:
+            release = self.release_at_s(s)
+            if release is not None and now_s > release:
                 self.close(sid, CloseReason.TIMEOUT)
 
     @property

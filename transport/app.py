@@ -22,6 +22,7 @@ Routes:
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -37,10 +38,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from worldcast.models.base import WorldModel
 from worldcast.sessions.errors import CapacityExhausted, SessionError
 from worldcast.sessions.manager import SessionManager
-from worldcast.sessions.session import CloseReason, Session
+from worldcast.sessions.session import CloseReason, Session, SessionState
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
 from worldcast.transport.dreamverse import serve_dreamverse
+from worldcast.transport.http_body import BodyPolicy
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.peers import PeerRegistry
@@ -64,6 +66,11 @@ from worldcast.transport.ws_stream import StreamSocketTuning, serve_stream
 
 logger = logging.getLogger(__name__)
 
+#: What an unknown id and a token that does not open the session both answer (the same for both).
+NOT_FOUND_DETAIL = "no such session for this token"
+#: Compared against when the id is unknown, so that both cases take the same time.
+_NO_TOKEN = secrets.token_urlsafe(24)
+
 #: Largest HTTP request body, bytes (an SDP offer is the largest legitimate one).
 MAX_BODY_BYTES = 256 * 1024
 
@@ -75,52 +82,6 @@ _NO_DEMO = """<!doctype html><title>worldcast</title><h1>worldcast</h1>
 def _printable(x: object, limit: int = 200) -> str:
     """A short, always-encodable rendering of an error fragment."""
     return str(x)[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-class BodyLimit:
-    """ASGI middleware: refuse request bodies over `max_bytes` with 413, however they are sent.
-
-    A declared Content-Length over the limit is refused before reading; a body
-    without one (chunked transfer coding, RFC 9112 7.1) is read up to the limit
-    and refused as soon as it passes it, so memory stays bounded.
-    """
-
-    def __init__(self, app: Any, *, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def _too_large(self, send: Any) -> None:
-        await JSONResponse({"detail": f"request body over {self.max_bytes} bytes"}, status_code=413)(
-            {"type": "http"}, None, send)  # type: ignore[arg-type]
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None:
-            if not length.isdigit() or int(length) > self.max_bytes:
-                return await self._too_large(send)
-            return await self.app(scope, receive, send)
-        if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
-            return await self.app(scope, receive, send)
-        body, more = b"", True
-        while more:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return  # the client went away
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
-            if len(body) > self.max_bytes:
-                return await self._too_large(send)
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
 
 
 def model_info(model: WorldModel) -> ModelInfo:
@@ -144,10 +105,15 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         quiet_closed_transport_errors(asyncio.get_running_loop())
         m = model if model is not None else config.load_model()
         manager = SessionManager(m, engine_config=config.engine, config=config.sessions)
-        metrics = Metrics(manager)
+        metrics = Metrics(manager, config.metrics)
         manager.worker.on_step, manager.on_frame, manager.on_admission = (
             metrics.on_step, metrics.on_frame, metrics.on_admission)
         await manager.start()
+        port = metrics.start_listener()
+        app.state.metrics_port = port  # the bound port (config.metrics.port 0: an ephemeral one)
+        if port is not None:
+            logger.info("worldcast: metrics on http://%s:%d/metrics%s", config.metrics.host, port,
+                        " (with per-session series)" if config.metrics.per_session else "")
 
         def make_peer(session: Session, **callbacks: Any) -> WebRTCPeer:
             return WebRTCPeer(session, encode_prompt=m.encode_prompt, video_scale=config.scale_for(m),
@@ -167,7 +133,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         if config.livekit is not None:
             from worldcast.transport.livekit.world import LiveKitWorlds
 
-            app.state.livekit = LiveKitWorlds(config.livekit, manager, video_scale=config.video_scale,
+            app.state.livekit = LiveKitWorlds(config.livekit, manager, video_scale=config.scale_for(m),
                                               make_guard=make_guard)
         app.state.agent_worker = None
         if config.agent is not None:
@@ -185,17 +151,18 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             if app.state.livekit is not None:
                 await app.state.livekit.aclose()
             await manager.aclose()
+            metrics.stop_listener()
 
     app = FastAPI(title="worldcast", version="0.1.0", lifespan=lifespan)
 
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(BodyPolicy, max_bytes=MAX_BODY_BYTES)  # 413 over the size, 415 for non-JSON
     app.add_middleware(StreamSocketTuning)  # outermost: it needs the server's own send
 
     @app.exception_handler(SessionError)
     async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
         headers = {}
         if isinstance(exc, CapacityExhausted):
-            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))  # never earlier than true
         return JSONResponse({"detail": str(exc)}, status_code=errors.http_status(exc), headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -205,12 +172,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
                  "type": _printable(e.get("type", ""))} for e in exc.errors()[:10]]
         first = errs[0] if errs else {"loc": [], "msg": "invalid request"}
         loc = ".".join(first["loc"])
-        status = 422
-        ctype = request.headers.get("content-type", "")
-        if request.method in ("POST", "PUT") and ctype and not ctype.startswith("application/json"):
-            return JSONResponse({"detail": f"content type {ctype.split(';')[0]!r} is not supported; "
-                                 "send application/json"}, status_code=415)
-        return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=status)
+        return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=422)
 
     def manager_dep(request: Request) -> SessionManager:
         return request.app.state.manager
@@ -220,14 +182,18 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         request: Request,
         authorization: Annotated[str | None, Header()] = None,
     ) -> Session:
-        session = request.app.state.manager.get(session_id)  # SessionNotFound -> 404
+        # An unauthenticated caller learns nothing about which ids exist: no token is 401 whatever the id,
+        # and an unknown id or a token of another session are the same 404, after the same comparison.
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:  # auth schemes are case-insensitive (RFC 7235, 2.1)
             raise HTTPException(401, "missing 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"})
-        if not secrets.compare_digest(token.encode(), session.token.encode()):
-            raise HTTPException(403, "token does not grant access to this session")
-        return session
+        session = request.app.state.manager.sessions.get(session_id)
+        open_ = session is not None and session.state != SessionState.CLOSED
+        expected = session.token if open_ else _NO_TOKEN  # type: ignore[union-attr]
+        if not secrets.compare_digest(token.encode(), expected.encode()) or not open_:
+            raise HTTPException(404, NOT_FOUND_DETAIL)
+        return session  # type: ignore[return-value]
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -275,16 +241,19 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
                                      "(or LIVEKIT_URL), --livekit-api-key and --livekit-api-secret")
         s = await manager.create(prompt=body.prompt, seed=body.seed, stamp_frames=body.stamp_frames, mode=body.mode)
         livekit = None
-        if body.transport == "livekit":
-            from worldcast.transport.livekit.world import LiveKitJoinError
+        try:  # whatever fails from here on (or a client gone mid-request), nothing stays allocated
+            if body.transport == "livekit":
+                from worldcast.transport.livekit.world import LiveKitJoinError
 
-            try:
-                livekit = await worlds.serve(s, room=body.room)
-            except LiveKitJoinError as e:
-                manager.close(s.id, CloseReason.ERROR)
-                raise HTTPException(502, str(e)) from None
-        return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model),
-                                     livekit=livekit)
+                try:
+                    livekit = await worlds.serve(s, room=body.room)
+                except LiveKitJoinError as e:
+                    raise HTTPException(502, str(e)) from None
+            return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model),
+                                         livekit=livekit)
+        except BaseException:
+            manager.close(s.id, CloseReason.ERROR)
+            raise
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(session: Annotated[Session, Depends(session_dep)]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from worldcast.models.causal_wan.config import PRESETS
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, MODELS, ServerConfig
 from worldcast.transport.livekit import config as livekit_config
+from worldcast.transport.metrics import MetricsConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "fully (before that, partly the mean of measured sessions)")
     s.add_argument("--idle-after", type=float, default=30.0, help="seconds without actions before a session idles")
     s.add_argument("--session-timeout", type=float, default=120.0,
-                   help="seconds a session with no peer and no activity lives before it is closed")
+                   help="reconnect grace: seconds a session whose viewers all left, with no activity, lives "
+                        "before it is closed")
     s.add_argument("--negotiation-timeout", type=float, default=15.0,
                    help="seconds an answered peer may take to connect before it is closed")
     s.add_argument("--ice-consent-timeout", type=float, default=None,
@@ -73,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
+    s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on a separate listener on this port (GET /metrics on the API "
+                        "port carries only aggregate series, never session ids)")
+    s.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR",
+                   help="bind address of the metrics listener (default 127.0.0.1: keep it internal)")
+    s.add_argument("--metrics-per-session", action="store_true",
+                   help="also export per-session series (session ids as labels) on the metrics listener")
+    s.add_argument("--metrics-max-sessions", type=int, default=64, metavar="N",
+                   help="per-session series for at most this many sessions, the newest (default 64)")
+    s.add_argument("--connect-grace", type=float, default=15.0, metavar="S",
+                   help="seconds a new session may go without a connected viewer before it is closed, freeing "
+                        "its slot (a WebRTC peer still negotiating holds it until --negotiation-timeout)")
     s.add_argument("--log-level", default="info")
     livekit_config.add_arguments(s)
     w = sub.add_parser("worker", parents=[s], conflict_handler="resolve",
@@ -161,11 +175,14 @@ def main(argv: list[str] | None = None) -> None:
             agent=agent,
             negotiation_timeout_s=args.negotiation_timeout,
             ice_consent_timeout_s=args.ice_consent_timeout,
+            metrics=MetricsConfig(port=args.metrics_port, host=args.metrics_host,
+                                  per_session=args.metrics_per_session, max_sessions=args.metrics_max_sessions),
             engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
                                 torch_threads=args.threads, reserved_cores=args.reserved_cores),
             sessions=SessionConfig(
                 idle_after_s=args.idle_after,
                 timeout_s=args.session_timeout,
+                connect_grace_s=args.connect_grace,
                 admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
                                           target_utilization=args.target_utilization,
                                           max_overload_probability=args.max_overload,

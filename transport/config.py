@@ -12,6 +12,7 @@ from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.limits import InputLimits
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
+from worldcast.transport.metrics import MetricsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class ServerConfig:
     negotiation_timeout_s: float = 15.0  #: an answered peer not `connected` after this is closed, s
     ice_consent_timeout_s: float | None = None  #: a peer silent to ICE consent checks this long is closed, s (None: 30)
     input_limits: InputLimits = field(default_factory=InputLimits)  #: per-connection rates, sizes, flood policy
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  #: the metrics listener and per-session series
 
     def __post_init__(self) -> None:
         if self.agent is not None and self.livekit is None:

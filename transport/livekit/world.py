@@ -95,7 +95,8 @@ class LiveKitWorld:
         #: coalesced feedback; a flooding user (whom the world cannot remove from the room) is told and
         #: its packets are dropped for the rest of the session
         self.feedback = InputFeedback(self.guard, send=self.send_event, on_flood=self._on_flood)
-        self.rpc = LiveKitRpc(session, encode_prompt, user_identity=lambda: self.user_identity)
+        self.rpc = LiveKitRpc(session, encode_prompt, user_identity=lambda: self.user_identity, guard=self.guard,
+                              feedback=self.feedback)
         spec = session.model.spec
         self.width, self.height = spec.frame_width * video_scale, spec.frame_height * video_scale
         self.fps = float(spec.fps)
@@ -200,14 +201,20 @@ class LiveKitWorld:
 
     def _on_data(self, packet: rtc.DataPacket) -> None:
         sender = packet.participant.identity if packet.participant is not None else None
+        from_user = bool(sender) and sender == self.user_identity
+        if from_user and self.feedback.closed:
+            self._drop("flood", f"packet from {sender!r} after its flood verdict")
+            return
         if packet.topic != ACTIONS_TOPIC:
             self._drop("topic", f"data packet on topic {packet.topic!r} from {sender!r} ({len(packet.data)} bytes)")
+            if from_user:  # the user's packets of every topic count toward its flood verdict
+                now = time.monotonic()
+                self.feedback.send_all(self.guard.rejected_message(
+                    "actions", "unknown_topic", f"data topic {packet.topic[:64]!r} is not served; actions go on "
+                    f"{ACTIONS_TOPIC!r}", now, outcome="invalid"))
             return
-        if not sender or sender != self.user_identity:
+        if not from_user:
             self._drop("sender", f"action packet from {sender!r}, not the session's user")
-            return
-        if self.feedback.closed:
-            self._drop("flood", f"action packet from {sender!r} after its flood verdict")
             return
         try:
             events = self.actions.receive(packet.data, time.monotonic())
@@ -313,18 +320,21 @@ class LiveKitWorlds:
         """Join `room` as the session's world.
 
         Raises:
-            LiveKitJoinError: joining failed (the session is left open; the caller closes it).
+            LiveKitJoinError: joining failed (the world left; the session is left open: the caller closes it).
+            Exception: anything else that failed (the same: nothing of the world is left, the caller
+                closes the session).
         """
         world = LiveKitWorld(session, room_name=room, user_identity=user_identity, config=self.config,
                              encode_prompt=self.manager.model.encode_prompt, video_scale=self.video_scale,
                              on_user_left=self._user_left, guard=self.make_guard())
         self.worlds[session.id] = world
-        session.on("state", lambda s, st: self._forget(s) if st == SessionState.CLOSED else None)
         try:
             await world.join(url, token)
-        except LiveKitJoinError:
+        except BaseException:
             self.worlds.pop(session.id, None)
+            await world.aclose()
             raise
+        session.on("state", lambda s, st: self._forget(s) if st == SessionState.CLOSED else None)
         return world
 
     async def serve(self, session: Session, *, room: str) -> LiveKitAccess:
