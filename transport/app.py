@@ -251,7 +251,15 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
                     raise HTTPException(502, str(e)) from None
             return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model),
                                          livekit=livekit)
-        except BaseException:
+        except HTTPException:
+            manager.close(s.id, CloseReason.ERROR)
+            raise
+        except Exception as e:
+            manager.close(s.id, CloseReason.ERROR)
+            logger.exception("Session(%s): create failed", s.id)
+            raise HTTPException(500, f"internal error while creating the session ({type(e).__name__}); "
+                                     "nothing was kept") from None
+        except BaseException:  # cancelled: the client went away mid-request
             manager.close(s.id, CloseReason.ERROR)
             raise
 

@@ -16,7 +16,9 @@ from worldcast.engine.device_worker import EngineConfig
 from worldcast.models.causal_wan.config import PRESETS
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, MODELS, ServerConfig
+from worldcast.transport.conn_limits import ConnectionLimits
 from worldcast.transport.livekit import config as livekit_config
+from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
 from worldcast.transport.metrics import MetricsConfig
 
 
@@ -87,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--connect-grace", type=float, default=15.0, metavar="S",
                    help="seconds a new session may go without a connected viewer before it is closed, freeing "
                         "its slot (a WebRTC peer still negotiating holds it until --negotiation-timeout)")
+    s.add_argument("--head-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a client has to send a request's head (request line and headers) before it "
+                        "gets 408 and is closed (default 10; 0: off)")
+    s.add_argument("--max-connections-per-client", type=int, default=64, metavar="N",
+                   help="open connections one remote address may hold, HTTP and WebSocket (default 64; 0: no "
+                        "limit; behind a reverse proxy every client shares its address)")
     s.add_argument("--log-level", default="info")
     livekit_config.add_arguments(s)
     w = sub.add_parser("worker", parents=[s], conflict_handler="resolve",
@@ -147,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         import uvicorn
 
         from worldcast.transport.app import create_app
+        from worldcast.transport.conn_limits import serve_config
 
         agent = None
         try:
@@ -159,39 +168,54 @@ def main(argv: list[str] | None = None) -> None:
                                  "--livekit-api-secret (or LIVEKIT_API_KEY and LIVEKIT_API_SECRET)")
         except ValueError as e:
             parser.error(str(e))
-        config = ServerConfig(
-            host=args.host,
-            port=args.port,
-            model=args.model,
-            weights=args.weights,
-            wan_preset=args.wan_preset,
-            wan_base=args.wan_base,
-            device=args.device,
-            video_scale=args.video_scale,
-            ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
-            static_dir=args.static_dir,
-            dreamverse_segment_s=args.dreamverse_segment,
-            livekit=livekit,
-            agent=agent,
-            negotiation_timeout_s=args.negotiation_timeout,
-            ice_consent_timeout_s=args.ice_consent_timeout,
-            metrics=MetricsConfig(port=args.metrics_port, host=args.metrics_host,
-                                  per_session=args.metrics_per_session, max_sessions=args.metrics_max_sessions),
-            engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
-                                torch_threads=args.threads, reserved_cores=args.reserved_cores),
-            sessions=SessionConfig(
-                idle_after_s=args.idle_after,
-                timeout_s=args.session_timeout,
-                connect_grace_s=args.connect_grace,
-                admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
-                                          target_utilization=args.target_utilization,
-                                          max_overload_probability=args.max_overload,
-                                          min_observation_s=args.min_observation),
-            ),
-        )
-        # video is already compressed: no permessage-deflate; client messages are small (ws_stream.MAX_TEXT_BYTES)
-        uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower(),
-                    ws_per_message_deflate=False, ws_max_size=1 << 20)
+        try:
+            config = server_config_from(args, livekit=livekit, agent=agent)
+        except ValueError as e:
+            parser.error(str(e))
+        server = uvicorn.Server(serve_config(create_app(config), host=args.host, port=args.port,
+                                             limits=config.connections, log_level=args.log_level.lower()))
+        server.run()
+
+
+def server_config_from(args: argparse.Namespace, *, livekit: LiveKitConfig | None,
+                       agent: AgentWorkerConfig | None) -> ServerConfig:
+    """`ServerConfig` from `serve`'s options.
+
+    Raises:
+        ValueError: an option out of range (the message names it).
+    """
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        weights=args.weights,
+        wan_preset=args.wan_preset,
+        wan_base=args.wan_base,
+        device=args.device,
+        video_scale=args.video_scale,
+        ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
+        static_dir=args.static_dir,
+        dreamverse_segment_s=args.dreamverse_segment,
+        livekit=livekit,
+        agent=agent,
+        negotiation_timeout_s=args.negotiation_timeout,
+        ice_consent_timeout_s=args.ice_consent_timeout,
+        connections=ConnectionLimits(head_timeout_s=args.head_timeout,
+                                     max_per_client=args.max_connections_per_client),
+        metrics=MetricsConfig(port=args.metrics_port, host=args.metrics_host,
+                              per_session=args.metrics_per_session, max_sessions=args.metrics_max_sessions),
+        engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
+                            torch_threads=args.threads, reserved_cores=args.reserved_cores),
+        sessions=SessionConfig(
+            idle_after_s=args.idle_after,
+            timeout_s=args.session_timeout,
+            connect_grace_s=args.connect_grace,
+            admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
+                                      target_utilization=args.target_utilization,
+                                      max_overload_probability=args.max_overload,
+                                      min_observation_s=args.min_observation),
+        ),
+    )
 
 
 if __name__ == "__main__":

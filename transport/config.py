@@ -10,6 +10,7 @@ from pathlib import Path
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
+from worldcast.transport.conn_limits import ConnectionLimits
 from worldcast.transport.limits import InputLimits
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
 from worldcast.transport.metrics import MetricsConfig
@@ -47,6 +48,7 @@ class ServerConfig:
     ice_consent_timeout_s: float | None = None  #: a peer silent to ICE consent checks this long is closed, s (None: 30)
     input_limits: InputLimits = field(default_factory=InputLimits)  #: per-connection rates, sizes, flood policy
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  #: the metrics listener and per-session series
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)  #: request-head timeout, per-client cap
 
     def __post_init__(self) -> None:
         if self.agent is not None and self.livekit is None:
