@@ -86,6 +86,8 @@ class SessionManager:
         #: hooks for metrics: on_frame(delivered, lateness_s), on_admission(admitted)
         self.on_frame: Callable[[bool, float], None] | None = None
         self.on_admission: Callable[[bool], None] | None = None
+        #: called with each session once it is closed (the server trims the heap after closes)
+        self.on_close: Callable[[Session], None] | None = None
 
     async def start(self) -> None:
         """Start the device worker and the housekeeping task."""
@@ -241,6 +243,8 @@ class SessionManager:
         s.close(reason)
         self.worker.remove_session(session_id)
         logger.info("Session(%s): closed (%s)", session_id, reason.value)
+        if self.on_close is not None:
+            self.on_close(s)
 
     # -- engine callbacks (worker thread) -----------------------------------------------------------
 

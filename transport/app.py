@@ -44,6 +44,7 @@ from worldcast.transport.config import ServerConfig
 from worldcast.transport.dreamverse import serve_dreamverse
 from worldcast.transport.http_body import BodyPolicy
 from worldcast.transport.limits import InputGuard
+from worldcast.transport.memory import HeapTrimmer, limit_malloc_arenas
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.peers import PeerRegistry
 from worldcast.transport.rpc import RpcHandler, TokenBucket, error_reply
@@ -103,8 +104,15 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_ice(config.ice_host_addresses, consent_timeout_s=config.ice_consent_timeout_s)
         quiet_closed_transport_errors(asyncio.get_running_loop())
+        if config.memory.malloc_arena_max is not None:  # before the model, the worker and the codecs allocate
+            limit_malloc_arenas(config.memory.malloc_arena_max)
         m = model if model is not None else config.load_model()
         manager = SessionManager(m, engine_config=config.engine, config=config.sessions)
+        trimmer = None
+        if config.memory.trim_after_close_s is not None:  # give a peak's freed heap back once closes settle
+            trimmer = HeapTrimmer(config.memory.trim_after_close_s)
+            manager.on_close = lambda s: trimmer.schedule()
+        app.state.heap_trimmer = trimmer
         metrics = Metrics(manager, config.metrics)
         manager.worker.on_step, manager.on_frame, manager.on_admission = (
             metrics.on_step, metrics.on_frame, metrics.on_admission)
@@ -152,6 +160,8 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
                 await app.state.livekit.aclose()
             await manager.aclose()
             metrics.stop_listener()
+            if trimmer is not None:
+                trimmer.cancel()
 
     app = FastAPI(title="worldcast", version="0.1.0", lifespan=lifespan)
 

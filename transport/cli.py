@@ -19,6 +19,7 @@ from worldcast.transport.config import DEFAULT_STATIC_DIR, MODELS, ServerConfig
 from worldcast.transport.conn_limits import ConnectionLimits
 from worldcast.transport.livekit import config as livekit_config
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
+from worldcast.transport.memory import MemoryConfig, limit_malloc_arenas
 from worldcast.transport.metrics import MetricsConfig
 
 
@@ -95,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-connections-per-client", type=int, default=64, metavar="N",
                    help="open connections one remote address may hold, HTTP and WebSocket (default 64; 0: no "
                         "limit; behind a reverse proxy every client shares its address)")
+    s.add_argument("--malloc-arena-max", type=int, default=2, metavar="N",
+                   help="cap glibc's malloc arenas (as MALLOC_ARENA_MAX; default 2, 0: glibc's default of 8 per "
+                        "core): fewer arenas hold less freed memory after peaks")
+    s.add_argument("--no-heap-trim", action="store_true",
+                   help="do not return freed heap to the OS (malloc_trim) after sessions close")
     s.add_argument("--log-level", default="info")
     livekit_config.add_arguments(s)
     w = sub.add_parser("worker", parents=[s], conflict_handler="resolve",
@@ -152,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("serve", "worker"):
+        if args.malloc_arena_max > 0:  # first: before any thread allocates (the app repeats it, harmlessly)
+            limit_malloc_arenas(args.malloc_arena_max)
         import uvicorn
 
         from worldcast.transport.app import create_app
@@ -200,6 +208,8 @@ def server_config_from(args: argparse.Namespace, *, livekit: LiveKitConfig | Non
         agent=agent,
         negotiation_timeout_s=args.negotiation_timeout,
         ice_consent_timeout_s=args.ice_consent_timeout,
+        memory=MemoryConfig(malloc_arena_max=args.malloc_arena_max or None,
+                            trim_after_close_s=None if args.no_heap_trim else 2.0),
         connections=ConnectionLimits(head_timeout_s=args.head_timeout,
                                      max_per_client=args.max_connections_per_client),
         metrics=MetricsConfig(port=args.metrics_port, host=args.metrics_host,

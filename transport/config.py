@@ -13,6 +13,7 @@ from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.conn_limits import ConnectionLimits
 from worldcast.transport.limits import InputLimits
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
+from worldcast.transport.memory import MemoryConfig
 from worldcast.transport.metrics import MetricsConfig
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class ServerConfig:
     input_limits: InputLimits = field(default_factory=InputLimits)  #: per-connection rates, sizes, flood policy
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  #: the metrics listener and per-session series
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)  #: request-head timeout, per-client cap
+    memory: MemoryConfig = field(default_factory=MemoryConfig)  #: malloc arenas, heap trim after closes
 
     def __post_init__(self) -> None:
         if self.agent is not None and self.livekit is None:
