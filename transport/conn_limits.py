@@ -16,9 +16,10 @@ class), built by `guarded_http_protocol`:
   `head_timeout_s`; else `408 Request Timeout` (RFC 9110 15.5.9) and close.
   A WebSocket upgrade is complete once its head is; its frames are then the
   WebSocket protocol's business (its own ping timeouts);
-- **head size**: more than `max_head_bytes` before the head completes is
-  `431 Request Header Fields Too Large` (RFC 6585 5) and close (httptools,
-  uvicorn's default parser, sets no limit of its own);
+- **head size**: more than `max_head_bytes` received without a complete head
+  is `431 Request Header Fields Too Large` (RFC 6585 5) and close (httptools,
+  uvicorn's default parser, sets no limit of its own; a body arriving with its
+  head in one read does not count);
 - **per client**: at most `max_per_client` open connections (HTTP and
   WebSocket alike) from one remote address; past that a new one gets `503`
   and is closed at once. Behind a reverse proxy every client shares the
@@ -159,14 +160,13 @@ def guarded_http_protocol(limits: ConnectionLimits, stats: GuardStats | None = N
                 if self._head_timer is None:  # the first byte of a kept-alive connection's next request
                     self._arm()
                 self._head_bytes += len(data)
-                if self._head_bytes > limits.max_head_bytes:
-                    shared.heads_too_large += 1
-                    self._refuse(431)
-                    return
             super().data_received(data)
             upgraded = self.transport is not None and self.transport.get_protocol() is not self
             if upgraded or not self._waiting_for_head():
                 self._disarm()  # the head is in (a request is being served, or the socket is a WebSocket)
+            elif waiting and self._head_bytes > limits.max_head_bytes:  # still no complete head: too large
+                shared.heads_too_large += 1
+                self._refuse(431)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

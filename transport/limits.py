@@ -157,7 +157,8 @@ class InputGuard:
     Args:
         limits: the limits.
         on_count: metrics hook, called as on_count(channel, outcome, n) for every message counted;
-            outcomes: accepted, too_large, rate_limited, parse_error, invalid, closed, internal, ignored.
+            outcomes: accepted, too_large, rate_limited, parse_error, invalid, closed, internal, ignored,
+            dropped (after the flood verdict).
     """
 
     def __init__(self, limits: InputLimits | None = None, *,
@@ -239,6 +240,10 @@ class InputGuard:
     def accepted(self, channel: Channel, now_s: float) -> None:
         """Count an applied message."""
         self._count(channel, "accepted", now_s)
+
+    def dropped(self, channel: Channel, now_s: float) -> None:
+        """Count a message dropped unread after the flood verdict (the connection is closing)."""
+        self._count(channel, "dropped", now_s)
 
     # -- feedback ------------------------------------------------------------------------------
 

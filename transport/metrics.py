@@ -178,9 +178,10 @@ class Metrics:
                                   buckets=LATENESS_BUCKETS_S, registry=r)
         self.frames = Counter("worldcast_frames", "Frames by outcome", ["outcome"], registry=r)
         self.admissions = Counter("worldcast_admission_decisions", "Admission decisions", ["outcome"], registry=r)
-        self.input_messages = Counter("worldcast_input_messages", "Client messages by channel and outcome "
+        self.input_messages = Counter("worldcast_input_messages", "Client messages by channel (actions, control, "
+                                      "stream: any message on a WebSocket before its kind is known) and outcome "
                                       "(accepted, ignored, too_large, rate_limited, parse_error, invalid, closed, "
-                                      "internal)", ["channel", "outcome"], registry=r)
+                                      "internal, dropped after a flood verdict)", ["channel", "outcome"], registry=r)
         self.peer_closes = Counter("worldcast_peer_closes", "Peer connections closed, by reason", ["reason"],
                                    registry=r)
         #: open peer connections, set by the app (None: not reported)

@@ -66,23 +66,23 @@ def remember_sent(sent_at: dict[int, float], seq: int, now_s: float) -> None:
 
 
 def check_rpc_payload(raw: Any) -> bool:
-    """Whether a raw RPC payload is a JSON-RPC 2.0 notification (no reply will come), refusing batches.
+    """Whether a raw RPC payload is a JSON-RPC 2.0 notification (no reply will come), refusing batch objects.
+
+    Text (str or bytes) is the caller's exact bytes, sent unchecked for error tests: a notification is
+    recognised in it, a batch in it is the server's to refuse (it answers with an error and id null).
 
     Raises:
-        ValueError: a batch (a JSON array, or text that starts one): the server refuses them; send one
-            request per message.
+        ValueError: a batch object (a list): the server refuses them; send one request per message.
     """
     import json
 
     obj = raw
     if isinstance(raw, str | bytes):
-        head = raw.lstrip()[:1]
-        if head in ("[", b"["):
-            raise ValueError("JSON-RPC batches are not supported by worldcast: send one request per message")
         try:
             obj = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False  # not JSON: the server answers with a parse error (and the id it can read)
+        return isinstance(obj, dict) and obj.get("jsonrpc") == "2.0" and "id" not in obj
     if isinstance(obj, list):
         raise ValueError("JSON-RPC batches are not supported by worldcast: send one request per message")
     return isinstance(obj, dict) and obj.get("jsonrpc") == "2.0" and "id" not in obj

@@ -159,6 +159,7 @@ class WebRTCPeer:
 
     def _on_action(self, message: str | bytes) -> None:
         if self._closing_soon:
+            self.guard.dropped("actions", time.monotonic())
             return
         try:
             events = self.actions.receive(message, time.monotonic())

@@ -351,6 +351,7 @@ class StreamConnection:
     def _admit(self, raw: str | bytes, now_s: float) -> bool:
         """Size and rate of any client message, before it is parsed (refused ones are answered)."""
         if self.feedback.closed:
+            self.guard.dropped("stream", now_s)
             return False
         rej = self.guard.admit("stream", raw, now_s, max_bytes=self.max_text_bytes)
         if rej is None:

@@ -410,5 +410,5 @@ def fuzz_config(base: Any) -> Any:
     from worldcast.sessions.manager import SessionConfig
 
     return replace(base, input_limits=FUZZ_LIMITS, negotiation_timeout_s=2.0, sessions=SessionConfig(
-        idle_after_s=600.0, timeout_s=2.0, tick_s=0.2,
+        idle_after_s=600.0, timeout_s=2.0, connect_grace_s=2.0, tick_s=0.2,
         admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=8)))

@@ -219,6 +219,7 @@ class LiveKitWorld:
         from_user = bool(sender) and sender == self.user_identity
         if from_user and self.feedback.closed:
             self._drop("flood", f"packet from {sender!r} after its flood verdict")
+            self.guard.dropped("actions", time.monotonic())
             return
         if packet.topic != ACTIONS_TOPIC:
             self._drop("topic", f"data packet on topic {packet.topic!r} from {sender!r} ({len(packet.data)} bytes)")
