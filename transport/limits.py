@@ -68,12 +68,16 @@ class InputLimits:
     control_reply_burst: float = 10.0  #: ... in bursts; past it, `rpc_rejected` summaries
     abuse_rejections_per_s: float = 100.0  #: a second with more rejected messages than this counts as abuse
     abuse_sustained_s: float = 5.0  #: this many consecutive seconds of abuse disconnect the client
+    #: more rejected messages than this within one second disconnect the client at once: a flood that fast
+    #: costs its neighbours most of their frame rate in transport work (aiortc's SCTP and DTLS in Python,
+    #: per packet, before our handler runs; BENCHMARKS, RELIABILITY), so it is not given the sustained window
+    abuse_burst_rejections: float = 1000.0
 
     def __post_init__(self) -> None:
         for name in ("action_rate_hz", "action_burst", "control_rate_hz", "control_burst", "message_rate_hz",
                      "message_burst", "report_interval_s",
                      "control_reply_rate_hz", "control_reply_burst", "abuse_rejections_per_s",
-                     "abuse_sustained_s"):
+                     "abuse_sustained_s", "abuse_burst_rejections"):
             v = getattr(self, name)
             if not v > 0 or v != v or v == float("inf"):
                 raise ValueError(f"InputLimits.{name} must be positive and finite, got {v!r}")
@@ -185,7 +189,8 @@ class InputGuard:
         self._abuse_tick(now_s, 0 if outcome in ("accepted", "ignored") else 1)
 
     def _abuse_tick(self, now_s: float, rejected: int) -> None:
-        """Count rejections in 1 s windows; a run of abusive windows lasting `abuse_sustained_s` is a flood.
+        """Count rejections in 1 s windows; a run of abusive windows lasting `abuse_sustained_s` is a flood,
+        and so is one window with more than `abuse_burst_rejections`, at once.
 
         A window is abusive with more than `abuse_rejections_per_s` rejections; a quiet second
         between windows (no message at all) breaks the run.
@@ -207,6 +212,9 @@ class InputGuard:
                 self._abuse_since_s = None
             self._window_start_s, self._window_rejections = now_s, 0
         self._window_rejections += rejected
+        if self._window_rejections > lim.abuse_burst_rejections and self.disconnect_reason is None:
+            self.disconnect_reason = (f"flood: more than {lim.abuse_burst_rejections:g} rejected messages within "
+                                      "a second")
 
     # -- before parsing ------------------------------------------------------------------------
 

@@ -85,6 +85,33 @@ def test_sustained_abuse_gets_a_verdict_and_bursts_do_not() -> None:
     assert v is not None and v["event"] == "disconnect" and v["reason"] == "flood" and "3 s" in v["message"]
 
 
+def test_a_flood_fast_enough_is_judged_within_its_first_second() -> None:
+    g = InputGuard(InputLimits(abuse_burst_rejections=1000))
+    for i in range(1000):  # 1,000 rejections in 0.9 s: not yet
+        g.rejected_action(errors.PARSE_ERROR, "x", seq=None, now_s=i * 0.0009)
+    assert g.verdict() is None
+    g.rejected_action(errors.PARSE_ERROR, "x", seq=None, now_s=0.95)
+    v = g.verdict()
+    assert v is not None and "1000 rejected messages within a second" in v["message"]
+
+
+def test_refused_stream_messages_of_any_kind_are_coalesced_errors_with_their_ids() -> None:
+    g = InputGuard(InputLimits(report_interval_s=0.5))
+    (first,) = g.rejected_message("stream", "bad_json", "not JSON", 1.0, outcome="parse_error")
+    assert first == {"event": "error", "code": "bad_json", "message": "not JSON", "count": 1,
+                     "counts": {"bad_json": 1}}
+    for i in range(30):
+        assert g.rejected_message("stream", "rate_limited", "slow down", 1.1, outcome="rate_limited",
+                                  ref={"id": f"d{i}"}, rid=f"d{i}") == []
+    assert g.rejected_message("stream", "unknown_type", "?", 1.2, outcome="invalid", ref={"type": "x"}) == []
+    (summary,) = g.drain(1.5)
+    assert summary["count"] == 31 and summary["counts"] == {"rate_limited": 30, "unknown_type": 1}
+    assert summary["id"] == "d0" and summary["ids"] == [f"d{i}" for i in range(30)]
+    assert g.counts[("stream", "rate_limited")] == 30 and g.counts[("stream", "parse_error")] == 1
+    rej = g.admit("stream", "x" * 5000, 2.0, max_bytes=4096)
+    assert rej is not None and rej.outcome == "too_large" and "5000 bytes exceeds 4096" in rej.message
+
+
 def test_a_fast_but_valid_client_is_never_judged_abusive() -> None:
     g = InputGuard()
     for i in range(6000):  # 60 s at 100 Hz, all accepted
