@@ -46,12 +46,13 @@ async def rss_bytes(url: str) -> float:
     raise RuntimeError("no process_resident_memory_bytes on /metrics")
 
 
-async def peak(url: str, *, sessions: int, hold_s: float, seed: int) -> dict[str, Any]:
-    """One peak: open `sessions` sessions (half WebRTC, half stream), stream `hold_s`, delete them all."""
+async def peak(url: str, *, sessions: int, hold_s: float, seed: int, kinds: str = "both") -> dict[str, Any]:
+    """One peak: open `sessions` sessions (half WebRTC, half stream; or all of one `kinds`), stream `hold_s`,
+    delete them all."""
     from worldcast.transport.client import StreamClient, WebRTCClient
 
     t0 = time.monotonic()
-    n_rtc = sessions // 2
+    n_rtc = {"both": sessions // 2, "webrtc": sessions, "stream": 0}[kinds]
     opened: list[Any] = await asyncio.gather(
         *[WebRTCClient.connect(url, seed=seed + i) for i in range(n_rtc)],
         *[StreamClient.connect(url, seed=seed + 100 + i) for i in range(sessions - n_rtc)])
@@ -65,11 +66,12 @@ async def peak(url: str, *, sessions: int, hold_s: float, seed: int) -> dict[str
     return {"sessions": sessions, "webrtc": n_rtc, "stream": sessions - n_rtc, "took_s": time.monotonic() - t0}
 
 
-async def run(url: str, *, peaks: int, sessions: int, hold_s: float, settle_s: float) -> dict[str, Any]:
+async def run(url: str, *, peaks: int, sessions: int, hold_s: float, settle_s: float,
+              kinds: str = "both") -> dict[str, Any]:
     start = await rss_bytes(url)
     rows = []
     for k in range(peaks):
-        p = await peak(url, sessions=sessions, hold_s=hold_s, seed=1000 * k)
+        p = await peak(url, sessions=sessions, hold_s=hold_s, seed=1000 * k, kinds=kinds)
         await asyncio.sleep(settle_s)
         p["rss_mib"] = (await rss_bytes(url)) / 2**20
         rows.append(p)
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, default=8, help="sessions per peak (half WebRTC, half stream)")
     p.add_argument("--hold", type=float, default=3.0, help="s each peak streams")
     p.add_argument("--settle", type=float, default=4.0, help="s after a peak before RSS is read")
+    p.add_argument("--kinds", choices=("both", "webrtc", "stream"), default="both",
+                   help="the sessions' transports: half WebRTC and half stream (default), or all of one")
     p.add_argument("--server-flags", default="", help="more `worldcast serve` flags (one string)")
     p.add_argument("--out", type=Path, default=None, help="report folder (default rss_results/<time>/)")
     a = p.parse_args(argv)
@@ -96,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--peaks must be >= 2, --sessions >= 1, --hold and --settle >= 0")
     profile = ServerProfile.parse(f"static:max_sessions={max(16, a.sessions)}")
     with spawn(profile, extra_flags=shlex.split(a.server_flags)) as url:
-        res = asyncio.run(run(url, peaks=a.peaks, sessions=a.sessions, hold_s=a.hold, settle_s=a.settle))
-    res["server_flags"] = a.server_flags
+        res = asyncio.run(run(url, peaks=a.peaks, sessions=a.sessions, hold_s=a.hold, settle_s=a.settle,
+                              kinds=a.kinds))
+    res["server_flags"], res["kinds"] = a.server_flags, a.kinds
     out = a.out or Path("rss_results") / time.strftime("%Y%m%d-%H%M%S")
     report.write_json(out / "report.json", res)
     print(json.dumps(report._strict(res), indent=1))

@@ -44,7 +44,7 @@ from worldcast.transport.config import ServerConfig
 from worldcast.transport.dreamverse import serve_dreamverse
 from worldcast.transport.http_body import BodyPolicy
 from worldcast.transport.limits import InputGuard
-from worldcast.transport.memory import HeapTrimmer, limit_malloc_arenas
+from worldcast.transport.memory import HeapTrimmer, configure_malloc, freeze_startup_objects
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.peers import PeerRegistry
 from worldcast.transport.rpc import RpcHandler, TokenBucket, error_reply
@@ -104,8 +104,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_ice(config.ice_host_addresses, consent_timeout_s=config.ice_consent_timeout_s)
         quiet_closed_transport_errors(asyncio.get_running_loop())
-        if config.memory.malloc_arena_max is not None:  # before the model, the worker and the codecs allocate
-            limit_malloc_arenas(config.memory.malloc_arena_max)
+        configure_malloc(config.memory)  # before the model, the worker and the codecs allocate
         m = model if model is not None else config.load_model()
         manager = SessionManager(m, engine_config=config.engine, config=config.sessions)
         trimmer = None
@@ -149,6 +148,9 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
 
             app.state.agent_worker = AgentWorker(config.agent, config.livekit, manager, app.state.livekit)
             app.state.agent_worker.start()
+        if trimmer is not None:  # start-up's objects (model, libraries) are never scanned again
+            frozen = freeze_startup_objects()
+            logger.debug("worldcast: %d start-up objects frozen out of the collector", frozen)
         logger.info("worldcast: serving %s", m.spec.name)
         try:
             yield

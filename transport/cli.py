@@ -19,7 +19,7 @@ from worldcast.transport.config import DEFAULT_STATIC_DIR, MODELS, ServerConfig
 from worldcast.transport.conn_limits import ConnectionLimits
 from worldcast.transport.livekit import config as livekit_config
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
-from worldcast.transport.memory import MemoryConfig, limit_malloc_arenas
+from worldcast.transport.memory import MemoryConfig, configure_malloc
 from worldcast.transport.metrics import MetricsConfig
 
 
@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--malloc-arena-max", type=int, default=2, metavar="N",
                    help="cap glibc's malloc arenas (as MALLOC_ARENA_MAX; default 2, 0: glibc's default of 8 per "
                         "core): fewer arenas hold less freed memory after peaks")
+    s.add_argument("--malloc-mmap-threshold", type=int, default=1 << 20, metavar="BYTES",
+                   help="allocations this large are mmapped and given back on free (default 1 MiB; 0: glibc's "
+                        "dynamic threshold)")
     s.add_argument("--no-heap-trim", action="store_true",
                    help="do not return freed heap to the OS (malloc_trim) after sessions close")
     s.add_argument("--log-level", default="info")
@@ -158,8 +161,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("serve", "worker"):
-        if args.malloc_arena_max > 0:  # first: before any thread allocates (the app repeats it, harmlessly)
-            limit_malloc_arenas(args.malloc_arena_max)
+        try:  # first: before any thread allocates (the app repeats it, harmlessly)
+            configure_malloc(memory_config_from(args))
+        except ValueError as e:
+            parser.error(str(e))
         import uvicorn
 
         from worldcast.transport.app import create_app
@@ -185,6 +190,13 @@ def main(argv: list[str] | None = None) -> None:
         server.run()
 
 
+def memory_config_from(args: argparse.Namespace) -> MemoryConfig:
+    """`MemoryConfig` from `serve`'s options (0 turns a malloc setting off: glibc's default)."""
+    return MemoryConfig(malloc_arena_max=args.malloc_arena_max or None,
+                        mmap_threshold_bytes=args.malloc_mmap_threshold or None,
+                        trim_after_close_s=None if args.no_heap_trim else 2.0)
+
+
 def server_config_from(args: argparse.Namespace, *, livekit: LiveKitConfig | None,
                        agent: AgentWorkerConfig | None) -> ServerConfig:
     """`ServerConfig` from `serve`'s options.
@@ -208,8 +220,7 @@ def server_config_from(args: argparse.Namespace, *, livekit: LiveKitConfig | Non
         agent=agent,
         negotiation_timeout_s=args.negotiation_timeout,
         ice_consent_timeout_s=args.ice_consent_timeout,
-        memory=MemoryConfig(malloc_arena_max=args.malloc_arena_max or None,
-                            trim_after_close_s=None if args.no_heap_trim else 2.0),
+        memory=memory_config_from(args),
         connections=ConnectionLimits(head_timeout_s=args.head_timeout,
                                      max_per_client=args.max_connections_per_client),
         metrics=MetricsConfig(port=args.metrics_port, host=args.metrics_host,
