@@ -61,9 +61,34 @@ async def _input_counts(url: str) -> dict[str, float]:
     return out
 
 
+def _bins(p: SessionProbe, start: float, end: float) -> list[int]:
+    """The victim's frames in each whole second from `start` (the first second included)."""
+    n = int(end - start)
+    out = [0] * n
+    for f in p.frames:
+        k = int(f.arrival_s - start)
+        if 0 <= k < n and f.arrival_s >= start:
+            out[k] += 1
+    return out
+
+
+async def _server_cpu_s(url: str) -> float:
+    """The server process's CPU time so far, s (`process_cpu_seconds_total` on its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        text = (await http.get("/metrics")).text
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "process_cpu_seconds_total":
+                return float(s.value)
+    return float("nan")
+
+
 async def _window(p: SessionProbe, seconds: float, child: list[str] | None, *,
-                  wait_child: bool = False) -> tuple[float, str]:
-    """The victim's frames/s over `seconds` while `child` runs; its stdout if `wait_child` (else it is killed)."""
+                  wait_child: bool = False, bins: list[int] | None = None) -> tuple[float, str]:
+    """The victim's frames/s over `seconds` while `child` runs; its stdout if `wait_child` (else it is killed).
+    `bins` gets the frames of each second of the window (`_bins`)."""
     proc = subprocess.Popen(child, stdout=subprocess.PIPE, text=True, env=os.environ.copy()) if child else None
     out = ""
     try:
@@ -74,6 +99,8 @@ async def _window(p: SessionProbe, seconds: float, child: list[str] | None, *,
         start = time.monotonic()
         await p.act_for(seconds, 4.0)
         fps = _fps(p, start, time.monotonic())
+        if bins is not None:
+            bins += _bins(p, start, time.monotonic())
         if proc is not None and wait_child:
             out, _ = await asyncio.to_thread(proc.communicate, None, 60)
     finally:
@@ -95,6 +122,8 @@ async def run(url: str, *, seconds: float, rate: float, kind: str = "actions",
               windows: tuple[str, ...] = ("quiet", "burner", "flood")) -> dict[str, Any]:
     victim = await SessionProbe.open(url, seed=1, stamped=False)
     fps: dict[str, float] = {}
+    by_second: dict[str, list[int]] = {"quiet": [], "burner": [], "flood": []}
+    cpu: dict[str, float] = {}  #: the server's CPU time per wall second in each window (its process, all threads)
     out = ""
     before: dict[str, float] = {}
     after: dict[str, float] = {}
@@ -102,14 +131,22 @@ async def run(url: str, *, seconds: float, rate: float, kind: str = "actions",
         await victim.first_frame(60.0)
         await victim.act_for(2.0, 4.0)  # warm
         if "quiet" in windows:
-            fps["quiet"], _ = await _window(victim, seconds, None)
+            c0, t0 = await _server_cpu_s(url), time.monotonic()
+            fps["quiet"], _ = await _window(victim, seconds, None, bins=by_second["quiet"])
+            cpu["quiet"] = (await _server_cpu_s(url) - c0) / (time.monotonic() - t0)
         if "burner" in windows:
-            fps["burner"], _ = await _window(victim, seconds, [sys.executable, "-c", "while True: pass"])
+            c0, t0 = await _server_cpu_s(url), time.monotonic()
+            fps["burner"], _ = await _window(victim, seconds, [sys.executable, "-c", "while True: pass"],
+                                             bins=by_second["burner"])
+            cpu["burner"] = (await _server_cpu_s(url) - c0) / (time.monotonic() - t0)
         if "flood" in windows:
             before = await _input_counts(url)
             flooder_cmd = [sys.executable, "-m", "worldcast.latency_bench.flood", "--flooder", url,
                            "--rate", str(rate), "--seconds", str(seconds), "--kind", kind]
-            fps["flood"], out = await _window(victim, seconds, flooder_cmd, wait_child=True)
+            c0, t0 = await _server_cpu_s(url), time.monotonic()
+            fps["flood"], out = await _window(victim, seconds, flooder_cmd, wait_child=True,
+                                              bins=by_second["flood"])
+            cpu["flood"] = (await _server_cpu_s(url) - c0) / (time.monotonic() - t0)
             after = await _input_counts(url)
     finally:
         await victim.close()
@@ -119,6 +156,8 @@ async def run(url: str, *, seconds: float, rate: float, kind: str = "actions",
     return {
         "seconds": seconds, "rate_hz": rate, "kind": kind,
         "victim_fps": fps,
+        "victim_frames_by_second": by_second,  # each second of each window, the first one included
+        "server_cpu_per_s": cpu,  # (the flood window's also covers the flooder's connect, before it floods)
         "flood_over_burner": flood / burner if flood is not None and burner else None,
         "flood_over_quiet": flood / quiet if flood is not None and quiet else None,
         "bar": BAR,
@@ -146,8 +185,10 @@ async def stream_flooder(url: str, *, rate: float, seconds: float) -> dict[str, 
                     sent += batch
                 except Exception:  # noqa: BLE001 - closed under us
                     closed_at = closed_at or now - t0
-            elif closed_at is None:
-                closed_at = now - t0
+                    await asyncio.sleep(0.05)
+            else:
+                closed_at = closed_at or now - t0
+                await asyncio.sleep(0.05)  # cut off: idle, not a CPU burner
             await asyncio.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
         errors = [e for e in c.events if e.get("event") in ("error", "disconnect")]
         disc = next((e for e in errors if e["event"] == "disconnect"), None)
@@ -177,8 +218,10 @@ async def flooder(url: str, *, rate: float, seconds: float) -> dict[str, Any]:
                     n = sent + i
                     c.actions.send("{junk" if n % 2 else json.dumps({"seq": n, "t": 0, "keys": ["w"]}))
                 sent += batch
-            elif disconnected_at is None:
-                disconnected_at = now - t0
+            else:  # cut off: wait out the window idle (spinning here would make the flooder a CPU burner)
+                if disconnected_at is None:
+                    disconnected_at = now - t0
+                await asyncio.sleep(0.05)
             await asyncio.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
         events = [e for e in c.events if e.get("event") in ("action_rejected", "disconnect")]
         disc = next((e for e in events if e["event"] == "disconnect"), None)

@@ -484,6 +484,31 @@ async def test_clients_restart_seq_before_the_limit_and_handle_notifications_and
         assert st is not None and st["epoch"] == 1 and st["last_action_seq"] == 0
 
 
+# -- 10. memory after peaks ----------------------------------------------------------------------------------
+
+
+async def test_closed_sessions_are_collected_and_the_heap_trimmed_after_closes(server) -> None:  # type: ignore[no-untyped-def]
+    """A closed peer, its track and codec sit in reference cycles; the heap trimmer (transport/memory.py)
+    collects them and gives the freed heap back once closes settle. (`make rss` measures the RSS.)"""
+    import weakref
+
+    from worldcast.transport.client import StreamClient, WebRTCClient
+
+    trimmer = server.app.state.heap_trimmer  # type: ignore[attr-defined]
+    await drain(server)
+    async with await WebRTCClient.connect(server.url, seed=9) as c, await StreamClient.connect(server.url, seed=10) as s:
+        await c.next_frame()
+        await s.next_frame()
+        peer = server.app.state.peers.live[c.session_id]  # type: ignore[attr-defined]
+        stream = server.app.state.streams[s.session_id]  # type: ignore[attr-defined]
+        refs = [weakref.ref(x) for x in (peer, peer.track, stream, stream.sink)]
+        del peer, stream
+        before = trimmer.trims
+    await until(lambda: trimmer.trims > before, trimmer.delay_s + SLACK_S, "a heap trim after the closes")
+    assert [r() for r in refs] == [None] * 4, "closed sessions' objects still alive after the trim"
+    assert trimmer.last_collected >= 0 and trimmer.last_trim_ms is not None
+
+
 def test_the_config_refuses_per_session_metrics_on_the_api_port() -> None:
     with pytest.raises(ValueError, match="separate listener"):
         MetricsConfig(per_session=True)

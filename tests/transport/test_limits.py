@@ -85,14 +85,20 @@ def test_sustained_abuse_gets_a_verdict_and_bursts_do_not() -> None:
     assert v is not None and v["event"] == "disconnect" and v["reason"] == "flood" and "3 s" in v["message"]
 
 
-def test_a_flood_fast_enough_is_judged_within_its_first_second() -> None:
-    g = InputGuard(InputLimits(abuse_burst_rejections=1000))
-    for i in range(1000):  # 1,000 rejections in 0.9 s: not yet
-        g.rejected_action(errors.PARSE_ERROR, "x", seq=None, now_s=i * 0.0009)
-    assert g.verdict() is None
-    g.rejected_action(errors.PARSE_ERROR, "x", seq=None, now_s=0.95)
-    v = g.verdict()
-    assert v is not None and "1000 rejected messages within a second" in v["message"]
+@pytest.mark.parametrize("rate_hz, within_s", [(1750, 0.65), (750, 1.6), (300, 5.1)])
+def test_the_faster_the_flood_the_sooner_its_verdict(rate_hz: float, within_s: float) -> None:
+    """Rejections beyond 100/s add up in a leaky bucket: 1,000 of them are a flood, whatever their rate."""
+    lim = InputLimits(abuse_rejections_per_s=100, abuse_sustained_s=60, abuse_burst_rejections=1000)
+    g, t = InputGuard(lim), 0.0
+    while g.verdict() is None:
+        g.rejected_action(errors.PARSE_ERROR, "x", seq=None, now_s=t)
+        t += 1 / rate_hz
+        assert t < within_s, f"no verdict within {within_s} s at {rate_hz}/s"
+    assert t > 1000 / rate_hz and "1000 rejected messages beyond 100/s" in g.verdict()["message"]  # type: ignore[index]
+    slow = InputGuard(lim)  # 150/s: 50/s beyond the rate, 20 s to add up (the sustained rule's business)
+    for i in range(150 * 10):
+        slow.rejected_action(errors.PARSE_ERROR, "x", seq=None, now_s=i / 150)
+    assert slow.verdict() is None
 
 
 def test_refused_stream_messages_of_any_kind_are_coalesced_errors_with_their_ids() -> None:
