@@ -1,5 +1,10 @@
 """SessionManager: create, look up, idle and close sessions; bridge engine frames to them.
 
+Capacity is held only by a session with a connected viewer, or within a named grace: one that has
+never had a viewer is released `SessionConfig.connect_grace_s` after creation (or when its connecting
+viewer's own deadline passes), one whose viewers left after `timeout_s` (the reconnect grace); a
+refusal's retry hint is the time until the first such release (`release_at_s`, `next_release_in_s`).
+
 The manager owns the device worker's session membership. Frames and errors
 arrive on the worker thread and are marshalled to the event loop with
 `call_soon_threadsafe`, where they reach each session's sinks.

@@ -42,6 +42,7 @@ EVENTS = {"action_rejected", "action_ignored", "rpc_rejected"}
 #: Limits of the fuzzed server: high rates and no flood verdict, so fuzz cases reach the parser rather
 #: than the rate limiter (the limiter has its own tests and the flood benchmark).
 FUZZ_LIMITS = InputLimits(action_rate_hz=1e6, action_burst=1e6, control_rate_hz=1e6, control_burst=1e6,
+                          message_rate_hz=1e6, message_burst=1e6,
                           abuse_rejections_per_s=1e9)
 
 
