@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from typing import Any
 
 import httpx
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 #: README's defaults that bound the waits below, s.
 CONNECT_GRACE_S, NEGOTIATION_S, HEAD_TIMEOUT_S, INIT_TIMEOUT_S, FLOOD_SUSTAINED_S = 15.0, 15.0, 10.0, 10.0, 5.0
@@ -460,7 +462,7 @@ def table(rep: Report) -> str:
         t.add_column(col, overflow="fold")
     for c in rep.cases:
         t.add_row(c.name, c.must, c.observed, "skip" if c.ok is None else "ok" if c.ok else "FAIL")
-    console = Console(width=160, record=True)
+    console = Console(width=160, record=True, file=io.StringIO())
     console.print(t)
     return console.export_text()
 
@@ -476,21 +478,22 @@ def run(skip: set[str], rss_peaks: int, flood_s: float) -> Report:
                                            "--livekit-api-secret", lk.api_secret,
                                            "--livekit-token-ttl", str(TOKEN_TTL_S)])
         with serve(*lk_flags) as (url, mport):
-            steps: list[Callable[[], Awaitable[Any]]] = [
-                lambda: case_capacity(url), lambda: case_ids(url, mport), lambda: case_stream_floods(url),
-                lambda: case_prompts(url), lambda: case_content_types(url), lambda: case_slow_heads(url),
-                lambda: case_client(url)]
+            steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+                ("capacity", lambda: case_capacity(url)), ("ids and metrics", lambda: case_ids(url, mport)),
+                ("stream floods", lambda: case_stream_floods(url)), ("prompts", lambda: case_prompts(url)),
+                ("content types", lambda: case_content_types(url)), ("slow heads", lambda: case_slow_heads(url)),
+                ("client", lambda: case_client(url))]
             if lk is not None:
-                steps.append(lambda: case_livekit(url, lk))
+                steps.append(("LiveKit", lambda: case_livekit(url, lk)))
             if "flood" not in skip:
-                steps.append(lambda: case_webrtc_flood(url, flood_s))
+                steps.append(("WebRTC flood", lambda: case_webrtc_flood(url, flood_s)))
             if "rss" not in skip:
-                steps.append(lambda: case_rss(url, rss_peaks))
-            for step in steps:
+                steps.append(("memory", lambda: case_rss(url, rss_peaks)))
+            for name, step in steps:
                 try:
                     out = asyncio.run(step())
                 except Exception as e:  # noqa: BLE001 - one failed case must not hide the others
-                    out = Case(getattr(step, "__name__", "case"), "runs", f"{type(e).__name__}: {e}", False)
+                    out = Case(name, "runs", f"{type(e).__name__}: {e}", False)
                 rep.cases += out if isinstance(out, list) else [out]
                 print(f"  {rep.cases[-1].name}: {rep.cases[-1].observed}", file=sys.stderr)
         if lk is None:
