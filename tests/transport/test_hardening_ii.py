@@ -498,7 +498,8 @@ async def test_closed_sessions_are_collected_and_the_heap_trimmed_after_closes(s
 
     trimmer = server.app.state.heap_trimmer  # type: ignore[attr-defined]
     await drain(server)
-    async with await WebRTCClient.connect(server.url, seed=9) as c, await StreamClient.connect(server.url, seed=10) as s:
+    async with await WebRTCClient.connect(server.url, seed=9) as c, \
+            await StreamClient.connect(server.url, seed=10) as s:
         await c.next_frame()
         await s.next_frame()
         peer = server.app.state.peers.live[c.session_id]  # type: ignore[attr-defined]
