@@ -234,17 +234,17 @@ class DreamverseConnection(StreamConnection):
         try:
             data = parse_json(text, what="Dreamverse", max_bytes=MAX_DREAMVERSE_BYTES)
         except RpcError as e:
-            self.reject("bad_json", e.message, "parse_error", now)
+            self.refuse("bad_json", e.message, "parse_error", now)
             return
         kind = data.get("type") if isinstance(data, dict) else None
         if not isinstance(kind, str):
-            self.reject("bad_message", "expected a JSON object with a string 'type'", "invalid", now)
+            self.refuse("bad_message", "expected a JSON object with a string 'type'", "invalid", now)
             return
         if kind == "append_prompt":
             try:
                 prompt, truncated = clean_prompt(data.get("prompt"))
             except PromptError as e:
-                self.reject("bad_prompt", f"append_prompt requires a non-empty prompt: {e}", "invalid", now)
+                self.refuse("bad_prompt", f"append_prompt requires a non-empty prompt: {e}", "invalid", now)
                 return
             pid = data.get("prompt_id")
             pid = pid[:128] if isinstance(pid, str) and pid else f"wc-{time.monotonic_ns()}"
@@ -258,10 +258,10 @@ class DreamverseConnection(StreamConnection):
         elif kind == "set_generation_paused":
             paused = data.get("paused")
             if not isinstance(paused, bool):
-                self.reject("bad_message", "set_generation_paused requires a boolean 'paused'", "invalid", now)
+                self.refuse("bad_message", "set_generation_paused requires a boolean 'paused'", "invalid", now)
                 return
             if not self.guard.take("control", now):
-                self.reject("rate_limited", "too many set_generation_paused messages", "rate_limited", now,
+                self.refuse("rate_limited", "too many set_generation_paused messages", "rate_limited", now,
                             request=kind)
                 return
             self.guard.accepted("control", now)
@@ -273,12 +273,12 @@ class DreamverseConnection(StreamConnection):
             self.send("ltx2_stream_complete")
             self.close(CLOSE_NORMAL)
         elif kind == "session_init_v2":
-            self.reject("already_initialized", "session_init_v2 was already received on this socket", "invalid", now)
+            self.refuse("already_initialized", "session_init_v2 was already received on this socket", "invalid", now)
         elif kind in UNSUPPORTED:
-            self.reject("unsupported", f"worldcast does not serve Dreamverse's {kind!r}; it serves "
+            self.refuse("unsupported", f"worldcast does not serve Dreamverse's {kind!r}; it serves "
                         f"session_init_v2 and {', '.join(SUPPORTED)}", "invalid", now)
         else:
-            self.reject("unknown_type", f"unknown message type {kind[:64]!r}", "invalid", now)
+            self.refuse("unknown_type", f"unknown message type {kind[:64]!r}", "invalid", now)
 
     def _set_paused(self, paused: bool) -> None:
         self.user_paused = paused

@@ -341,7 +341,7 @@ class StreamConnection:
     #: largest client text message, bytes (Dreamverse's is larger)
     max_text_bytes = MAX_TEXT_BYTES
 
-    def reject(self, code: str, message: str, outcome: str, now_s: float, *, rid: Any = None,
+    def refuse(self, code: str, message: str, outcome: str, now_s: float, *, rid: Any = None,
                **ref: Any) -> None:
         """Refuse one client message through the guard: counted toward the flood verdict, answered by a
         coalesced `error` event (the first of a quiet interval at once, the rest as one summary)."""
@@ -356,14 +356,14 @@ class StreamConnection:
         rej = self.guard.admit("stream", raw, now_s, max_bytes=self.max_text_bytes)
         if rej is None:
             return True
-        self.reject("message_too_large" if rej.outcome == "too_large" else "rate_limited", rej.message,
+        self.refuse("message_too_large" if rej.outcome == "too_large" else "rate_limited", rej.message,
                     rej.outcome, now_s)
         return False
 
     def on_binary(self, data: bytes) -> None:
         now = time.monotonic()
         if self._admit(data, now):
-            self.reject("binary_not_accepted", f"binary messages are not accepted from clients (got {len(data)} "
+            self.refuse("binary_not_accepted", f"binary messages are not accepted from clients (got {len(data)} "
                         "bytes); send JSON text", "invalid", now)
 
     def on_text(self, text: str) -> None:
@@ -378,10 +378,10 @@ class StreamConnection:
         try:
             obj = parse_json(text, what="stream", max_bytes=self.max_text_bytes)
         except RpcError as e:
-            self.reject("bad_json", e.message, "parse_error", now)
+            self.refuse("bad_json", e.message, "parse_error", now)
             return
         if not isinstance(obj, dict):
-            self.reject("bad_message", f"expected a JSON object, got {type(obj).__name__}", "invalid", now)
+            self.refuse("bad_message", f"expected a JSON object, got {type(obj).__name__}", "invalid", now)
             return
         if "method" in obj:
             self._queue_control(obj)
@@ -395,11 +395,11 @@ class StreamConnection:
                 self.guard.accepted("stream", now)
                 self.event("pong", t=t if ok else None)  # NaN/inf (which json.loads accepts) are not echoed
             elif kind == "auth":
-                self.reject("already_authenticated", "this stream is already authenticated", "invalid", now,
+                self.refuse("already_authenticated", "this stream is already authenticated", "invalid", now,
                             type="auth")
             else:
                 shown = kind[:64] if isinstance(kind, str) else type(kind).__name__
-                self.reject("unknown_type", f"unknown message type {shown!r}; types are {list(MESSAGE_TYPES)} "
+                self.refuse("unknown_type", f"unknown message type {shown!r}; types are {list(MESSAGE_TYPES)} "
                             "(actions and RPCs carry no type)", "invalid", now, type=shown)
         elif "seq" in obj:
             try:
@@ -410,7 +410,7 @@ class StreamConnection:
                            "message": "internal error"}]
             self.feedback.send_all(events)
         else:
-            self.reject("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
+            self.refuse("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
                         f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}", "invalid", now)
 
     def _queue_control(self, obj: dict[str, Any], *, limited: bool = True) -> bool:
@@ -426,12 +426,12 @@ class StreamConnection:
                 self.feedback.send_all(self.guard.rejected_control(
                     ref, Rejection(errors.RATE_LIMITED, why, "rate_limited"), now))
             else:
-                self.reject("rate_limited", why, "rate_limited", now, rid=ref, id=ref)
+                self.refuse("rate_limited", why, "rate_limited", now, rid=ref, id=ref)
             return False
         try:
             self._control.put_nowait(obj)
         except asyncio.QueueFull:
-            self.reject("rate_limited", f"{MAX_PENDING_CONTROL} requests are still waiting", "rate_limited", now,
+            self.refuse("rate_limited", f"{MAX_PENDING_CONTROL} requests are still waiting", "rate_limited", now,
                         rid=ref, id=ref)
             return False
         return True
@@ -458,13 +458,13 @@ class StreamConnection:
     async def _direct(self, obj: dict[str, Any]) -> None:
         ref, now = _ref(obj), time.monotonic()
         if self.director is None:
-            self.reject("not_directing", "directions need a directing session (POST /v1/sessions with "
+            self.refuse("not_directing", "directions need a directing session (POST /v1/sessions with "
                         '{"mode": "directing"}); this one is interactive', "invalid", now, rid=ref, id=ref)
             return
         try:
             d = DirectionMessage.model_validate(obj)
         except ValidationError as e:
-            self.reject("bad_direction", validation_message(e), "invalid", now, rid=ref, id=ref)
+            self.refuse("bad_direction", validation_message(e), "invalid", now, rid=ref, id=ref)
             return
         self.guard.accepted("control", now)
         emb = await asyncio.get_running_loop().run_in_executor(None, self.encode_prompt, d.prompt)
