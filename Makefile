@@ -11,7 +11,7 @@ LIVEKIT_VERSION := v1.13.5
 LIVEKIT_SERVER := $(HOME)/.cache/worldcast/livekit-server-$(LIVEKIT_VERSION)/server
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: serve test setup demo train evaluate bench gpu-check fullsize-check livekit-server fuzz cycles flood soak
+.PHONY: serve test setup demo train evaluate bench gpu-check fullsize-check livekit-server fuzz cycles flood soak attack rss
 
 setup: $(VENV)/.installed
 
@@ -67,7 +67,7 @@ fullsize-check: $(VENV)/.installed
 	$(PY) -m worldcast.models.causal_wan.fullsize
 
 # Hardening (BENCHMARKS.md, RELIABILITY): fuzz every input surface (10,000 cases each), connect/disconnect
-# cycles, the flood bar, and the soak (1 hour by default: make soak MINUTES=10).
+# cycles, the flood bar, the soak (1 hour by default: make soak MINUTES=10), the hostile list, RSS after peaks.
 MINUTES ?= 60
 fuzz: $(VENV)/.installed
 	$(PY) -m tests.fuzz --cases 10000 --live-cases 2000 --out fuzz_report.json
@@ -80,3 +80,12 @@ flood: $(VENV)/.installed
 
 soak: $(VENV)/.installed
 	$(PY) -m worldcast.latency_bench.soak --minutes $(MINUTES)
+
+# Issue 22's hostile list against `worldcast serve` with README's flags (a few minutes; bounded loops):
+# prints one table (case, must, observed); exit status 1 if any case fails.
+attack: $(VENV)/.installed
+	$(PY) -m tests.attack --out attack_report.json
+
+# RSS after repeated peaks of 8 sessions (4 WebRTC, 4 WebSocket stream), each deleted (about 2 minutes).
+rss: $(VENV)/.installed
+	$(PY) -m worldcast.latency_bench.rss --peaks 6 --sessions 8

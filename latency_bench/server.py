@@ -160,8 +160,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def spawn(profile: ServerProfile, *, log_dir: str | None = None, extra_flags: list[str] | None = None) -> Iterator[str]:
+def spawn(profile: ServerProfile, *, log_dir: str | None = None, extra_flags: list[str] | None = None,
+          python_args: list[str] | None = None) -> Iterator[str]:
     """Run a server for `profile` in a child process (with `extra_flags` too); yields its base URL.
+
+    Args:
+        python_args: interpreter arguments before `-m worldcast.transport.cli`, e.g.
+            `["-m", "cProfile", "-o", PATH]` to profile the server's event loop (its main thread).
 
     Raises:
         RuntimeError: the server exited or was not ready within READY_TIMEOUT_S (its log is quoted).
@@ -169,8 +174,9 @@ def spawn(profile: ServerProfile, *, log_dir: str | None = None, extra_flags: li
     port = _free_port()
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the child's lifetime
         "w+", prefix=f"worldcast-bench-{profile.name}-", suffix=".log", dir=log_dir, delete=False)
-    cmd = [sys.executable, "-m", "worldcast.transport.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--ice-host", "127.0.0.1", "--log-level", "warning", *profile.flags(), *(extra_flags or [])]
+    cmd = [sys.executable, *(python_args or []), "-m", "worldcast.transport.cli", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--ice-host", "127.0.0.1", "--log-level", "warning", *profile.flags(),
+           *(extra_flags or [])]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     try:

@@ -11,11 +11,17 @@ where they reach each session's sinks; pacing and the flush guarantees
 An engine that dies takes only its own sessions: each gets an "error"
 event with code `engine_lost` and is closed; sessions elsewhere are not
 touched. Moving a session between engines is `sessions/moves.py`.
+
+Capacity is held only by a session with a connected viewer, or within a named grace: one that has
+never had a viewer is released `SessionConfig.connect_grace_s` after creation (or when its connecting
+viewer's own deadline passes), one whose viewers left after `timeout_s` (the reconnect grace); a
+refusal's retry hint is the time until the first such release (`release_at_s`, `next_release_in_s`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -47,13 +53,24 @@ class SessionConfig:
     """Session lifecycle settings."""
 
     idle_after_s: float = 30.0  #: an ACTIVE session without actions goes IDLE after this, s
-    timeout_s: float = 120.0  #: a session with no sink and no activity is closed after this, s
+    #: reconnect grace: a session whose viewers have all left is closed after this long without a viewer
+    #: or activity, s
+    timeout_s: float = 120.0
+    #: connect grace: a session that has never had a connected viewer is closed this long after its creation
+    #: (or when its last connecting viewer's own deadline passes, if later: a WebRTC peer's negotiation), s
+    connect_grace_s: float = 15.0
     tick_s: float = 1.0  #: housekeeping period, s
     #: frames are handed to sinks no earlier than this many frame periods before their presentation time;
     #: a chunk of many frames (causal Wan: 12) is thus paced out in real time instead of in a burst
     send_ahead_frames: float = 1.0
     warmup: bool = True  #: measure step costs at start (admission and pacing rely on them)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  #: who gets in
+
+    def __post_init__(self) -> None:
+        for name in ("idle_after_s", "timeout_s", "connect_grace_s", "tick_s"):
+            v = getattr(self, name)
+            if not 0 < v < float("inf"):
+                raise ValueError(f"SessionConfig.{name} must be positive and finite, got {v!r}")
 
 
 class SessionManager:
@@ -101,6 +118,8 @@ class SessionManager:
         self.on_frame: Callable[[bool, float], None] | None = None
         self.on_admission: Callable[[bool], None] | None = None
         self.on_engine_lost: Callable[[EngineHandle], None] | None = None
+        #: called with each session once it is closed (the server trims the heap after closes)
+        self.on_close: Callable[[Session], None] | None = None
 
     @property
     def worker(self) -> DeviceWorker | EngineHandle:
@@ -241,7 +260,7 @@ class SessionManager:
         try:
             engine.add_session(sid, session, seed=session.seed)
         except (KVPoolExhausted, EngineUnavailable) as e:
-            raise CapacityExhausted(str(e)) from e
+            raise CapacityExhausted(str(e), retry_after_s=self.next_release_in_s()) from e
         self.sessions[sid] = session
         self._placed[sid] = engine
         session.engine_id = engine.id
@@ -290,8 +309,43 @@ class SessionManager:
                      open_sessions=len(measured) + sum(self._creating.values()), exclude=exclude)
 
     def admission_decision(self) -> AdmissionDecision:
-        """Would a new session be admitted now? (See `engine/admission.py` and `sessions/placement.py`.)"""
-        return self.placement().decision
+        """Would a new session be admitted now? (See `engine/admission.py` and `sessions/placement.py`.)
+
+        A refusal's retry hint is the time until the first session no viewer holds is released
+        (`next_release_in_s`)."""
+        d = self.placement().decision
+        if not d.admitted:
+            d = dataclasses.replace(d, retry_after_s=self.next_release_in_s())
+        return d
+
+    def release_at_s(self, s: Session) -> float | None:
+        """When housekeeping will close `s` if nothing changes (clock time, s); None while a viewer holds it.
+
+        - a connected viewer holds a session indefinitely;
+        - one that never had a viewer is released `connect_grace_s` after its creation, or when its
+          connecting viewers' own deadline passes (`Session.connect_deadline_s`), whichever is later;
+        - one whose viewers left is released `timeout_s` (the reconnect grace) after the last of its
+          viewer leaving, its last action or its last other activity, and not before a re-offer still
+          connecting has had its time.
+        """
+        if s.viewer_count > 0:
+            return None
+        pending = s.connect_deadline_s
+        if not s.had_viewer:
+            t = s.created_s + self.config.connect_grace_s
+        else:
+            t = max(s.last_activity_s, s.actions.last_push_s or 0.0, s.last_viewer_s or 0.0) + self.config.timeout_s
+        return t if pending is None else max(t, pending)
+
+    def next_release_in_s(self) -> float:
+        """Seconds until the first session's release (`release_at_s`), at least 1: the truthful `Retry-After`
+        of a refusal. When every session is held by a viewer no release is due; then the configured hint
+        (`AdmissionConfig.retry_after_s`)."""
+        now = self.clock()
+        due = [t for t in (self.release_at_s(s) for s in list(self.sessions.values())) if t is not None]
+        if not due:
+            return self.config.admission.retry_after_s
+        return max(1.0, min(due) - now + self.config.tick_s)
 
     def get(self, session_id: str) -> Session:
         """The open session with this id.
@@ -317,6 +371,8 @@ class SessionManager:
         if e is not None:
             e.remove_session(session_id)
         logger.info("Session(%s): closed (%s)", session_id, reason.value)
+        if self.on_close is not None:
+            self.on_close(s)
 
     # -- engine callbacks ------------------------------------------------------------------------------
 
@@ -378,12 +434,14 @@ class SessionManager:
             self.tick(self.clock())
 
     def tick(self, now_s: float) -> None:
-        """Idle quiet sessions; close abandoned ones; look for engines that died unnoticed."""
+        """Idle quiet sessions; close those no viewer holds once their grace has passed (`release_at_s`); look for
+        engines that died unnoticed."""
         for e in self.engines:
             e.check()
         for sid, s in list(self.sessions.items()):
             s.tick(now_s)
-            if s.sink_count == 0 and now_s - max(s.last_activity_s, s.actions.last_push_s or 0) > self.config.timeout_s:
+            release = self.release_at_s(s)
+            if release is not None and now_s > release:
                 self.close(sid, CloseReason.TIMEOUT)
 
     @property

@@ -190,6 +190,10 @@ class Session:
         self._paused = False
         self._cancelled = False
         self._sinks: list[FrameSink] = []
+        #: sinks attached before their viewer connected (a WebRTC peer negotiating), by id: connect-by time, s
+        self._unconnected: dict[int, float] = {}
+        self.had_viewer = False  #: a viewer has been connected at some point (see `attach_sink`)
+        self.last_viewer_s: float | None = None  #: when the last connected viewer left, s (None: none has)
         self._listeners: dict[str, list[Callable[[Session, object], None]]] = {}
         self.duty = DutyCycleMeter(self.created_s)
 
@@ -409,23 +413,54 @@ class Session:
 
     # -- sinks ---------------------------------------------------------------------------------------
 
-    def attach_sink(self, sink: FrameSink) -> None:
-        """Start delivering frames to `sink`; it gets the latest frame at once."""
+    def attach_sink(self, sink: FrameSink, *, connect_by_s: float | None = None) -> None:
+        """Start delivering frames to `sink`; it gets the latest frame at once.
+
+        Args:
+            connect_by_s: the sink's viewer is still connecting (a WebRTC peer between its answer and
+                `connected`) and has until this time (s, the session's clock) to do so; call
+                `sink_connected` when it does. None: the viewer is connected now (a WebSocket stream
+                after authentication, a LiveKit user in the room).
+
+        Raises:
+            SessionClosedError: the session is closed.
+        """
         self._check_open()
         self._sinks.append(sink)
+        if connect_by_s is None:
+            self.had_viewer = True
+        else:
+            self._unconnected[id(sink)] = connect_by_s
         if self.last_frame is not None:
             sink.put(self.last_frame)
         self.activate()
+
+    def sink_connected(self, sink: FrameSink) -> None:
+        """The viewer of a sink attached with `connect_by_s` has connected (no-op for other sinks)."""
+        if self._unconnected.pop(id(sink), None) is not None and sink in self._sinks:
+            self.had_viewer = True
 
     def detach_sink(self, sink: FrameSink) -> None:
         if sink not in self._sinks:
             return
         self._sinks.remove(sink)
+        if self._unconnected.pop(id(sink), None) is None:
+            self.last_viewer_s = self.clock()
         if not self._sinks:
             # the last viewer left (closed tab, failed connection): stop costing compute
             self.actions.release_all()
             if self.state == SessionState.ACTIVE:
                 self._set_state(SessionState.IDLE)
+
+    @property
+    def viewer_count(self) -> int:
+        """Sinks whose viewer is connected (attached without `connect_by_s`, or `sink_connected` since)."""
+        return len(self._sinks) - len(self._unconnected)
+
+    @property
+    def connect_deadline_s(self) -> float | None:
+        """The latest connect-by time of the sinks whose viewer is still connecting, s (None: none is)."""
+        return max(self._unconnected.values()) if self._unconnected else None
 
     @property
     def sink_count(self) -> int:
@@ -483,6 +518,7 @@ class Session:
         for s in self._sinks:
             s.clear()
         self._sinks.clear()
+        self._unconnected.clear()
 
     def info(self) -> dict[str, object]:
         """A JSON-able summary (prompt length, not contents, goes to logs; the owner sees the prompt)."""
@@ -501,6 +537,7 @@ class Session:
             "frames_dropped_stale": self.frames_dropped_stale,
             "last_action_seq": self.actions.last_seq,
             "sinks": len(self._sinks),
+            "viewers": self.viewer_count,
             "duty_cycle": round(self.duty_cycle(), 4),
             "engine": self.engine_id,
         }

@@ -51,9 +51,14 @@ def _serve(config: ServerConfig, model) -> Iterator[LiveServer]:  # type: ignore
     import uvicorn
 
     from worldcast.transport.app import create_app
+    from worldcast.transport.conn_limits import GuardStats, serve_config
 
     app = create_app(config, model=model)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))
+    stats = GuardStats()  # the connection guard's counts, for the tests that probe it
+    app.state.connection_guard = stats
+    # the uvicorn settings `worldcast serve` runs with (request-head timeout, per-client connection cap)
+    server = uvicorn.Server(serve_config(app, host=config.host, port=config.port, limits=config.connections,
+                                         log_level="warning", stats=stats))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     deadline = time.monotonic() + 120  # warm-up measures step costs: slow on a busy 2-core machine

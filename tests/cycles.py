@@ -13,8 +13,9 @@ After the cycles it waits for every session to be reaped and checks, in the serv
 connections left (the server's registry and every RTCPeerConnection object), no more asyncio tasks on the
 server's loop, threads or file descriptors than after a warm-up round of each kind, and every session
 closed within its stated bound after its client left: 0 for DELETE kinds, else the time its peer takes
-to end (ICE consent timeout for a silent client, negotiation timeout for one that never connects) plus
-the session timeout and one housekeeping tick. The server runs in-process with short timeouts (`CONFIG`).
+to end (ICE consent timeout for a silent client) plus the session timeout (reconnect grace) and one
+housekeeping tick; for one that never connects, its negotiation timeout (it never had a viewer, so no
+reconnect grace) and a tick. The server runs in-process with short timeouts (`CONFIG`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ import httpx
 KINDS = ("clean", "no_delete", "killed", "never_connected", "racing_delete")
 NEGOTIATION_TIMEOUT_S = 2.0
 CONSENT_TIMEOUT_S = 3.0
-SESSION_TIMEOUT_S = 1.0
+SESSION_TIMEOUT_S = 1.0  #: reconnect grace: a session whose viewer left is closed this long after
+CONNECT_GRACE_S = 1.0  #: a session that never had a viewer is closed this long after creation (or its offer's end)
 TICK_S = 0.2
 #: slack on every reaping bound, s (a shared 2-core machine)
 SLACK_S = 5.0
@@ -51,7 +53,8 @@ BOUND_S = {
     "clean": 0.0, "racing_delete": 0.0,
     "no_delete": CONSENT_BOUND_S + SESSION_TIMEOUT_S + TICK_S,
     "killed": CONSENT_BOUND_S + SESSION_TIMEOUT_S + TICK_S,
-    "never_connected": NEGOTIATION_TIMEOUT_S + SESSION_TIMEOUT_S + TICK_S,
+    # never a viewer: released when its connecting peer's negotiation timeout ends (or the connect grace)
+    "never_connected": max(NEGOTIATION_TIMEOUT_S, CONNECT_GRACE_S) + TICK_S,
 }
 
 
@@ -63,6 +66,7 @@ def cycle_config() -> Any:
     return replace(server_config(), negotiation_timeout_s=NEGOTIATION_TIMEOUT_S,
                    ice_consent_timeout_s=CONSENT_TIMEOUT_S,
                    sessions=SessionConfig(idle_after_s=600.0, timeout_s=SESSION_TIMEOUT_S, tick_s=TICK_S,
+                                          connect_grace_s=CONNECT_GRACE_S,
                                           admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=64)))
 
 

@@ -25,9 +25,10 @@ Routes:
 
 import asyncio
 import logging
+import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -41,12 +42,14 @@ from worldcast.engine.local_engine import LocalEngine
 from worldcast.models.base import WorldModel
 from worldcast.sessions.errors import CapacityExhausted, SessionError
 from worldcast.sessions.manager import SessionManager
-from worldcast.sessions.session import CloseReason, Session
+from worldcast.sessions.session import CloseReason, Session, SessionState
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
 from worldcast.transport.dreamverse import serve_dreamverse
 from worldcast.transport.engine_api import add_engine_routes, build_engines
+from worldcast.transport.http_body import BodyPolicy, RoutePolicy
 from worldcast.transport.limits import InputGuard
+from worldcast.transport.memory import HeapTrimmer, configure_malloc, freeze_startup_objects
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.model_api import MAX_BODY_BYTES, create_body_limit, families_info, model_info, read_create_body
 from worldcast.transport.peers import PeerRegistry
@@ -71,6 +74,10 @@ from worldcast.transport.ws_stream import StreamSocketTuning, serve_stream
 
 logger = logging.getLogger(__name__)
 
+#: What an unknown id and a token that does not open the session both answer (the same for both).
+NOT_FOUND_DETAIL = "no such session for this token"
+#: Compared against when the id is unknown, so that both cases take the same time.
+_NO_TOKEN = secrets.token_urlsafe(24)
 
 _NO_DEMO = """<!doctype html><title>worldcast</title><h1>worldcast</h1>
 <p>The browser demo is not built. Build it with <code>npm --prefix web_demo ci && npm --prefix web_demo run build</code>
@@ -80,54 +87,6 @@ _NO_DEMO = """<!doctype html><title>worldcast</title><h1>worldcast</h1>
 def _printable(x: object, limit: int = 200) -> str:
     """A short, always-encodable rendering of an error fragment."""
     return str(x)[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-class BodyLimit:
-    """ASGI middleware: refuse request bodies over `max_bytes` with 413, however they are sent.
-
-    A declared Content-Length over the limit is refused before reading; a body
-    without one (chunked transfer coding, RFC 9112 7.1) is read up to the limit
-    and refused as soon as it passes it, so memory stays bounded. `limit_for`
-    may raise the limit for a route (a create with a starting image).
-    """
-
-    def __init__(self, app: Any, *, max_bytes: int, limit_for: Callable[[Any], int | None] | None = None) -> None:
-        self.app, self.max_bytes, self.limit_for = app, max_bytes, limit_for
-
-    async def _too_large(self, send: Any, limit: int) -> None:
-        await JSONResponse({"detail": f"request body over {limit} bytes"}, status_code=413)(
-            {"type": "http"}, None, send)  # type: ignore[arg-type]
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        limit = (self.limit_for(scope) if self.limit_for is not None else None) or self.max_bytes
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None:
-            if not length.isdigit() or int(length) > limit:
-                return await self._too_large(send, limit)
-            return await self.app(scope, receive, send)
-        if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
-            return await self.app(scope, receive, send)
-        body, more = bytearray(), True
-        while more:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return  # the client went away
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
-            if len(body) > limit:
-                return await self._too_large(send, limit)
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
 
 
 #: The OpenAPI request body of POST /v1/sessions (parsed by `model_api.read_create_body`: JSON or multipart).
@@ -140,11 +99,12 @@ CREATE_REQUEST_BODY = {"required": False, "content": {
         "transport": {"type": "string", "enum": ["webrtc", "livekit"]}, "room": {"type": "string"}}}}}}
 
 
-def _create_limit(scope: Any) -> int | None:
-    """The body limit of a create: room for the served model's largest starting image."""
+def _create_policy(scope: Any) -> RoutePolicy | None:
+    """A create's body rule: JSON or multipart, up to the served model's largest starting image in base64."""
     if scope.get("method") == "POST" and scope.get("path") == "/v1/sessions":
         app = scope.get("app")
-        return create_body_limit(getattr(getattr(app, "state", None), "model", None))
+        return RoutePolicy(create_body_limit(getattr(getattr(app, "state", None), "model", None)),
+                           frozenset({"multipart/form-data"}))
     return None
 
 
@@ -155,10 +115,16 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_ice(config.ice_host_addresses, consent_timeout_s=config.ice_consent_timeout_s)
         quiet_closed_transport_errors(asyncio.get_running_loop())
+        configure_malloc(config.memory)  # before the model, the worker and the codecs allocate
         m = model if model is not None else config.load_model()
         manager = SessionManager(m, engine_config=config.engine, config=config.sessions,
                                  engines=build_engines(config, m))
-        metrics = Metrics(manager)
+        trimmer = None
+        if config.memory.trim_after_close_s is not None:  # give a peak's freed heap back once closes settle
+            trimmer = HeapTrimmer(config.memory.trim_after_close_s)
+            manager.on_close = lambda s: trimmer.schedule()
+        app.state.heap_trimmer = trimmer
+        metrics = Metrics(manager, config.metrics)
         manager.on_frame, manager.on_admission, manager.on_engine_lost = (
             metrics.on_frame, metrics.on_admission, metrics.on_engine_lost)
         for e in manager.engines:
@@ -168,6 +134,11 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         except BaseException:
             await manager.aclose()  # engines that did start
             raise
+        port = metrics.start_listener()
+        app.state.metrics_port = port  # the bound port (config.metrics.port 0: an ephemeral one)
+        if port is not None:
+            logger.info("worldcast: metrics on http://%s:%d/metrics%s", config.metrics.host, port,
+                        " (with per-session series)" if config.metrics.per_session else "")
 
         def make_peer(session: Session, **callbacks: Any) -> WebRTCPeer:
             return WebRTCPeer(session, video_scale=config.scale_for(m),
@@ -188,7 +159,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         if config.livekit is not None:
             from worldcast.transport.livekit.world import LiveKitWorlds
 
-            app.state.livekit = LiveKitWorlds(config.livekit, manager, video_scale=config.video_scale,
+            app.state.livekit = LiveKitWorlds(config.livekit, manager, video_scale=config.scale_for(m),
                                               make_guard=make_guard)
         app.state.agent_worker = None
         if config.agent is not None:
@@ -196,6 +167,9 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
 
             app.state.agent_worker = AgentWorker(config.agent, config.livekit, manager, app.state.livekit)
             app.state.agent_worker.start()
+        if trimmer is not None:  # start-up's objects (model, libraries) are never scanned again
+            frozen = freeze_startup_objects()
+            logger.debug("worldcast: %d start-up objects frozen out of the collector", frozen)
         logger.info("worldcast: serving %s on %d engine(s) (%s)", m.spec.name, len(manager.engines),
                     ", ".join(f"{e.device}{' in its own process' if e.process else ''}" for e in manager.engines))
         try:
@@ -207,17 +181,20 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             if app.state.livekit is not None:
                 await app.state.livekit.aclose()
             await manager.aclose()
+            metrics.stop_listener()
+            if trimmer is not None:
+                trimmer.cancel()
 
     app = FastAPI(title="worldcast", version="0.1.0", lifespan=lifespan)
 
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, limit_for=_create_limit)
+    app.add_middleware(BodyPolicy, max_bytes=MAX_BODY_BYTES, route_policy=_create_policy)  # 413 / 415
     app.add_middleware(StreamSocketTuning)  # outermost: it needs the server's own send
 
     @app.exception_handler(SessionError)
     async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
         headers = {}
         if isinstance(exc, CapacityExhausted):
-            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))  # never earlier than true
         return JSONResponse({"detail": str(exc)}, status_code=errors.http_status(exc), headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -227,14 +204,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
                  "type": _printable(e.get("type", ""))} for e in exc.errors()[:10]]
         first = errs[0] if errs else {"loc": [], "msg": "invalid request"}
         loc = ".".join(first["loc"])
-        status = 422
-        ctype = request.headers.get("content-type", "")
-        multipart_ok = request.url.path == "/v1/sessions" and ctype.startswith("multipart/form-data")
-        if request.method in ("POST", "PUT") and ctype and not ctype.startswith("application/json") and \
-                not multipart_ok:
-            return JSONResponse({"detail": f"content type {ctype.split(';')[0]!r} is not supported; "
-                                 "send application/json"}, status_code=415)
-        return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=status)
+        return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=422)
 
     def manager_dep(request: Request) -> SessionManager:
         return request.app.state.manager
@@ -244,14 +214,18 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         request: Request,
         authorization: Annotated[str | None, Header()] = None,
     ) -> Session:
-        session = request.app.state.manager.get(session_id)  # SessionNotFound -> 404
+        # An unauthenticated caller learns nothing about which ids exist: no token is 401 whatever the id,
+        # and an unknown id or a token of another session are the same 404, after the same comparison.
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:  # auth schemes are case-insensitive (RFC 7235, 2.1)
             raise HTTPException(401, "missing 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"})
-        if not secrets.compare_digest(token.encode(), session.token.encode()):
-            raise HTTPException(403, "token does not grant access to this session")
-        return session
+        session = request.app.state.manager.sessions.get(session_id)
+        open_ = session is not None and session.state != SessionState.CLOSED
+        expected = session.token if open_ else _NO_TOKEN  # type: ignore[union-attr]
+        if not secrets.compare_digest(token.encode(), expected.encode()) or not open_:
+            raise HTTPException(404, NOT_FOUND_DETAIL)
+        return session  # type: ignore[return-value]
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -322,16 +296,27 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         s = await manager.create(prompt=body.prompt, image=image, seed=body.seed, stamp_frames=body.stamp_frames,
                                  mode=body.mode)
         livekit = None
-        if body.transport == "livekit":
-            from worldcast.transport.livekit.world import LiveKitJoinError
+        try:  # whatever fails from here on (or a client gone mid-request), nothing stays allocated
+            if body.transport == "livekit":
+                from worldcast.transport.livekit.world import LiveKitJoinError
 
-            try:
-                livekit = await worlds.serve(s, room=body.room)
-            except LiveKitJoinError as e:
-                manager.close(s.id, CloseReason.ERROR)
-                raise HTTPException(502, str(e)) from None
-        return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model),
-                                     livekit=livekit)
+                try:
+                    livekit = await worlds.serve(s, room=body.room)
+                except LiveKitJoinError as e:
+                    raise HTTPException(502, str(e)) from None
+            return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model),
+                                         livekit=livekit)
+        except HTTPException:
+            manager.close(s.id, CloseReason.ERROR)
+            raise
+        except Exception as e:
+            manager.close(s.id, CloseReason.ERROR)
+            logger.exception("Session(%s): create failed", s.id)
+            raise HTTPException(500, f"internal error while creating the session ({type(e).__name__}); "
+                                     "nothing was kept") from None
+        except BaseException:  # cancelled: the client went away mid-request
+            manager.close(s.id, CloseReason.ERROR)
+            raise
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(session: Annotated[Session, Depends(session_dep)]) -> dict[str, Any]:

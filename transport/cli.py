@@ -18,7 +18,11 @@ from worldcast.engine.engine_client import RestartPolicy
 from worldcast.models import registry
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
+from worldcast.transport.conn_limits import ConnectionLimits
 from worldcast.transport.livekit import config as livekit_config
+from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
+from worldcast.transport.memory import MemoryConfig, configure_malloc
+from worldcast.transport.metrics import MetricsConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "fully (before that, partly the mean of measured sessions)")
     s.add_argument("--idle-after", type=float, default=30.0, help="seconds without actions before a session idles")
     s.add_argument("--session-timeout", type=float, default=120.0,
-                   help="seconds a session with no peer and no activity lives before it is closed")
+                   help="reconnect grace: seconds a session whose viewers all left, with no activity, lives "
+                        "before it is closed")
     s.add_argument("--negotiation-timeout", type=float, default=15.0,
                    help="seconds an answered peer may take to connect before it is closed")
     s.add_argument("--ice-consent-timeout", type=float, default=None,
@@ -96,6 +101,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
+    s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on a separate listener on this port (GET /metrics on the API "
+                        "port carries only aggregate series, never session ids)")
+    s.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR",
+                   help="bind address of the metrics listener (default 127.0.0.1: keep it internal)")
+    s.add_argument("--metrics-per-session", action="store_true",
+                   help="also export per-session series (session ids as labels) on the metrics listener")
+    s.add_argument("--metrics-max-sessions", type=int, default=64, metavar="N",
+                   help="per-session series for at most this many sessions, the newest (default 64)")
+    s.add_argument("--connect-grace", type=float, default=15.0, metavar="S",
+                   help="seconds a new session may go without a connected viewer before it is closed, freeing "
+                        "its slot (a WebRTC peer still negotiating holds it until --negotiation-timeout)")
+    s.add_argument("--head-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a client has to send a request's head (request line and headers) before it "
+                        "gets 408 and is closed (default 10; 0: off)")
+    s.add_argument("--max-connections-per-client", type=int, default=64, metavar="N",
+                   help="open connections one remote address may hold, HTTP and WebSocket (default 64; 0: no "
+                        "limit; behind a reverse proxy every client shares its address)")
+    s.add_argument("--malloc-arena-max", type=int, default=2, metavar="N",
+                   help="cap glibc's malloc arenas (as MALLOC_ARENA_MAX; default 2, 0: glibc's default of 8 per "
+                        "core): fewer arenas hold less freed memory after peaks")
+    s.add_argument("--malloc-mmap-threshold", type=int, default=1 << 20, metavar="BYTES",
+                   help="allocations this large are mmapped and given back on free (default 1 MiB; 0: glibc's "
+                        "dynamic threshold)")
+    s.add_argument("--no-heap-trim", action="store_true",
+                   help="do not return freed heap to the OS (malloc_trim) after sessions close")
     s.add_argument("--log-level", default="info")
     livekit_config.add_arguments(s)
     w = sub.add_parser("worker", parents=[s], conflict_handler="resolve",
@@ -231,9 +262,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("serve", "worker"):
+        try:  # first: before any thread allocates (the app repeats it, harmlessly)
+            configure_malloc(memory_config_from(args))
+        except ValueError as e:
+            parser.error(str(e))
         import uvicorn
 
         from worldcast.transport.app import create_app
+        from worldcast.transport.conn_limits import serve_config
 
         agent = None
         try:
@@ -262,9 +298,22 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(check(config))
             except (OSError, ValueError) as e:  # missing or malformed weights, no preset: one line
                 raise SystemExit(f"worldcast serve --check: {e}") from None
-        # video is already compressed: no permessage-deflate; client messages are small (ws_stream.MAX_TEXT_BYTES)
-        uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level.lower(),
-                    ws_per_message_deflate=False, ws_max_size=1 << 20)
+        server = uvicorn.Server(serve_config(create_app(config), host=args.host, port=args.port,
+                                             limits=config.connections, log_level=args.log_level.lower()))
+        server.run()
+
+
+def memory_config_from(args: argparse.Namespace) -> MemoryConfig:
+    """`MemoryConfig` from `serve`'s options (0 turns a malloc setting off: glibc's default)."""
+    return MemoryConfig(malloc_arena_max=args.malloc_arena_max or None,
+                        mmap_threshold_bytes=args.malloc_mmap_threshold or None,
+                        trim_after_close_s=None if args.no_heap_trim else 2.0)
+
+
+def server_config_from(args: argparse.Namespace, *, livekit: LiveKitConfig | None,
+                       agent: AgentWorkerConfig | None) -> ServerConfig:
+    """`ServerConfig` from `serve`'s options (`_server_config`)."""
+    return _server_config(args, livekit, agent)
 
 
 def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConfig | None,
@@ -289,6 +338,11 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
         agent=agent,
         negotiation_timeout_s=args.negotiation_timeout,
         ice_consent_timeout_s=args.ice_consent_timeout,
+        memory=memory_config_from(args),
+        connections=ConnectionLimits(head_timeout_s=args.head_timeout,
+                                     max_per_client=args.max_connections_per_client),
+        metrics=MetricsConfig(port=args.metrics_port, host=args.metrics_host,
+                              per_session=args.metrics_per_session, max_sessions=args.metrics_max_sessions),
         engine=EngineConfig(state_budget_bytes=state_budget_bytes(args), memory_fraction=args.memory_fraction,
                             max_slots=args.max_sessions, max_batch=args.max_batch,
                             torch_threads=args.threads, reserved_cores=args.reserved_cores),
@@ -301,6 +355,7 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
         sessions=SessionConfig(
             idle_after_s=args.idle_after,
             timeout_s=args.session_timeout,
+            connect_grace_s=args.connect_grace,
             admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
                                       target_utilization=args.target_utilization,
                                       max_overload_probability=args.max_overload,

@@ -43,7 +43,15 @@ from aiortc.utils import uint16_add
 
 from worldcast.transport.limits import head_id
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
-from worldcast.transport.session_api import UnknownKey, check_keys, check_mouse, create_session  # noqa: F401
+from worldcast.transport.session_api import (  # noqa: F401
+    UnknownKey,
+    check_keys,
+    check_mouse,
+    check_rpc_payload,
+    create_session,
+    next_seq,
+    remember_sent,
+)
 
 # the WebSocket (fMP4) stream client lives beside this module; both are importable from here
 from worldcast.transport.ws_client import StreamClient, StreamError, StreamFrame  # noqa: F401
@@ -238,16 +246,20 @@ class WebRTCClient:
             return
         self._resolve(msg.get("id"), msg)
 
-    async def rpc(self, method: str, params: dict[str, Any] | None = None, *, raw: Any = None) -> dict[str, Any]:
+    async def rpc(self, method: str, params: dict[str, Any] | None = None, *,
+                  raw: Any = None) -> dict[str, Any] | None:
         """Call a control RPC and return its result.
 
         Args:
             raw: send this exact payload instead of a well-formed request (for error tests; a str
-                or bytes goes out as it is, unchecked); its reply is returned whole.
+                or bytes goes out as it is, unchecked); its reply is returned whole. A JSON-RPC 2.0
+                notification (`"jsonrpc": "2.0"` and no `id`) is sent and None returned at once: the
+                server never answers one.
 
         Raises:
             RpcFailed: the server answered with an error.
             MessageTooLarge: the request is over the server's control message limit (not sent).
+            ValueError: `raw` is a batch (a JSON array): the server refuses them (not sent).
             ConnectionError: the control channel closed before the reply.
             TimeoutError: no reply within RPC_TIMEOUT_S.
         """
@@ -257,9 +269,13 @@ class WebRTCClient:
         rid = self._rpc_id
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         if raw is not None:
+            notification = check_rpc_payload(raw)
             key = raw.get("id") if isinstance(raw, dict) else head_id(raw)
             payload = raw if isinstance(raw, str | bytes) else encode_message(
                 raw, what="control", limit_bytes=10 * MAX_CONTROL_BYTES)
+            if notification:
+                self.control.send(payload)
+                return None
             self._pending[key] = fut  # type: ignore[index]
             self.control.send(payload)
             return await asyncio.wait_for(fut, RPC_TIMEOUT_S)
@@ -299,10 +315,11 @@ class WebRTCClient:
         check_keys(self.model, keys or [])
         check_mouse(mouse)
         now = time.monotonic()
-        text = encode_message({"seq": self.seq + 1, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)},
+        seq = next_seq(self.seq)  # restarts at 0 before the server's limit (2**53)
+        text = encode_message({"seq": seq, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)},
                               what="action", limit_bytes=MAX_MESSAGE_BYTES)
-        self.seq += 1
-        self.sent_at[self.seq] = now
+        self.seq = seq
+        remember_sent(self.sent_at, seq, now)
         self.actions.send(text)
         return self.seq
 

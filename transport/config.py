@@ -11,8 +11,11 @@ from worldcast.engine.engine_client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
+from worldcast.transport.conn_limits import ConnectionLimits
 from worldcast.transport.limits import InputLimits
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
+from worldcast.transport.memory import MemoryConfig
+from worldcast.transport.metrics import MetricsConfig
 
 #: The built browser demo, beside the package folders in a source checkout.
 DEFAULT_STATIC_DIR = Path(__file__).resolve().parents[1] / "web_demo" / "dist"
@@ -49,6 +52,9 @@ class ServerConfig:
     engine_processes: bool | None = None
     restart: RestartPolicy = field(default_factory=RestartPolicy)  #: when a lost engine process is started again
     admin_token: str | None = None  #: bearer token of the operator routes (drain, move); None: those routes are off
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  #: the metrics listener and per-session series
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)  #: request-head timeout, per-client cap
+    memory: MemoryConfig = field(default_factory=MemoryConfig)  #: malloc arenas, heap trim after closes
 
     def __post_init__(self) -> None:
         if self.engines < 1:

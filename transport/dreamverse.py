@@ -62,7 +62,7 @@ from worldcast.transport.limits import InputGuard
 from worldcast.transport.rpc import RpcError, parse_json
 from worldcast.transport.schemas import MAX_PROMPT_CHARS, check_prompt
 from worldcast.transport.ws_queue import MediaItem, QueueOverflow, Render
-from worldcast.transport.ws_stream import CLOSE_NORMAL, StreamConnection, dumps
+from worldcast.transport.ws_stream import CLOSE_NORMAL, CLOSE_POLICY, StreamConnection, dumps
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,12 @@ logger = logging.getLogger(__name__)
 MAX_DREAMVERSE_BYTES = 64 * 1024
 #: Curated prompts taken from session_init_v2, at most.
 MAX_CURATED_PROMPTS = 64
-#: How long the server waits for session_init_v2 before starting without prompts, s (as Dreamverse).
+#: How long the server waits for session_init_v2, s. Dreamverse then starts without prompts; worldcast closes
+#: the socket (4408, `init_timeout`): no session is made for a socket that never starts one.
 INIT_TIMEOUT_S = 10.0
+CLOSE_INIT_TIMEOUT = 4408
+#: Messages other than session_init_v2 a socket may send before it, at most (then it is closed 1008).
+MAX_PRE_INIT_MESSAGES = 16
 #: Close code when the server has no room (RFC 6455 7.4.1: "try again later").
 CLOSE_TRY_AGAIN_LATER = 1013
 #: Dreamverse message types outside the subset served here.
@@ -88,21 +92,22 @@ class PromptError(ValueError):
 
 
 def clean_prompt(text: object) -> tuple[str, bool]:
-    """A Dreamverse prompt as worldcast takes it: stripped, at most MAX_PROMPT_CHARS (cut at a word).
+    """A Dreamverse prompt as worldcast takes it: `check_prompt`'s rule, then at most MAX_PROMPT_CHARS
+    (cut at a word).
 
     Returns:
         (prompt, whether it was shortened).
 
     Raises:
-        PromptError: not a string, blank, or has control or bidi-override characters.
+        PromptError: not a string, or refused by `check_prompt` (no visible text, control or bidi characters).
     """
     if not isinstance(text, str):
         raise PromptError(f"prompt must be a string, got {type(text).__name__}")
-    p = text.strip()
     try:
-        check_prompt(p)
+        p = check_prompt(text)
     except ValueError as e:
         raise PromptError(str(e)) from None
+    assert p is not None
     if len(p) <= MAX_PROMPT_CHARS:
         return p, False
     cut = p[:MAX_PROMPT_CHARS]
@@ -209,55 +214,71 @@ class DreamverseConnection(StreamConnection):
 
     # -- incoming --------------------------------------------------------------------------------------
 
+    max_text_bytes = MAX_DREAMVERSE_BYTES
+
+    def send_feedback(self, event: dict[str, Any]) -> None:
+        """The guard's events in Dreamverse's shape: `error` {message, error_code, ...}; the flood verdict
+        is an `error` with error_code "flood" (the socket then closes 1008)."""
+        ev = dict(event)
+        kind = ev.pop("event", None)
+        if kind == "disconnect":
+            self.send("error", message=ev.get("message", "flood"), error_code="flood")
+            return
+        code = ev.pop("code", "error") if kind == "error" else str(kind)
+        self.send("error", message=ev.pop("message", ""), error_code=code, **ev)
+
     def on_text(self, text: str) -> None:
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > MAX_DREAMVERSE_BYTES:
-            self.error("message_too_large", f"message of {size} bytes exceeds {MAX_DREAMVERSE_BYTES}")
+        now = time.monotonic()
+        if not self._admit(text, now):
             return
         try:
             data = parse_json(text, what="Dreamverse", max_bytes=MAX_DREAMVERSE_BYTES)
         except RpcError as e:
-            self.error("bad_json", e.message)
+            self.refuse("bad_json", e.message, "parse_error", now)
             return
         kind = data.get("type") if isinstance(data, dict) else None
         if not isinstance(kind, str):
-            self.error("bad_message", "expected a JSON object with a string 'type'")
+            self.refuse("bad_message", "expected a JSON object with a string 'type'", "invalid", now)
             return
         if kind == "append_prompt":
             try:
                 prompt, truncated = clean_prompt(data.get("prompt"))
             except PromptError as e:
-                self.error("bad_prompt", f"append_prompt requires a non-empty prompt: {e}")
+                self.refuse("bad_prompt", f"append_prompt requires a non-empty prompt: {e}", "invalid", now)
                 return
             pid = data.get("prompt_id")
             pid = pid[:128] if isinstance(pid, str) and pid else f"wc-{time.monotonic_ns()}"
             cuts = self.director is not None and self.director.current is not None
             if not self._queue_control({"type": "append_prompt", "prompt": prompt, "prompt_id": pid}):
                 return  # refused (rate limit), and told so with its prompt_id: never acknowledged
+            self.guard.accepted("control", now)
             self.send("prompt_received", prompt_id=pid, queue_depth=0,
                       worldcast={"applies": "now", "cuts_segment": cuts,
                                  "truncated_to_chars": MAX_PROMPT_CHARS if truncated else None})
         elif kind == "set_generation_paused":
             paused = data.get("paused")
             if not isinstance(paused, bool):
-                self.error("bad_message", "set_generation_paused requires a boolean 'paused'")
+                self.refuse("bad_message", "set_generation_paused requires a boolean 'paused'", "invalid", now)
                 return
-            if not self.control_bucket.take(time.monotonic()):
-                self.error("rate_limited", "too many set_generation_paused messages", request=kind)
+            if not self.guard.take("control", now):
+                self.refuse("rate_limited", "too many set_generation_paused messages", "rate_limited", now,
+                            request=kind)
                 return
+            self.guard.accepted("control", now)
             self._set_paused(paused)
         elif kind == "restart_generation":
-            self._queue_control({"type": "restart_generation"})
+            if self._queue_control({"type": "restart_generation"}):
+                self.guard.accepted("control", now)
         elif kind == "leave":
             self.send("ltx2_stream_complete")
             self.close(CLOSE_NORMAL)
         elif kind == "session_init_v2":
-            self.error("already_initialized", "session_init_v2 was already received on this socket")
+            self.refuse("already_initialized", "session_init_v2 was already received on this socket", "invalid", now)
         elif kind in UNSUPPORTED:
-            self.error("unsupported", f"worldcast does not serve Dreamverse's {kind!r}; it serves "
-                       f"session_init_v2 and {', '.join(SUPPORTED)}")
+            self.refuse("unsupported", f"worldcast does not serve Dreamverse's {kind!r}; it serves "
+                        f"session_init_v2 and {', '.join(SUPPORTED)}", "invalid", now)
         else:
-            self.error("unknown_type", f"unknown message type {kind[:64]!r}")
+            self.refuse("unknown_type", f"unknown message type {kind[:64]!r}", "invalid", now)
 
     def _set_paused(self, paused: bool) -> None:
         self.user_paused = paused
@@ -394,11 +415,12 @@ async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scal
     The session belongs to the socket: it is closed when the socket closes.
     """
     await ws.accept()
+    guard = make_guard()  # from the first message: one flood verdict for everything this socket sends
     admitted = manager.admission_decision().admitted
     try:
         await ws.send_text(dumps({"type": "queue_status", "position": 0 if admitted else 1, "total_gpus": 1,
                                   "available_gpus": 1 if admitted else 0}))
-        init = await _wait_init(ws)
+        init = await _wait_init(ws, guard)
     except (WebSocketDisconnect, RuntimeError):
         return
     if init is None:
@@ -422,7 +444,7 @@ async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scal
         await ws.send_text(dumps({"type": "gpu_assigned", "gpu_id": 0, "session_timeout": session_timeout_s}))
         conn = DreamverseConnection(ws, session, video_scale=video_scale,
                                     prompts=prompts, preset_id=init.get("preset_id"), segment_s=segment_s,
-                                    session_timeout_s=session_timeout_s, guard=make_guard())
+                                    session_timeout_s=session_timeout_s, guard=guard)
         await conn.run()
     except (WebSocketDisconnect, RuntimeError):
         pass
@@ -430,28 +452,46 @@ async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scal
         manager.close(session.id, CloseReason.CLIENT)
 
 
-async def _wait_init(ws: WebSocket) -> dict[str, Any] | None:
-    """The session_init_v2 message ({} after INIT_TIMEOUT_S, as Dreamverse); None if the client left."""
+async def _wait_init(ws: WebSocket, guard: InputGuard) -> dict[str, Any] | None:
+    """The session_init_v2 message; None if the client left, sent none within INIT_TIMEOUT_S (told, closed
+    4408: a socket that never starts holds no session) or sent more than MAX_PRE_INIT_MESSAGES others
+    (told, closed 1008). Messages before it are counted and answered through `guard` (coalesced)."""
     deadline = time.monotonic() + INIT_TIMEOUT_S
+    refused = 0
     while True:
         try:
             msg = await asyncio.wait_for(ws.receive(), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            return {}
+            await ws.send_text(dumps({"type": "error", "message": f"no session_init_v2 within {INIT_TIMEOUT_S:g} s",
+                                      "error_code": "init_timeout"}))
+            await ws.close(CLOSE_INIT_TIMEOUT)
+            return None
         if msg["type"] == "websocket.disconnect":
             return None
-        why = "send session_init_v2 first"
-        if msg.get("text") is not None:
+        now = time.monotonic()
+        raw = msg.get("text") if msg.get("text") is not None else (msg.get("bytes") or b"")
+        rej = guard.admit("stream", raw, now, max_bytes=MAX_DREAMVERSE_BYTES)
+        why, outcome = ("send session_init_v2 first", "invalid") if rej is None else (rej.message, rej.outcome)
+        if rej is None and msg.get("text") is not None:
             try:
                 data = parse_json(msg["text"], what="Dreamverse", max_bytes=MAX_DREAMVERSE_BYTES)
             except RpcError as e:
-                data, why = None, e.message
+                data, why, outcome = None, e.message, "parse_error"
             if isinstance(data, dict) and data.get("type") == "session_init_v2":
+                guard.accepted("stream", now)
                 return data
             if isinstance(data, dict) and data.get("type") == "leave":
                 await ws.close(CLOSE_NORMAL)
                 return None
-        await ws.send_text(dumps({"type": "error", "message": why, "error_code": "not_initialized"}))
+        refused += 1
+        if refused > MAX_PRE_INIT_MESSAGES:
+            await ws.send_text(dumps({"type": "error", "error_code": "flood", "message": f"more than "
+                                      f"{MAX_PRE_INIT_MESSAGES} messages before session_init_v2"}))
+            await ws.close(CLOSE_POLICY)
+            return None
+        for ev in guard.rejected_message("stream", "not_initialized", why, now, outcome=outcome):
+            await ws.send_text(dumps({"type": "error", "message": ev["message"], "error_code": ev["code"],
+                                      "count": ev["count"]}))
 
 
 def _curated(init: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -9,6 +9,12 @@ no I/O and takes time as an argument: a transport (WebRTC data channels,
 LiveKit data packets, a WebSocket) sends what it returns, arms a timer for
 `next_drain_s`, and closes the connection when `verdict` names a reason.
 
+Every message a client sends counts toward one flood verdict, whatever its kind and transport: actions,
+control requests, and on sockets that carry several kinds (the WebSocket stream, Dreamverse's `/ws`) any
+message at all, which is size- and rate-checked as a `"stream"` message before it is parsed; a stream's
+refusals that are neither actions nor RPCs (bad JSON, unknown types, directions over the rate, ...) come
+back as coalesced `error` events.
+
 Events it builds (sent on the control channel, or the transport's equivalent):
     {"event": "action_rejected", "seq", "code", "message", "count", "counts": {code: n}}
         the first rejection of a quiet interval at once (count 1); later ones of the interval as one
@@ -18,6 +24,9 @@ Events it builds (sent on the control channel, or the transport's equivalent):
     {"event": "rpc_rejected", "code": -32001, "message", "count", "ids": [...]}
         rate-limited control requests past the reply budget: their ids (the first `MAX_SUMMARY_IDS`),
         so a client fails those calls at once instead of waiting for replies
+    {"event": "error", "code", "message", ["id"/"type" of the first], "count", "counts": {code: n}[, "ids"]}
+        a refused stream message, coalesced as `action_rejected` is (`ids`: those of the refused
+        requests that had one, the first `MAX_SUMMARY_IDS`)
     {"event": "disconnect", "reason": "flood", "message"}
         sent before the transport closes a client that kept exceeding its limits
 """
@@ -32,7 +41,7 @@ from typing import Any, Literal
 from worldcast.transport import errors
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
 
-Channel = Literal["actions", "control"]
+Channel = Literal["actions", "control", "stream"]
 #: Ids of rate-limited control requests listed in one `rpc_rejected` summary, at most.
 MAX_SUMMARY_IDS = 64
 #: A JSON-RPC id near the start of a message, read without parsing it (for replies to unparsed messages).
@@ -48,6 +57,10 @@ class InputLimits:
     action_burst: float = 60.0  #: ... in bursts of up to this many
     control_rate_hz: float = 10.0  #: control requests run per second (each may embed a prompt)
     control_burst: float = 20.0  #: ... in bursts of up to this many
+    #: messages of any kind per second on a socket that carries several (WebSocket stream, Dreamverse),
+    #: checked before parsing: room for the action and control rates together
+    message_rate_hz: float = 270.0
+    message_burst: float = 90.0  #: ... in bursts of up to this many
     max_action_bytes: int = MAX_MESSAGE_BYTES  #: largest action message
     max_control_bytes: int = MAX_CONTROL_BYTES  #: largest control message
     report_interval_s: float = 0.5  #: at most one event of each kind per interval
@@ -55,11 +68,17 @@ class InputLimits:
     control_reply_burst: float = 10.0  #: ... in bursts; past it, `rpc_rejected` summaries
     abuse_rejections_per_s: float = 100.0  #: a second with more rejected messages than this counts as abuse
     abuse_sustained_s: float = 5.0  #: this many consecutive seconds of abuse disconnect the client
+    #: rejected messages beyond `abuse_rejections_per_s` (a leaky bucket draining at that rate) that disconnect
+    #: the client as soon as they add up: the faster the flood, the sooner (1,750 rejected/s: 0.6 s; 750/s:
+    #: 1.5 s). A flood costs its neighbours in transport work per packet (aiortc's SCTP and DTLS in Python,
+    #: before our handler runs; BENCHMARKS, RELIABILITY), so a fast one is not given the sustained window
+    abuse_burst_rejections: float = 1000.0
 
     def __post_init__(self) -> None:
-        for name in ("action_rate_hz", "action_burst", "control_rate_hz", "control_burst", "report_interval_s",
+        for name in ("action_rate_hz", "action_burst", "control_rate_hz", "control_burst", "message_rate_hz",
+                     "message_burst", "report_interval_s",
                      "control_reply_rate_hz", "control_reply_burst", "abuse_rejections_per_s",
-                     "abuse_sustained_s"):
+                     "abuse_sustained_s", "abuse_burst_rejections"):
             v = getattr(self, name)
             if not v > 0 or v != v or v == float("inf"):
                 raise ValueError(f"InputLimits.{name} must be positive and finite, got {v!r}")
@@ -122,6 +141,10 @@ _OUTCOMES = {errors.PARSE_ERROR: "parse_error", errors.INVALID_REQUEST: "invalid
              errors.SESSION_CLOSED: "closed", errors.INTERNAL_ERROR: "internal"}
 
 
+#: Coalesced kinds whose summaries count by code.
+_COUNTED = frozenset({"action_rejected", "error"})
+
+
 @dataclass
 class _Coalescer:
     """One kind of event: sent at once after a quiet interval, else summed until the interval ends."""
@@ -139,14 +162,16 @@ class InputGuard:
     Args:
         limits: the limits.
         on_count: metrics hook, called as on_count(channel, outcome, n) for every message counted;
-            outcomes: accepted, too_large, rate_limited, parse_error, invalid, closed, internal, ignored.
+            outcomes: accepted, too_large, rate_limited, parse_error, invalid, closed, internal, ignored,
+            dropped (after the flood verdict).
     """
 
     def __init__(self, limits: InputLimits | None = None, *,
                  on_count: Callable[[str, str, int], None] | None = None) -> None:
         self.limits = lim = limits or InputLimits()
         self._buckets = {"actions": TokenBucket(lim.action_rate_hz, lim.action_burst),
-                         "control": TokenBucket(lim.control_rate_hz, lim.control_burst)}
+                         "control": TokenBucket(lim.control_rate_hz, lim.control_burst),
+                         "stream": TokenBucket(lim.message_rate_hz, lim.message_burst)}
         self._reply_bucket = TokenBucket(lim.control_reply_rate_hz, lim.control_reply_burst)
         self._kinds: dict[str, _Coalescer] = {}
         self._on_count = on_count
@@ -154,6 +179,8 @@ class InputGuard:
         self._window_start_s: float | None = None
         self._window_rejections = 0
         self._abuse_since_s: float | None = None
+        self._excess = 0.0  #: rejected messages beyond abuse_rejections_per_s, leaking at that rate
+        self._excess_t: float | None = None
         self.disconnect_reason: str | None = None
 
     # -- counting ------------------------------------------------------------------------------
@@ -165,7 +192,8 @@ class InputGuard:
         self._abuse_tick(now_s, 0 if outcome in ("accepted", "ignored") else 1)
 
     def _abuse_tick(self, now_s: float, rejected: int) -> None:
-        """Count rejections in 1 s windows; a run of abusive windows lasting `abuse_sustained_s` is a flood.
+        """Count rejections in 1 s windows; a run of abusive windows lasting `abuse_sustained_s` is a flood,
+        and so are `abuse_burst_rejections` rejections beyond `abuse_rejections_per_s`, as soon as they add up.
 
         A window is abusive with more than `abuse_rejections_per_s` rejections; a quiet second
         between windows (no message at all) breaks the run.
@@ -187,27 +215,50 @@ class InputGuard:
                 self._abuse_since_s = None
             self._window_start_s, self._window_rejections = now_s, 0
         self._window_rejections += rejected
+        if self._excess_t is not None:
+            self._excess = max(0.0, self._excess - max(0.0, now_s - self._excess_t) * lim.abuse_rejections_per_s)
+        self._excess_t = now_s
+        self._excess += rejected
+        if self._excess > lim.abuse_burst_rejections and self.disconnect_reason is None:
+            self.disconnect_reason = (f"flood: more than {lim.abuse_burst_rejections:g} rejected messages beyond "
+                                      f"{lim.abuse_rejections_per_s:g}/s")
 
     # -- before parsing ------------------------------------------------------------------------
 
-    def admit(self, channel: Channel, raw: str | bytes, now_s: float) -> Rejection | None:
+    def admit(self, channel: Channel, raw: str | bytes, now_s: float, *,
+              max_bytes: int | None = None) -> Rejection | None:
         """Size, then rate, of one message, before it is parsed; None if it may be parsed and applied.
 
-        A refused message is counted; report it with `rejected`.
+        Args:
+            max_bytes: the size limit (default: the channel's; `"stream"` messages must give one).
+
+        A refused message is not counted yet; report it with `rejected_action`, `rejected_control` or
+        `rejected_message`.
         """
-        limit = self.limits.max_action_bytes if channel == "actions" else self.limits.max_control_bytes
-        size = message_size(raw, limit)
-        if size > limit:
-            return Rejection(errors.INVALID_REQUEST, f"{'action' if channel == 'actions' else 'control'} message "
-                             f"of {size} bytes exceeds {limit}", "too_large")
+        if max_bytes is None:
+            max_bytes = self.limits.max_action_bytes if channel == "actions" else self.limits.max_control_bytes
+        what = {"actions": "action", "control": "control", "stream": ""}[channel]
+        size = message_size(raw, max_bytes)
+        if size > max_bytes:
+            return Rejection(errors.INVALID_REQUEST, f"{what + ' ' if what else ''}message of {size} bytes exceeds "
+                             f"{max_bytes}", "too_large")
         if not self._buckets[channel].take(now_s):
-            what = "action" if channel == "actions" else "control"
-            return Rejection(errors.RATE_LIMITED, f"too many {what} messages; slow down", "rate_limited")
+            return Rejection(errors.RATE_LIMITED, f"too many {what + ' ' if what else ''}messages; slow down",
+                             "rate_limited")
         return None
+
+    def take(self, channel: Channel, now_s: float) -> bool:
+        """Take one message from a channel's rate budget, for a message whose kind is known only once
+        parsed (a direction or RPC on a stream counts against the control budget); False: over the rate."""
+        return self._buckets[channel].take(now_s)
 
     def accepted(self, channel: Channel, now_s: float) -> None:
         """Count an applied message."""
         self._count(channel, "accepted", now_s)
+
+    def dropped(self, channel: Channel, now_s: float) -> None:
+        """Count a message dropped unread after the flood verdict (the connection is closing)."""
+        self._count(channel, "dropped", now_s)
 
     # -- feedback ------------------------------------------------------------------------------
 
@@ -217,18 +268,34 @@ class InputGuard:
         if not coalesce or (c.first is None and now_s - c.last_sent_s >= self.limits.report_interval_s):
             c.last_sent_s = now_s
             ev = dict(payload, count=1)
-            if kind == "action_rejected":
+            if kind in _COUNTED:
                 ev["counts"] = {key: 1}
-            if kind == "rpc_rejected":
+            if kind == "rpc_rejected" or (kind == "error" and rid is not None):
                 ev["ids"] = [rid]
             return [ev]
         if c.first is None:
             c.first = payload
         c.count += 1
         c.counts[key] = c.counts.get(key, 0) + 1
-        if kind == "rpc_rejected" and len(c.ids) < MAX_SUMMARY_IDS:
+        if (kind == "rpc_rejected" or rid is not None) and len(c.ids) < MAX_SUMMARY_IDS:
             c.ids.append(rid)
         return []
+
+    def rejected_message(self, channel: Channel, code: str, message: str, now_s: float, *, outcome: str,
+                         ref: dict[str, Any] | None = None, rid: Any = None) -> list[dict[str, Any]]:
+        """Count a refused message that is neither an action nor an RPC reply (a stream's bad JSON, unknown
+        type, binary message, a direction over the rate, ...); returns the `error` events to send now
+        (the first of a quiet interval; the rest come as one summary from `drain`).
+
+        Args:
+            code: the stable error code (`bad_json`, `rate_limited`, ...).
+            outcome: the metrics label (parse_error, invalid, rate_limited, too_large, ...).
+            ref: fields naming what the error refers to (`{"id": ...}`, `{"type": ...}`), in the first event.
+            rid: the refused request's id, if any, listed in the summary's `ids`.
+        """
+        self._count(channel, outcome, now_s)
+        return self._record("error", {"event": "error", "code": code, "message": message, **(ref or {})}, code,
+                            now_s, rid=rid)
 
     def rejected_action(self, code: int, message: str, *, seq: Any, now_s: float,
                         outcome: str | None = None, coalesce: bool = True) -> list[dict[str, Any]]:
@@ -275,9 +342,9 @@ class InputGuard:
             if c.first is None or now_s < c.last_sent_s + self.limits.report_interval_s:
                 continue
             ev = dict(c.first, count=c.count)
-            if kind == "action_rejected":
+            if kind in _COUNTED:
                 ev["counts"] = dict(c.counts)
-            if kind == "rpc_rejected":
+            if kind == "rpc_rejected" or c.ids:
                 ev["ids"] = list(c.ids)
             out.append(ev)
             c.first, c.count, c.counts, c.ids, c.last_sent_s = None, 0, {}, [], now_s

@@ -1,5 +1,8 @@
 """Prometheus metrics (prometheus-client), served at GET /metrics in the text format.
 
+The API port's `/metrics` carries aggregate series only; session ids (per-session series, opt-in and
+bounded) appear only on a separate listener (`MetricsConfig`: `worldcast serve --metrics-port`).
+
 Histograms and counters are fed by hooks (device worker steps, frame
 deliveries, admission decisions); gauges are read from live objects at
 scrape time by a custom collector, so they are never stale.
@@ -10,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -21,6 +26,16 @@ from worldcast.sessions.session import SessionState
 
 STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 LATENESS_BUCKETS_S = (-0.05, -0.02, -0.01, 0.0, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class _Union(Collector):
+    """Every series of another registry (so the listener serves the aggregates without registering twice)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        yield from self.registry.collect()
 
 
 class _LiveCollector(Collector):
@@ -108,27 +123,75 @@ class _LiveCollector(Collector):
         for (kind, batch), (sec, _n) in sorted(snap.cost.snapshot().items()):
             cost.add_metric([kind, str(batch)], sec)
         yield cost
+
+
+class _SessionCollector(Collector):
+    """Per-session series (labels carry session ids): only on the metrics listener, only when opted in,
+    and for at most `max_sessions` sessions (the newest), so the label set stays bounded."""
+
+    def __init__(self, manager: SessionManager, max_sessions: int) -> None:
+        self.m, self.max_sessions = manager, max_sessions
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        m = self.m
         frames = CounterMetricFamily("worldcast_session_frames", "Frames delivered per session",
                                      labels=["session"])
         late = CounterMetricFamily("worldcast_session_late_frames", "Frames committed more than one frame period "
                                    "after their presentation time, per session", labels=["session"])
         duty = GaugeMetricFamily("worldcast_session_duty_cycle", "Measured share of time generating",
                                  labels=["session"])
+        snaps = [e.snapshot for e in m.engines]
         stats = {sid: st for sn in snaps for sid, st in sn.sessions.items()}
-        for sid, s in list(m.sessions.items()):
+        sessions = sorted(m.sessions.items(), key=lambda kv: kv[1].created_s, reverse=True)
+        for sid, s in sessions[:self.max_sessions]:
             frames.add_metric([sid], s.frames_delivered)
             late.add_metric([sid], stats.get(sid, {}).get("late_frames", 0.0))
             duty.add_metric([sid], s.duty_cycle())
         yield frames
         yield late
         yield duty
+        yield GaugeMetricFamily("worldcast_session_series_omitted", "Open sessions without per-session series "
+                                "(over --metrics-max-sessions)", value=max(0, len(sessions) - self.max_sessions))
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Where metrics are served.
+
+    `GET /metrics` on the API port always serves the aggregate series (no session ids: an anonymous
+    caller learns nothing about which sessions exist). A separate listener (`port`) serves the same
+    and, when `per_session` is set, per-session series for at most `max_sessions` sessions.
+    """
+
+    port: int | None = None  #: TCP port of the metrics listener (None: none)
+    host: str = "127.0.0.1"  #: its bind address (keep it internal)
+    per_session: bool = False  #: per-session series (session ids as labels) on the listener
+    max_sessions: int = 64  #: at most this many sessions' series (the newest)
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port < 65536:
+            raise ValueError(f"metrics port {self.port} out of range")
+        if self.per_session and self.port is None:
+            raise ValueError("per-session metrics carry session ids: they need a separate listener "
+                             "(--metrics-port), never the API port")
+        if self.max_sessions < 1:
+            raise ValueError("metrics max_sessions must be >= 1")
 
 
 class Metrics:
-    """All of one server's metrics, in their own registry."""
+    """All of one server's metrics.
 
-    def __init__(self, manager: SessionManager) -> None:
+    Attributes:
+        registry: the aggregate series (no session ids), for `GET /metrics` on the API port.
+        internal_registry: the same, plus per-session series when `config.per_session`, for the
+            metrics listener (`MetricsConfig.port`).
+    """
+
+    def __init__(self, manager: SessionManager, config: MetricsConfig | None = None) -> None:
+        self.config = config or MetricsConfig()
         self.registry = CollectorRegistry()
+        self.internal_registry = CollectorRegistry()
+        self._listener: Any = None
         r = self.registry
         self.step_seconds = Histogram("worldcast_step_seconds", "Device time of one scheduled step", ["kind"],
                                       buckets=STEP_BUCKETS_S, registry=r)
@@ -140,9 +203,10 @@ class Metrics:
                                   buckets=LATENESS_BUCKETS_S, registry=r)
         self.frames = Counter("worldcast_frames", "Frames by outcome", ["outcome"], registry=r)
         self.admissions = Counter("worldcast_admission_decisions", "Admission decisions", ["outcome"], registry=r)
-        self.input_messages = Counter("worldcast_input_messages", "Client messages by channel and outcome "
+        self.input_messages = Counter("worldcast_input_messages", "Client messages by channel (actions, control, "
+                                      "stream: any message on a WebSocket before its kind is known) and outcome "
                                       "(accepted, ignored, too_large, rate_limited, parse_error, invalid, closed, "
-                                      "internal)", ["channel", "outcome"], registry=r)
+                                      "internal, dropped after a flood verdict)", ["channel", "outcome"], registry=r)
         self.engines_lost = Counter("worldcast_engines_lost", "Engine cores lost (every engine)", registry=r)
         self.peer_closes = Counter("worldcast_peer_closes", "Peer connections closed, by reason", ["reason"],
                                    registry=r)
@@ -150,6 +214,31 @@ class Metrics:
         self.peer_count: Callable[[], int] | None = None
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ... (Linux /proc)
         r.register(_LiveCollector(manager, self))
+        self.internal_registry.register(_Union(r))
+        if self.config.per_session:
+            self.internal_registry.register(_SessionCollector(manager, self.config.max_sessions))
+
+    def start_listener(self) -> int | None:
+        """Serve `internal_registry` on `config.port` (a thread of prometheus-client's own HTTP server).
+
+        Returns:
+            the port it listens on (None: no listener configured).
+
+        Raises:
+            OSError: the port cannot be bound.
+        """
+        if self.config.port is None:
+            return None
+        server, _thread = start_http_server(self.config.port, addr=self.config.host, registry=self.internal_registry)
+        self._listener = server
+        return int(server.server_address[1])
+
+    def stop_listener(self) -> None:
+        """Stop the listener (idempotent)."""
+        if self._listener is not None:
+            self._listener.shutdown()
+            self._listener.server_close()
+            self._listener = None
 
     def on_step(self, plan: StepSchedulerOutput, result: StepRunnerOutput) -> None:
         """Device-worker hook (worker thread; prometheus-client is thread-safe)."""

@@ -233,6 +233,9 @@ class RpcHandler:
         return self.session.info()
 
 
+_UNPARSED = object()
+
+
 class ActionHandler:
     """Validates `actions` messages and pushes them into a session, for any transport.
 
@@ -251,12 +254,17 @@ class ActionHandler:
         self.rejected = 0
         self.ignored = 0
 
-    def receive(self, raw: str | bytes, now_s: float, *, coalesce: bool = True) -> list[dict[str, Any]]:
+    def receive(self, raw: str | bytes, now_s: float, *, coalesce: bool = True,
+                parsed: Any = _UNPARSED) -> list[dict[str, Any]]:
         """Handle one message received at `now_s` (s, monotonic); returns the events to send now.
 
         With `coalesce` (the default) a flood's rejections come back as the guard's summaries, and the
         caller must also send `guard.drain(now)` at `guard.next_drain_s`; without it, each rejected
         or stale message gets its own event at once.
+
+        Args:
+            parsed: `raw` already decoded by the caller (a stream that parsed it to learn its kind), so it
+                is not parsed twice; its size and rate are still checked on `raw` first.
         """
         g, c = self.guard, coalesce
         rej = g.admit("actions", raw, now_s)
@@ -265,7 +273,8 @@ class ActionHandler:
             return g.rejected_action(rej.code, rej.message, seq=None, now_s=now_s, outcome=rej.outcome, coalesce=c)
         msg: Any = None
         try:
-            msg = parse_json(raw, what="action", max_bytes=g.limits.max_action_bytes)
+            msg = (parse_json(raw, what="action", max_bytes=g.limits.max_action_bytes) if parsed is _UNPARSED
+                   else parsed)
             try:
                 a = ActionMessage.model_validate(msg)
             except ValidationError as e:

@@ -29,19 +29,37 @@ class _Strict(BaseModel):
 
 
 def check_prompt(v: str | None) -> str | None:
-    """A prompt must have visible text and no control or bidi-override characters."""
+    """The one prompt rule of every surface (HTTP, RPCs on every transport, directions, Dreamverse,
+    LiveKit dispatch metadata): returns the prompt as it is used.
+
+    - control characters (Unicode category Cc, surrogates Cs) and the bidirectional embedding,
+      override and isolate controls (`BIDI_CONTROLS`, which can disguise text; Unicode TR9) are refused;
+    - every other format character (category Cf: zero-width space U+200B, joiners U+200C/U+200D,
+      the byte order mark U+FEFF, the marks U+200E/U+200F, soft hyphen U+00AD, tag characters
+      U+E0000-U+E007F, ...) is removed: invisible, it can only hide text from whoever reads the prompt;
+    - the rest is NFC-normalised (Unicode TR15) and stripped of surrounding whitespace;
+    - a prompt with no visible character left (a letter, digit, punctuation or symbol other than the
+      blank fillers in `INVISIBLE_LETTERS`) is refused.
+
+    Raises:
+        ValueError: a refused character (named by code point) or no visible text.
+    """
     if v is None:
         return v
-    if not v.strip():
-        raise ValueError("prompt is blank")
     bad = [c for c in v if unicodedata.category(c) in ("Cc", "Cs") or c in BIDI_CONTROLS]
     if bad:
         raise ValueError(f"prompt contains control character U+{ord(bad[0]):04X}")
-    return v
+    text = unicodedata.normalize("NFC", "".join(c for c in v if unicodedata.category(c) != "Cf")).strip()
+    if not any(unicodedata.category(c)[0] in "LNPS" and c not in INVISIBLE_LETTERS for c in text):
+        raise ValueError("prompt is blank (no visible character)" if not v.strip() else
+                         "prompt has no visible character (only spaces, marks or invisible format characters)")
+    return text
 
 
 #: Unicode bidirectional formatting characters (can disguise text; Unicode TR9).
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+#: Characters of visible categories that render as nothing (Hangul fillers, the blank Braille pattern).
+INVISIBLE_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
 
 class CreateSessionRequest(_Strict):

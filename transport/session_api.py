@@ -87,3 +87,48 @@ async def delete_session(base_url: str, session_id: str, token: str, *, timeout_
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as http:
         with contextlib.suppress(httpx.HTTPError):
             await http.delete(f"/v1/sessions/{session_id}", headers={"Authorization": f"Bearer {token}"})
+
+
+#: Largest action seq the server accepts (`schemas.ActionMessage`: 2**53, the last integer a JSON number
+#: holds exactly). A client's counter restarts at 0 before it: the server takes a seq far below its newest
+#: (more than `sessions.actions.SEQ_REORDER_WINDOW` below) as a restarted numbering (README, `actions`).
+SEQ_MAX = 2**53
+#: Send times kept per client (`sent_at`), at most: the oldest go first.
+MAX_SENT_TIMES = 100_000
+
+
+def next_seq(seq: int) -> int:
+    """The seq of a client's next action message after `seq` (-1: none sent yet): seq + 1, or 0 once that
+    would reach `SEQ_MAX` (a restart, which the server follows), so the server never refuses one."""
+    return seq + 1 if seq + 1 < SEQ_MAX else 0
+
+
+def remember_sent(sent_at: dict[int, float], seq: int, now_s: float) -> None:
+    """Record when `seq` was sent, keeping at most `MAX_SENT_TIMES` (a restarted seq replaces its old time)."""
+    sent_at.pop(seq, None)
+    sent_at[seq] = now_s
+    while len(sent_at) > MAX_SENT_TIMES:
+        del sent_at[next(iter(sent_at))]
+
+
+def check_rpc_payload(raw: Any) -> bool:
+    """Whether a raw RPC payload is a JSON-RPC 2.0 notification (no reply will come), refusing batch objects.
+
+    Text (str or bytes) is the caller's exact bytes, sent unchecked for error tests: a notification is
+    recognised in it, a batch in it is the server's to refuse (it answers with an error and id null).
+
+    Raises:
+        ValueError: a batch object (a list): the server refuses them; send one request per message.
+    """
+    import json
+
+    obj = raw
+    if isinstance(raw, str | bytes):
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            return False  # not JSON: the server answers with a parse error (and the id it can read)
+        return isinstance(obj, dict) and obj.get("jsonrpc") == "2.0" and "id" not in obj
+    if isinstance(obj, list):
+        raise ValueError("JSON-RPC batches are not supported by worldcast: send one request per message")
+    return isinstance(obj, dict) and obj.get("jsonrpc") == "2.0" and "id" not in obj

@@ -118,6 +118,7 @@ class WebRTCPeer:
             logger.info("%r: peer connection %s", session, state)
             if state == "connected" and not self.connected.is_set():
                 self.connected.set()
+                self.session.sink_connected(self.track)  # a viewer now: it holds the session's slot
                 if self._on_connected is not None and not self._closing:
                     self._on_connected(self)
             elif state in ("failed", "closed"):
@@ -156,6 +157,7 @@ class WebRTCPeer:
 
     def _on_action(self, message: str | bytes) -> None:
         if self._closing_soon:
+            self.guard.dropped("actions", time.monotonic())
             return
         try:
             events = self.actions.receive(message, time.monotonic())
@@ -221,7 +223,9 @@ class WebRTCPeer:
             finally:
                 for t in asyncio.all_tasks() - before:  # aiortc's connect task, and the like
                     t.add_done_callback(_retrieve)
-            self.session.attach_sink(self.track)  # SessionClosedError if a DELETE won the race
+            # a connecting viewer: it holds the session until its negotiation timeout, no longer
+            self.session.attach_sink(self.track, connect_by_s=self.session.clock() + self.negotiation_timeout_s)
+            # (SessionClosedError if a DELETE won the race)
             self._unsubscribe.append(self.session.on("frame", self._on_frame))
             self._unsubscribe.append(self.session.on("error", lambda s, r: self.send_event(
                 {"event": "error", "code": getattr(r, "code", "session_failed"), "message": str(r)})))

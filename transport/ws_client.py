@@ -30,8 +30,17 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from worldcast.transport.limits import head_id
 from worldcast.transport.mp4box import parse_init, parse_media_segment
-from worldcast.transport.session_api import check_keys, check_mouse, create_session, delete_session
+from worldcast.transport.session_api import (
+    check_keys,
+    check_mouse,
+    check_rpc_payload,
+    create_session,
+    delete_session,
+    next_seq,
+    remember_sent,
+)
 
 #: How long to wait for an RPC reply or a direction's ack, s.
 REPLY_TIMEOUT_S = 10.0
@@ -217,6 +226,16 @@ class StreamClient:
             fut = self._pending.pop(("direction", msg.get("id")), None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
+        if kind == "error" and msg.get("ids"):  # a summary of refused requests: those calls end now
+            for rid in msg["ids"]:
+                fut = self._pending.pop(("direction", rid), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(dict(msg, id=rid))
+        elif kind == "rpc_rejected":
+            for rid in msg.get("ids", []):
+                fut = self._pending.pop(("rpc", rid), None)
+                if fut is not None and not fut.done():
+                    fut.set_result({"id": rid, "error": {"code": msg["code"], "message": msg["message"]}})
         for pred, fut in list(self._waiters):
             if not fut.done() and pred(msg):
                 fut.set_result(msg)
@@ -303,18 +322,37 @@ class StreamClient:
         """
         check_keys(self.model or {}, keys or [])
         check_mouse(mouse)
-        self.seq += 1
+        self.seq = next_seq(self.seq)  # restarts at 0 before the server's limit (2**53)
         now = time.monotonic()
-        self.sent_at[self.seq] = now
+        remember_sent(self.sent_at, self.seq, now)
         await self.ws.send(json.dumps({"seq": self.seq, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)}))
         return self.seq
 
-    async def rpc(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def rpc(self, method: str, params: dict[str, Any] | None = None, *,
+                  raw: Any = None) -> dict[str, Any] | None:
         """Call a control RPC on the stream and return its result.
+
+        Args:
+            raw: send this request object (or text) instead of a well-formed one; its reply is returned
+                whole. A JSON-RPC 2.0 notification (`"jsonrpc": "2.0"`, no `id`) is sent and None
+                returned at once (the server never answers one).
 
         Raises:
             StreamError: the server answered with an error (code: the JSON-RPC code).
+            ValueError: `raw` is a batch (a JSON array): the server refuses them (not sent).
+            ConnectionError: the stream closed before the reply.
         """
+        if raw is not None:
+            notification = check_rpc_payload(raw)
+            text = raw if isinstance(raw, str | bytes) else json.dumps(raw)
+            if notification:
+                await self.ws.send(text)
+                return None
+            key = raw.get("id") if isinstance(raw, dict) else head_id(raw)
+            fut_raw: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            self._pending[("rpc", key)] = fut_raw
+            await self.ws.send(text)
+            return await asyncio.wait_for(fut_raw, REPLY_TIMEOUT_S)
         self._rpc_id += 1
         rid = self._rpc_id
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()

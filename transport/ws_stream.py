@@ -21,9 +21,10 @@ actions and RPCs, the data channel's own `action_rejected` / RPC error) and
 changes nothing; the socket stays open.
 
 Close codes (RFC 6455 7.4.2 leaves 4000-4999 to applications): 4400 token in
-the URL, 4401 no token, 4403 wrong token, 4404 no such session, 4408 no auth
-message in time, 4409 the session already has a stream, 1008 the reader
-stopped reading, 1000 the session closed.
+the URL, 4401 no token, 4404 no such session for this token (an unknown id and
+a wrong token alike, decided only once the token is in), 4408 no auth message
+in time, 4409 the session already has a stream, 1008 a flooding client or a
+reader that stopped reading, 1000 the session closed.
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldcast.sessions.directing import Segment, SegmentEnd
-from worldcast.sessions.errors import SessionError, SessionNotFound
+from worldcast.sessions.errors import SessionError
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState, VideoFrame
 from worldcast.transport import errors
 from worldcast.transport.feedback import InputFeedback
 from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter, Fmp4Sink
-from worldcast.transport.limits import InputGuard
-from worldcast.transport.rpc import ActionHandler, RpcError, RpcHandler, TokenBucket, parse_json
+from worldcast.transport.limits import InputGuard, Rejection
+from worldcast.transport.rpc import ActionHandler, RpcError, RpcHandler, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
 from worldcast.transport.ws_queue import Close, MediaItem, OutboundQueue, QueueOverflow, Render
 
@@ -59,9 +60,6 @@ logger = logging.getLogger(__name__)
 MAX_TEXT_BYTES = MAX_CONTROL_BYTES
 #: How long a client without an Authorization header has to send its auth message, s.
 AUTH_TIMEOUT_S = 10.0
-#: RPCs and directions per second (bursts of CONTROL_BURST): each may embed a prompt. Same as the data channel.
-CONTROL_RATE_HZ = 10.0
-CONTROL_BURST = 20.0
 #: Control requests (RPCs, directions) waiting to run, at most.
 MAX_PENDING_CONTROL = 32
 #: How long a new stream waits for the session's previous stream to finish closing before it is refused
@@ -78,8 +76,10 @@ WRITE_BUFFER_HIGH_BYTES = 16 * 1024
 PROTOCOL_VERSION = 1
 
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_INTERNAL = 1000, 1008, 1011
-CLOSE_TOKEN_IN_URL, CLOSE_UNAUTHORIZED, CLOSE_FORBIDDEN = 4400, 4401, 4403
+CLOSE_TOKEN_IN_URL, CLOSE_UNAUTHORIZED = 4400, 4401
 CLOSE_NOT_FOUND, CLOSE_AUTH_TIMEOUT, CLOSE_BUSY = 4404, 4408, 4409
+#: Compared against when the id is unknown, so that an unknown id and a wrong token take the same time.
+_NO_TOKEN = secrets.token_urlsafe(24)
 
 #: Typed client messages of this protocol.
 MESSAGE_TYPES = ("auth", "direction", "ping")
@@ -154,16 +154,16 @@ async def reject(ws: WebSocket, code: str, message: str, close_code: int) -> Non
 
 
 async def authenticate(ws: WebSocket, manager: SessionManager, session_id: str) -> Session | None:
-    """Accept the socket and check its token; on failure send an error event, close and return None."""
+    """Accept the socket and check its token; on failure send an error event, close and return None.
+
+    The token is read (header, or the first message within `AUTH_TIMEOUT_S`) before the id is looked up,
+    and an unknown id and a token that does not open the session are one answer (4404), so a caller
+    without the session's token learns nothing about which ids exist.
+    """
     await ws.accept()
     if any(k.lower() in ("token", "access_token", "authorization") for k in ws.query_params):
         await reject(ws, "token_in_url", "send the token in the Authorization header or an auth message, "
                      "never in the URL", CLOSE_TOKEN_IN_URL)
-        return None
-    try:
-        session = manager.get(session_id)
-    except SessionNotFound:
-        await reject(ws, "session_not_found", f"no session {session_id[:64]!r}", CLOSE_NOT_FOUND)
         return None
     scheme, _, token = ws.headers.get("authorization", "").partition(" ")
     token = token.strip() if scheme.lower() == "bearer" else ""
@@ -183,8 +183,11 @@ async def authenticate(ws: WebSocket, manager: SessionManager, session_id: str) 
             await reject(ws, "unauthorized", "send 'Authorization: Bearer <token>' or a first message "
                          f'{{"type": "auth", "token": ...}} ({why})', CLOSE_UNAUTHORIZED)
             return None
-    if not secrets.compare_digest(token.encode(), session.token.encode()):
-        await reject(ws, "forbidden", "token does not grant access to this session", CLOSE_FORBIDDEN)
+    session = manager.sessions.get(session_id)
+    open_ = session is not None and session.state != SessionState.CLOSED
+    expected = session.token if open_ else _NO_TOKEN  # type: ignore[union-attr]
+    if not secrets.compare_digest(token.encode(), expected.encode()) or not open_:
+        await reject(ws, "session_not_found", "no such session for this token", CLOSE_NOT_FOUND)
         return None
     return session
 
@@ -211,8 +214,7 @@ class StreamConnection:
         self.guard = guard or InputGuard()
         self.actions = ActionHandler(session, guard=self.guard)
         #: rejected and stale actions are answered with coalesced summaries; a flooder is told and closed
-        self.feedback = InputFeedback(self.guard, send=self.send_json, on_flood=lambda v: self.close(CLOSE_POLICY))
-        self.control_bucket = TokenBucket(CONTROL_RATE_HZ, CONTROL_BURST)
+        self.feedback = InputFeedback(self.guard, send=self.send_feedback, on_flood=lambda v: self.close(CLOSE_POLICY))
         self._control: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING_CONTROL)
         self._fragmenter: Fmp4Fragmenter | None = None
         self._init_sent_for: Fmp4Encoder | None = None
@@ -248,6 +250,10 @@ class StreamConnection:
             self._held.append(text)
             return
         self._put(text)
+
+    def send_feedback(self, event: dict[str, Any]) -> None:
+        """Send one of the guard's events (refusals, summaries, the flood verdict) in this protocol's shape."""
+        self.send_json(event)
 
     def _put(self, text: str) -> None:
         if self._aborted:
@@ -327,24 +333,54 @@ class StreamConnection:
                 return
             self.messages_in += 1
             if msg.get("bytes") is not None:
-                self.error("binary_not_accepted", f"binary messages are not accepted from clients "
-                           f"(got {len(msg['bytes'])} bytes); send JSON text")
+                self.on_binary(msg["bytes"])
                 continue
             self.on_text(msg.get("text") or "")
 
+    #: largest client text message, bytes (Dreamverse's is larger)
+    max_text_bytes = MAX_TEXT_BYTES
+
+    def refuse(self, code: str, message: str, outcome: str, now_s: float, *, rid: Any = None,
+               **ref: Any) -> None:
+        """Refuse one client message through the guard: counted toward the flood verdict, answered by a
+        coalesced `error` event (the first of a quiet interval at once, the rest as one summary)."""
+        self.feedback.send_all(self.guard.rejected_message("stream", code, message, now_s, outcome=outcome,
+                                                            ref=ref, rid=rid))
+
+    def _admit(self, raw: str | bytes, now_s: float) -> bool:
+        """Size and rate of any client message, before it is parsed (refused ones are answered)."""
+        if self.feedback.closed:
+            self.guard.dropped("stream", now_s)
+            return False
+        rej = self.guard.admit("stream", raw, now_s, max_bytes=self.max_text_bytes)
+        if rej is None:
+            return True
+        self.refuse("message_too_large" if rej.outcome == "too_large" else "rate_limited", rej.message,
+                    rej.outcome, now_s)
+        return False
+
+    def on_binary(self, data: bytes) -> None:
+        now = time.monotonic()
+        if self._admit(data, now):
+            self.refuse("binary_not_accepted", f"binary messages are not accepted from clients (got {len(data)} "
+                        "bytes); send JSON text", "invalid", now)
+
     def on_text(self, text: str) -> None:
-        """Dispatch one client text message (never raises for bad input)."""
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > MAX_TEXT_BYTES:
-            self.error("message_too_large", f"message of {size} bytes exceeds {MAX_TEXT_BYTES}")
+        """Dispatch one client text message (never raises for bad input).
+
+        Every message is size- and rate-checked before it is parsed (`InputGuard.admit`, "stream"), and
+        every refusal goes through the guard: one flood verdict whatever the client sends.
+        """
+        now = time.monotonic()
+        if not self._admit(text, now):
             return
         try:
-            obj = parse_json(text, what="stream", max_bytes=MAX_TEXT_BYTES)
+            obj = parse_json(text, what="stream", max_bytes=self.max_text_bytes)
         except RpcError as e:
-            self.error("bad_json", e.message)
+            self.refuse("bad_json", e.message, "parse_error", now)
             return
         if not isinstance(obj, dict):
-            self.error("bad_message", f"expected a JSON object, got {type(obj).__name__}")
+            self.refuse("bad_message", f"expected a JSON object, got {type(obj).__name__}", "invalid", now)
             return
         if "method" in obj:
             self._queue_control(obj)
@@ -355,45 +391,47 @@ class StreamConnection:
             elif kind == "ping":
                 t = obj.get("t")
                 ok = isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) and abs(t) < 1e15
+                self.guard.accepted("stream", now)
                 self.event("pong", t=t if ok else None)  # NaN/inf (which json.loads accepts) are not echoed
             elif kind == "auth":
-                self.error("already_authenticated", "this stream is already authenticated", type="auth")
+                self.refuse("already_authenticated", "this stream is already authenticated", "invalid", now,
+                            type="auth")
             else:
                 shown = kind[:64] if isinstance(kind, str) else type(kind).__name__
-                self.error("unknown_type", f"unknown message type {shown!r}; types are {list(MESSAGE_TYPES)} "
-                           "(actions and RPCs carry no type)", type=shown)
+                self.refuse("unknown_type", f"unknown message type {shown!r}; types are {list(MESSAGE_TYPES)} "
+                            "(actions and RPCs carry no type)", "invalid", now, type=shown)
         elif "seq" in obj:
-            if self.feedback.closed:
-                return
             try:
-                events = self.actions.receive(text, time.monotonic())
+                events = self.actions.receive(text, now, parsed=obj)
             except Exception:  # noqa: BLE001 - a handler bug must not end the stream
                 logger.exception("%r: action handler failed", self)
                 events = [{"event": "action_rejected", "seq": None, "code": errors.INTERNAL_ERROR,
                            "message": "internal error"}]
             self.feedback.send_all(events)
         else:
-            self.error("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
-                       f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}")
+            self.refuse("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
+                        f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}", "invalid", now)
 
     def _queue_control(self, obj: dict[str, Any], *, limited: bool = True) -> bool:
-        """Queue a request for the control loop (in order; `limited`: counts against the rate limit).
+        """Queue a request for the control loop (in order; `limited`: counts against the control rate).
 
         Returns:
-            whether it was queued (else the client was told why).
+            whether it was queued (else the client was told why, through the guard).
         """
-        ref = _ref(obj)
-        if limited and not self.control_bucket.take(time.monotonic()):
-            if "method" in obj:
-                self.send_json({"id": ref, "error": {"code": errors.RATE_LIMITED, "message": "too many control "
-                                                     "messages"}})
+        ref, now = _ref(obj), time.monotonic()
+        if limited and not self.guard.take("control", now):
+            why = f"more than {self.guard.limits.control_rate_hz:g} directions/RPCs per second"
+            if "method" in obj:  # an RPC: its error reply within the reply budget, else an rpc_rejected summary
+                self.feedback.send_all(self.guard.rejected_control(
+                    ref, Rejection(errors.RATE_LIMITED, why, "rate_limited"), now))
             else:
-                self.error("rate_limited", f"more than {CONTROL_RATE_HZ:g} directions/RPCs per second", id=ref)
+                self.refuse("rate_limited", why, "rate_limited", now, rid=ref, id=ref)
             return False
         try:
             self._control.put_nowait(obj)
         except asyncio.QueueFull:
-            self.error("rate_limited", f"{MAX_PENDING_CONTROL} requests are still waiting", id=ref)
+            self.refuse("rate_limited", f"{MAX_PENDING_CONTROL} requests are still waiting", "rate_limited", now,
+                        rid=ref, id=ref)
             return False
         return True
 
@@ -417,16 +455,17 @@ class StreamConnection:
             await self._direct(obj)
 
     async def _direct(self, obj: dict[str, Any]) -> None:
-        ref = _ref(obj)
+        ref, now = _ref(obj), time.monotonic()
         if self.director is None:
-            self.error("not_directing", "directions need a directing session (POST /v1/sessions with "
-                       '{"mode": "directing"}); this one is interactive', id=ref)
+            self.refuse("not_directing", "directions need a directing session (POST /v1/sessions with "
+                        '{"mode": "directing"}); this one is interactive', "invalid", now, rid=ref, id=ref)
             return
         try:
             d = DirectionMessage.model_validate(obj)
         except ValidationError as e:
-            self.error("bad_direction", validation_message(e), id=ref)
+            self.refuse("bad_direction", validation_message(e), "invalid", now, rid=ref, id=ref)
             return
+        self.guard.accepted("control", now)
         try:
             context = await asyncio.get_running_loop().run_in_executor(None, self.session.encode_prompt, d.prompt)
         except SessionError as e:

@@ -43,6 +43,7 @@ EVENTS = {"action_rejected", "action_ignored", "rpc_rejected"}
 #: Limits of the fuzzed server: high rates and no flood verdict, so fuzz cases reach the parser rather
 #: than the rate limiter (the limiter has its own tests and the flood benchmark).
 FUZZ_LIMITS = InputLimits(action_rate_hz=1e6, action_burst=1e6, control_rate_hz=1e6, control_burst=1e6,
+                          message_rate_hz=1e6, message_burst=1e6,
                           abuse_rejections_per_s=1e9)
 
 
@@ -412,5 +413,5 @@ def fuzz_config(base: Any) -> Any:
     from worldcast.sessions.manager import SessionConfig
 
     return replace(base, input_limits=FUZZ_LIMITS, negotiation_timeout_s=2.0, sessions=SessionConfig(
-        idle_after_s=600.0, timeout_s=2.0, tick_s=0.2,
+        idle_after_s=600.0, timeout_s=2.0, connect_grace_s=2.0, tick_s=0.2,
         admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=8)))

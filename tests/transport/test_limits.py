@@ -85,6 +85,39 @@ def test_sustained_abuse_gets_a_verdict_and_bursts_do_not() -> None:
     assert v is not None and v["event"] == "disconnect" and v["reason"] == "flood" and "3 s" in v["message"]
 
 
+@pytest.mark.parametrize("rate_hz, within_s", [(1750, 0.65), (750, 1.6), (300, 5.1)])
+def test_the_faster_the_flood_the_sooner_its_verdict(rate_hz: float, within_s: float) -> None:
+    """Rejections beyond 100/s add up in a leaky bucket: 1,000 of them are a flood, whatever their rate."""
+    lim = InputLimits(abuse_rejections_per_s=100, abuse_sustained_s=60, abuse_burst_rejections=1000)
+    g, t = InputGuard(lim), 0.0
+    while g.verdict() is None:
+        g.rejected_action(errors.PARSE_ERROR, "x", seq=None, now_s=t)
+        t += 1 / rate_hz
+        assert t < within_s, f"no verdict within {within_s} s at {rate_hz}/s"
+    assert t > 1000 / rate_hz and "1000 rejected messages beyond 100/s" in g.verdict()["message"]  # type: ignore[index]
+    slow = InputGuard(lim)  # 150/s: 50/s beyond the rate, 20 s to add up (the sustained rule's business)
+    for i in range(150 * 10):
+        slow.rejected_action(errors.PARSE_ERROR, "x", seq=None, now_s=i / 150)
+    assert slow.verdict() is None
+
+
+def test_refused_stream_messages_of_any_kind_are_coalesced_errors_with_their_ids() -> None:
+    g = InputGuard(InputLimits(report_interval_s=0.5))
+    (first,) = g.rejected_message("stream", "bad_json", "not JSON", 1.0, outcome="parse_error")
+    assert first == {"event": "error", "code": "bad_json", "message": "not JSON", "count": 1,
+                     "counts": {"bad_json": 1}}
+    for i in range(30):
+        assert g.rejected_message("stream", "rate_limited", "slow down", 1.1, outcome="rate_limited",
+                                  ref={"id": f"d{i}"}, rid=f"d{i}") == []
+    assert g.rejected_message("stream", "unknown_type", "?", 1.2, outcome="invalid", ref={"type": "x"}) == []
+    (summary,) = g.drain(1.5)
+    assert summary["count"] == 31 and summary["counts"] == {"rate_limited": 30, "unknown_type": 1}
+    assert summary["id"] == "d0" and summary["ids"] == [f"d{i}" for i in range(30)]
+    assert g.counts[("stream", "rate_limited")] == 30 and g.counts[("stream", "parse_error")] == 1
+    rej = g.admit("stream", "x" * 5000, 2.0, max_bytes=4096)
+    assert rej is not None and rej.outcome == "too_large" and "5000 bytes exceeds 4096" in rej.message
+
+
 def test_a_fast_but_valid_client_is_never_judged_abusive() -> None:
     g = InputGuard()
     for i in range(6000):  # 60 s at 100 Hz, all accepted

@@ -30,7 +30,7 @@ from livekit import rtc
 from worldcast.sessions.clock import VIDEO_CLOCK_RATE
 from worldcast.transport.livekit.tokens import WORLD_PREFIX
 from worldcast.transport.livekit.world import ACTIONS_TOPIC, EVENTS_TOPIC, FRAMES_TOPIC, USER_ATTRIBUTE
-from worldcast.transport.session_api import create_session
+from worldcast.transport.session_api import create_session, next_seq, remember_sent
 
 #: Longest wait for the world to join and its track to arrive, s.
 WORLD_TIMEOUT_S = 20.0
@@ -196,9 +196,9 @@ class LiveKitUser:
 
     def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0)) -> int:
         """Send one action message on topic `actions`; returns its seq."""
-        self.seq += 1
+        self.seq = next_seq(self.seq)  # restarts at 0 before the server's limit (2**53)
         now = time.monotonic()
-        self.sent_at[self.seq] = now
+        remember_sent(self.sent_at, self.seq, now)
         self._publish(json.dumps({"seq": self.seq, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)}),
                       topic=ACTIONS_TOPIC)
         return self.seq

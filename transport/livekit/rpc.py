@@ -21,9 +21,10 @@ from livekit import rtc
 
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
-from worldcast.transport.rpc import RpcError, RpcHandler, TokenBucket, parse_json
+from worldcast.transport.feedback import InputFeedback
+from worldcast.transport.limits import InputGuard
+from worldcast.transport.rpc import RpcError, RpcHandler, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES
-from worldcast.transport.webrtc import CONTROL_BURST, CONTROL_RATE_HZ
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +46,14 @@ class LiveKitRpc:
     """
 
     def __init__(self, session: Session, *,
-                 user_identity: Callable[[], str | None]) -> None:
+                 user_identity: Callable[[], str | None], guard: InputGuard | None = None,
+                 feedback: InputFeedback | None = None) -> None:
         self.handler = RpcHandler(session)
         self.session = session
         self._user = user_identity
-        self.bucket = TokenBucket(CONTROL_RATE_HZ, CONTROL_BURST)
+        #: the world's guard: the user's RPCs share the control budget and the flood verdict with its packets
+        self.guard = guard or InputGuard()
+        self.feedback = feedback
         self.calls = self.refused = 0
 
     def register(self, participant: rtc.LocalParticipant) -> None:
@@ -73,13 +77,19 @@ class LiveKitRpc:
             if caller != self._user():
                 logger.info("%r: refused RPC %s from %r (not the session's user)", self.session, method, caller)
                 raise rtc.RpcError(errors.LIVEKIT_FORBIDDEN, f"{caller!r} is not this session's user")
-            if not self.bucket.take(time.monotonic()):
+            now = time.monotonic()
+            if self.feedback is not None and self.feedback.closed:
+                raise rpc_error(errors.RATE_LIMITED, "this user flooded the session: its input is refused")
+            if not self.guard.take("control", now):
+                self._counted({"error": {"code": errors.RATE_LIMITED}}, now)
                 raise rpc_error(errors.RATE_LIMITED, "too many control messages")
             try:
                 params = parse_json(payload, what="control", max_bytes=MAX_CONTROL_BYTES) if payload.strip() else {}
             except RpcError as e:
+                self._counted({"error": {"code": e.code}}, now)
                 raise rpc_error(e.code, e.message) from None
             reply = await self.handler.handle({"id": request_id or None, "method": method, "params": params})
+            self._counted(reply, now)
         except rtc.RpcError:
             self.refused += 1
             raise
@@ -87,3 +97,9 @@ class LiveKitRpc:
             self.refused += 1
             raise rpc_error(reply["error"]["code"], reply["error"]["message"])
         return json.dumps(reply["result"], separators=(",", ":"))
+
+    def _counted(self, reply: dict[str, Any], now_s: float) -> None:
+        """Count one call in the guard (toward the flood verdict), then let the feedback act on a verdict."""
+        self.guard.control_result(reply, now_s)
+        if self.feedback is not None:
+            self.feedback.send_all([])

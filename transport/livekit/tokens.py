@@ -4,12 +4,14 @@ Grants follow LiveKit's VideoGrants (livekit/protocol `auth/grants.go`):
 the user may join one room, subscribe, publish data (actions) but no
 media, and set its own attributes (setting one on joining makes LiveKit
 announce the user to the world at once; see `world.py`); the world may publish its video and data; an agent worker token
-carries only `agent` (it may register for dispatch).
+carries only `agent` (it may register for dispatch). The user's token is cut short by the server's
+leeway (`SERVER_LEEWAY_S`), so it joins for exactly its TTL.
 """
 
 from __future__ import annotations
 
 import datetime
+import time
 
 from livekit import api
 
@@ -29,13 +31,30 @@ def user_identity(session_id: str) -> str:
     return f"{USER_PREFIX}{session_id}"
 
 
-def user_token(config: LiveKitConfig, *, room: str, identity: str) -> str:
+#: How long past its `exp` livekit-server still accepts a token, s. Measured against livekit-server v1.13.5
+#: (`tests/transport/livekit/test_token_ttl.py`): a token whose exp is 58 s past joins, 59 s past is refused
+#: ("token is expired"); the JWT library's one-minute default leeway, less the claims' whole-second rounding.
+SERVER_LEEWAY_S = 60
+
+
+def user_token(config: LiveKitConfig, *, room: str, identity: str, issued_at_s: float | None = None) -> str:
     """A token for the session's user: join `room`, subscribe, publish data (no media), set its own
-    attributes; valid for joining for `user_token_ttl_s`."""
+    attributes; usable for joining for `user_token_ttl_s` from `issued_at_s`, and not after.
+
+    Its `exp` is `user_token_ttl_s - SERVER_LEEWAY_S` after issue (in the past for TTLs under a minute),
+    because livekit-server accepts a token until `SERVER_LEEWAY_S` past its `exp`: so the token stops
+    joining when the TTL ends, not a minute later.
+
+    Args:
+        issued_at_s: when it counts as issued (Unix time, s; default now): tests mint tokens "issued"
+            in the past instead of waiting.
+    """
     grants = api.VideoGrants(room_join=True, room=room, can_subscribe=True, can_publish=False,
                              can_publish_data=True, can_update_own_metadata=True)
+    age = 0.0 if issued_at_s is None else time.time() - issued_at_s
+    ttl = datetime.timedelta(seconds=config.user_token_ttl_s - SERVER_LEEWAY_S - age)
     return (api.AccessToken(config.api_key, config.api_secret).with_identity(identity)
-            .with_ttl(datetime.timedelta(seconds=config.user_token_ttl_s)).with_grants(grants).to_jwt())
+            .with_ttl(ttl).with_grants(grants).to_jwt())
 
 
 def world_token(config: LiveKitConfig, *, room: str, identity: str, name: str = "worldcast") -> str:

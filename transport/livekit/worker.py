@@ -103,8 +103,11 @@ class DispatchMetadata(BaseModel):
             err = e.errors()[0]
             raise ValueError(f"dispatch metadata: {'.'.join(str(x) for x in err['loc']) or 'body'}: "
                              f"{err['msg']}") from None
-        check_prompt(m.prompt)
-        return m
+        try:
+            prompt = check_prompt(m.prompt)  # the one prompt rule of every surface
+        except ValueError as e:
+            raise ValueError(f"dispatch metadata: prompt: {e}") from None
+        return m.model_copy(update={"prompt": prompt})
 
 
 def worker_load(manager: SessionManager) -> tuple[bool, float]:
@@ -318,10 +321,11 @@ class AgentWorker:
             entry.world = await self.worlds.open(entry.session, room=a.job.room.name,
                                                  user_identity=entry.meta.user_identity,
                                                  url=a.url or None, token=a.token)
-        except LiveKitJoinError as e:
+        except Exception as e:  # noqa: BLE001 - LiveKitJoinError or anything else: nothing stays allocated
             self.jobs.pop(a.job.id, None)
             self.manager.close(entry.session.id, CloseReason.ERROR)
-            await self._job_status(a.job.id, pb.JS_FAILED, str(e))
+            why = str(e) if isinstance(e, LiveKitJoinError) else f"{type(e).__name__}: {e}"
+            await self._job_status(a.job.id, pb.JS_FAILED, why)
             return
         await self._job_status(a.job.id, pb.JS_RUNNING)
 

@@ -59,6 +59,10 @@ logger = logging.getLogger(__name__)
 ACTIONS_TOPIC, FRAMES_TOPIC, EVENTS_TOPIC = "actions", "frames", "events"
 #: The attribute worldcast's clients set on joining (any attribute change makes LiveKit announce them).
 USER_ATTRIBUTE = "worldcast.role"
+#: A user joining this long after its token's TTL is removed (the claims' whole-second rounding), s.
+LATE_JOIN_SLACK_S = 2.0
+#: How long a flooding user's `disconnect` event has to arrive before the user is removed from the room, s.
+FLOOD_REMOVE_DELAY_S = 0.5
 #: Sends in flight past which frame metadata is dropped rather than queued.
 MAX_FRAME_SENDS = 8
 
@@ -91,10 +95,11 @@ class LiveKitWorld:
         self.room = rtc.Room()
         self.guard = guard or InputGuard()
         self.actions = ActionHandler(session, guard=self.guard)
-        #: coalesced feedback; a flooding user (whom the world cannot remove from the room) is told and
+        #: coalesced feedback; a flooding user is told, removed from the room through the room service, and
         #: its packets are dropped for the rest of the session
         self.feedback = InputFeedback(self.guard, send=self.send_event, on_flood=self._on_flood)
-        self.rpc = LiveKitRpc(session, user_identity=lambda: self.user_identity)
+        self.rpc = LiveKitRpc(session, user_identity=lambda: self.user_identity, guard=self.guard,
+                              feedback=self.feedback)
         spec = session.model.spec
         self.width, self.height = spec.frame_width * video_scale, spec.frame_height * video_scale
         self.fps = float(spec.fps)
@@ -103,6 +108,10 @@ class LiveKitWorld:
         self.sink = LiveKitVideoSink(self.publisher, session.current_epoch, scale=video_scale,
                                      stamp=session.stamp_frames, on_published=self._on_published)
         self._on_user_left = on_user_left
+        #: Unix time after which the user may no longer join (its token's TTL); a later join is removed
+        #: through the room service (None: no deadline, e.g. a dispatched user with its own token)
+        self.join_deadline_s: float | None = None
+        self.removed: list[tuple[str, str]] = []  #: (identity, why) of participants removed from the room
         self._attached = False
         self._closed = False
         self._left_called = False
@@ -164,6 +173,13 @@ class LiveKitWorld:
     def _on_participant_connected(self, p: rtc.RemoteParticipant) -> None:
         if self._closed or self._attached or not self._is_user(p):
             return
+        if self.join_deadline_s is not None and time.time() > self.join_deadline_s + LATE_JOIN_SLACK_S:
+            # the server's leeway would let a stale token in; user tokens are cut short by it
+            # (tokens.SERVER_LEEWAY_S), and this catches any that are not
+            logger.warning("%r: user %s joined %.1f s after its token's TTL: removing it", self, p.identity,
+                           time.time() - self.join_deadline_s)
+            self._spawn(self.remove_participant(p.identity, "joined after its token's TTL"))
+            return
         try:
             self.session.actions.new_client()
             self.session.attach_sink(self.sink)
@@ -199,14 +215,21 @@ class LiveKitWorld:
 
     def _on_data(self, packet: rtc.DataPacket) -> None:
         sender = packet.participant.identity if packet.participant is not None else None
+        from_user = bool(sender) and sender == self.user_identity
+        if from_user and self.feedback.closed:
+            self._drop("flood", f"packet from {sender!r} after its flood verdict")
+            self.guard.dropped("actions", time.monotonic())
+            return
         if packet.topic != ACTIONS_TOPIC:
             self._drop("topic", f"data packet on topic {packet.topic!r} from {sender!r} ({len(packet.data)} bytes)")
+            if from_user:  # the user's packets of every topic count toward its flood verdict
+                now = time.monotonic()
+                self.feedback.send_all(self.guard.rejected_message(
+                    "actions", "unknown_topic", f"data topic {packet.topic[:64]!r} is not served; actions go on "
+                    f"{ACTIONS_TOPIC!r}", now, outcome="invalid"))
             return
-        if not sender or sender != self.user_identity:
+        if not from_user:
             self._drop("sender", f"action packet from {sender!r}, not the session's user")
-            return
-        if self.feedback.closed:
-            self._drop("flood", f"action packet from {sender!r} after its flood verdict")
             return
         try:
             events = self.actions.receive(packet.data, time.monotonic())
@@ -216,7 +239,28 @@ class LiveKitWorld:
         self.feedback.send_all(events)
 
     def _on_flood(self, verdict: dict[str, Any]) -> None:
-        logger.warning("%r: %s; dropping the user's actions from now on", self, verdict["message"])
+        logger.warning("%r: %s; removing the user from the room", self, verdict["message"])
+        if self.user_identity is not None:  # its packets are dropped from now on, and it is removed
+            self._spawn(self._remove_later(self.user_identity, "flood"))
+
+    async def _remove_later(self, identity: str, why: str) -> None:
+        await asyncio.sleep(FLOOD_REMOVE_DELAY_S)  # the disconnect event goes first (sent reliably, in order)
+        await self.remove_participant(identity, why)
+
+    async def remove_participant(self, identity: str, why: str) -> bool:
+        """Remove a participant from the room through LiveKit's room service (RoomService.RemoveParticipant,
+        with a token granting roomAdmin on this room). Returns whether the service accepted it."""
+        from livekit import api
+
+        self.removed.append((identity, why))
+        try:
+            async with api.LiveKitAPI(self.config.http_url, self.config.api_key, self.config.api_secret) as lk:
+                await lk.room.remove_participant(api.RoomParticipantIdentity(room=self.room_name, identity=identity))
+        except Exception as e:  # noqa: BLE001 - already gone, or the service unreachable: logged, not fatal
+            logger.info("%r: could not remove %s (%s): %r", self, identity, why, e)
+            return False
+        logger.info("%r: removed %s from the room (%s)", self, identity, why)
+        return True
 
     def _drop(self, reason: str, what: str) -> None:
         self.dropped[reason] += 1
@@ -312,18 +356,21 @@ class LiveKitWorlds:
         """Join `room` as the session's world.
 
         Raises:
-            LiveKitJoinError: joining failed (the session is left open; the caller closes it).
+            LiveKitJoinError: joining failed (the world left; the session is left open: the caller closes it).
+            Exception: anything else that failed (the same: nothing of the world is left, the caller
+                closes the session).
         """
         world = LiveKitWorld(session, room_name=room, user_identity=user_identity, config=self.config,
                              video_scale=self.video_scale,
                              on_user_left=self._user_left, guard=self.make_guard())
         self.worlds[session.id] = world
-        session.on("state", lambda s, st: self._forget(s) if st == SessionState.CLOSED else None)
         try:
             await world.join(url, token)
-        except LiveKitJoinError:
+        except BaseException:
             self.worlds.pop(session.id, None)
+            await world.aclose()
             raise
+        session.on("state", lambda s, st: self._forget(s) if st == SessionState.CLOSED else None)
         return world
 
     async def serve(self, session: Session, *, room: str) -> LiveKitAccess:
@@ -337,8 +384,10 @@ class LiveKitWorlds:
         """
         identity = user_identity(session.id)
         world = await self.open(session, room=room, user_identity=identity)
+        issued = time.time()
+        world.join_deadline_s = issued + self.config.user_token_ttl_s
         return LiveKitAccess(url=self.config.ws_url, room=room, identity=identity,
-                             token=user_token(self.config, room=room, identity=identity),
+                             token=user_token(self.config, room=room, identity=identity, issued_at_s=issued),
                              token_ttl_s=self.config.user_token_ttl_s, world_identity=world.identity)
 
     def _user_left(self, world: LiveKitWorld) -> None:
