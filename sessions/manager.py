@@ -233,7 +233,7 @@ class SessionManager:
             self.on_admission(decision.admitted)
         if placement.engine is None:
             logger.info("SessionManager: refused a session: %s", decision.reason)
-            raise CapacityExhausted(f"refused: {decision.reason}", retry_after_s=decision.retry_after_s)
+            raise CapacityExhausted(f"refused: {decision.reason}", retry_after_s=self.next_release_in_s())
         engine = placement.engine
         # counted by admission while we wait, so concurrent creates cannot overshoot
         self._creating[engine.id] = self._creating.get(engine.id, 0) + 1
