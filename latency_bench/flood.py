@@ -37,7 +37,7 @@ import httpx
 
 from worldcast.latency_bench import report
 from worldcast.latency_bench.probe import SessionProbe
-from worldcast.latency_bench.server import ServerProfile, spawn
+from worldcast.latency_bench.server import ServerProfile, process_metric, spawn
 
 SETTLE_S = 1.0
 
@@ -74,15 +74,7 @@ def _bins(p: SessionProbe, start: float, end: float) -> list[int]:
 
 async def _server_cpu_s(url: str) -> float:
     """The server process's CPU time so far, s (`process_cpu_seconds_total` on its /metrics)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        text = (await http.get("/metrics")).text
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "process_cpu_seconds_total":
-                return float(s.value)
-    return float("nan")
+    return await process_metric(url, "process_cpu_seconds_total")
 
 
 async def _window(p: SessionProbe, seconds: float, child: list[str] | None, *,

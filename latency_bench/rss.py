@@ -24,10 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from worldcast.latency_bench import report
-from worldcast.latency_bench.server import ServerProfile, spawn
+from worldcast.latency_bench.server import ServerProfile, process_metric, spawn
 
 #: The bar: RSS after each later peak within this share of the first post-warm-up value.
 BAR = 0.05
@@ -35,15 +33,7 @@ BAR = 0.05
 
 async def rss_bytes(url: str) -> float:
     """The server process's resident memory, bytes (from its own /metrics)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        text = (await http.get("/metrics")).text
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "process_resident_memory_bytes":
-                return float(s.value)
-    raise RuntimeError("no process_resident_memory_bytes on /metrics")
+    return await process_metric(url, "process_resident_memory_bytes")
 
 
 async def peak(url: str, *, sessions: int, hold_s: float, seed: int, kinds: str = "both") -> dict[str, Any]:

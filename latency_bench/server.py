@@ -212,3 +212,22 @@ def spawn(profile: ServerProfile, *, log_dir: str | None = None, extra_flags: li
 def _tail(path: str, chars: int = 2000) -> str:
     with open(path) as f:
         return f.read()[-chars:]
+
+
+async def process_metric(url: str, name: str) -> float:
+    """One unlabelled sample of the server's own `/metrics` (Prometheus text format), e.g.
+    `process_cpu_seconds_total` (s) or `process_resident_memory_bytes` (bytes).
+
+    Raises:
+        RuntimeError: the server exports no sample of that name.
+        httpx.HTTPError: the server did not answer.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        text = (await http.get("/metrics")).text
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise RuntimeError(f"no {name} on {url}/metrics")

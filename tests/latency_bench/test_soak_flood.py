@@ -26,3 +26,15 @@ async def test_the_flood_command_floods_and_measures_a_neighbour(live_server) ->
     counts = r["server_counts_during_flood"]
     assert counts.get("actions:parse_error", 0) + counts.get("actions:rate_limited", 0) > 0, counts
     assert r["flooder"]["events_back"] < r["flooder"]["sent"] / 20  # coalesced: far fewer replies than messages
+
+
+async def test_process_metric_reads_the_servers_own_samples(live_server) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.latency_bench.server import process_metric
+
+    rss = await process_metric(live_server.url, "process_resident_memory_bytes")
+    assert rss > 50 * 2**20  # a server with torch and a model loaded
+    cpu0 = await process_metric(live_server.url, "process_cpu_seconds_total")
+    cpu1 = await process_metric(live_server.url, "process_cpu_seconds_total")
+    assert 0 < cpu0 <= cpu1
+    with pytest.raises(RuntimeError, match="no worldcast_no_such_sample"):
+        await process_metric(live_server.url, "worldcast_no_such_sample")
