@@ -234,6 +234,26 @@ class DirectingSession:
         self._emit("segment_start", seg)
         return DirectionAck(direction_id, seg, cut)
 
+    def halt(self) -> Segment | None:
+        """End the open segment now (as cut) without starting another: the session stops generating at
+        its next step boundary and every queued and in-flight frame is dropped (`Session.cancel`), until
+        the next `direct`.
+
+        Returns:
+            the segment it ended (None if none was open).
+
+        Raises:
+            SessionClosedError: the session is closed.
+        """
+        s = self.session
+        if s.state == SessionState.CLOSED:
+            raise SessionClosedError(f"session {s.id} is closed")
+        cut = self.current
+        if cut is not None:
+            self._end(cut, SegmentEnd.CUT, s.clock())
+        s.cancel()
+        return cut
+
     def segment_for_epoch(self, epoch: int) -> Segment | None:
         """The segment whose frames carry flush epoch `epoch` (None: before the first kept one)."""
         for seg in reversed(self.segments):

@@ -159,3 +159,26 @@ def test_segment_lengths_round_up_to_whole_frames(model) -> None:  # type: ignor
     assert [d.target_frames(x) for x in (0.001, 0.05, 0.051, 1.0, None)] == [1, 1, 2, 20, 5]
     with pytest.raises(ValueError):
         DirectingSession(d.session, default_duration_s=0)
+
+
+def test_halt_ends_the_segment_now_and_drops_its_frames_until_the_next_direction(model) -> None:  # type: ignore[no-untyped-def]
+    s, d, defer, clock = make(model)
+    ends: list[Segment] = []
+    d.on("segment_complete", ends.append)
+    sink = ListSink()
+    d.attach_sink(sink)
+    deliver = Counter()
+    seg = d.direct("d1", "a snowy field", {"prompt": EMB}, duration_s=10.0).segment
+    deliver(s, 3)
+    old_epoch = s.current_epoch()
+    assert d.halt() is seg and seg.end == SegmentEnd.CUT and ends == [seg] and d.current is None
+    assert s.cancelled and not s.wants_frames() and sink.clears == 2  # queued frames dropped downstream
+    n = len(sink.frames)
+    deliver(s, 2, epoch=old_epoch)
+    assert len(sink.frames) == n and seg.frames == 3
+    assert d.halt() is None  # nothing open: nothing to end
+    nxt = d.direct("d2", "molten lava", {"prompt": EMB}).segment
+    assert not s.cancelled and s.wants_frames() and nxt.index == 1
+    s.close(CloseReason.CLIENT)
+    with pytest.raises(SessionClosedError):
+        d.halt()
