@@ -382,7 +382,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         st = websocket.app.state
         await serve_stream(websocket, session_id, manager=st.manager, streams=st.streams,
                            video_scale=config.scale_for(st.model),
-                           make_guard=st.make_guard)
+                           make_guard=st.make_guard, on_frames=st.metrics.on_stream_frames)
 
     @app.websocket("/ws")
     async def dreamverse(websocket: WebSocket) -> None:
@@ -390,7 +390,8 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         await serve_dreamverse(websocket, manager=st.manager, video_scale=config.scale_for(st.model),
                                segment_s=config.dreamverse_segment_s,
                                session_timeout_s=config.dreamverse_session_timeout_s,
-                               segment_cap=config.dreamverse_segment_cap, make_guard=st.make_guard)
+                               segment_cap=config.dreamverse_segment_cap, make_guard=st.make_guard,
+                               on_frames=st.metrics.on_stream_frames)
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():
         app.mount("/", StaticFiles(directory=config.static_dir, html=True), name="demo")

@@ -95,12 +95,13 @@ class DreamverseConnection(StreamConnection):
         segment_s: segment length, s.
         segment_cap: segments per rollout before `ltx2_stream_complete` (0: no cap).
         session_timeout_s: the session ends after this long (sent in `gpu_assigned`).
+        on_frames: as `StreamConnection`.
     """
 
     def __init__(self, ws: WebSocket, session: Session, *, video_scale: int, init: ProjectInit,
                  segment_s: float, session_timeout_s: float, segment_cap: int = DEFAULT_SEGMENT_CAP,
-                 guard: InputGuard | None = None) -> None:
-        super().__init__(ws, session, video_scale=video_scale, guard=guard)
+                 guard: InputGuard | None = None, on_frames: Callable[[str, int], None] | None = None) -> None:
+        super().__init__(ws, session, video_scale=video_scale, guard=guard, on_frames=on_frames)
         assert self.director is not None, "Dreamverse clients drive a directing session"
         self.init, self.segment_s, self.session_timeout_s = init, segment_s, session_timeout_s
         self.project = Project(cap=segment_cap)
@@ -458,8 +459,10 @@ class DreamverseConnection(StreamConnection):
             out.append(dumps({"type": "step_complete", "latency_ms": {
                 "total": round(wall, 2), "worker_e2e": round(worker, 2), "main_user_step": round(wall, 2),
                 "overhead": round(wall - worker, 2)}}))
+            sent = self.frames.sent_by_segment.get(seg.index, 0)  # final: its media were sent or dropped
             out.append(dumps({"type": "ltx2_segment_complete", "segment_idx": dv.segment_idx,
-                              "total_segments": total, "cut": cut, "frames": seg.frames,
+                              "total_segments": total, "cut": cut, "frames": sent,
+                              "dropped": max(0, seg.frames - sent),
                               "worldcast": {"end": summary["end"], "ttff_ms": t.get("ttff")}}))
             if seg.end == SegmentEnd.FINISHED:  # every frame of it has been sent: the next prompt's flush drops none
                 self._queue_control({"type": "_next"}, limited=False)
@@ -486,7 +489,8 @@ class DreamverseConnection(StreamConnection):
 
 async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scale: int, segment_s: float,
                            session_timeout_s: float, segment_cap: int = DEFAULT_SEGMENT_CAP,
-                           make_guard: Callable[[], InputGuard] = InputGuard) -> None:
+                           make_guard: Callable[[], InputGuard] = InputGuard,
+                           on_frames: Callable[[str, int], None] | None = None) -> None:
     """Serve `WS /ws`: queue status, wait for session_init_v2, open a directing session, stream it.
 
     The session belongs to the socket: it is closed when the socket closes.
@@ -519,7 +523,8 @@ async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scal
     try:
         await ws.send_text(dumps({"type": "gpu_assigned", "gpu_id": 0, "session_timeout": session_timeout_s}))
         conn = DreamverseConnection(ws, session, video_scale=video_scale, init=project, segment_s=segment_s,
-                                    segment_cap=segment_cap, session_timeout_s=session_timeout_s, guard=guard)
+                                    segment_cap=segment_cap, session_timeout_s=session_timeout_s, guard=guard,
+                                    on_frames=on_frames)
         await conn.run()
     except (WebSocketDisconnect, RuntimeError):
         pass

@@ -52,7 +52,7 @@ from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter,
 from worldcast.transport.limits import InputGuard, Rejection
 from worldcast.transport.rpc import ActionHandler, RpcError, RpcHandler, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
-from worldcast.transport.ws_queue import Close, MediaItem, OutboundQueue, QueueOverflow, Render
+from worldcast.transport.ws_queue import Close, FrameAccount, MediaItem, OutboundQueue, QueueOverflow, Render
 
 logger = logging.getLogger(__name__)
 
@@ -200,16 +200,23 @@ class StreamConnection:
         session: its session.
         video_scale: integer upscale of the video.
         guard: the connection's limits and counters (`InputGuard`; default limits, uncounted, if None).
+        on_frames: called with (outcome, frames) for every frame handed to the stream: "sent" or
+            "dropped_<reason>" (`FrameAccount`; the metrics' `on_stream_frames`).
+
+    Attributes:
+        frames: what became of every frame handed to the stream (`FrameAccount`).
     """
 
     def __init__(self, ws: WebSocket, session: Session, *, video_scale: int = 1,
-                 guard: InputGuard | None = None) -> None:
+                 guard: InputGuard | None = None, on_frames: Callable[[str, int], None] | None = None) -> None:
         self.ws, self.session = ws, session
         self.director = session.directing
+        self.frames = FrameAccount(on_count=on_frames)
         self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample, epoch_fn=session.current_epoch,
                              on_clear=self._on_clear, scale=video_scale, stamp=session.stamp_frames,
-                             depth=max(2, session.model.spec.frames_per_chunk), name=session.id)
-        self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe)
+                             depth=max(2, session.model.spec.frames_per_chunk), name=session.id,
+                             on_drop=self.frames.count_dropped)
+        self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe, on_drop=self.frames.count_dropped)
         self.rpc = RpcHandler(session)
         self.guard = guard or InputGuard()
         self.actions = ActionHandler(session, guard=self.guard)
@@ -218,7 +225,7 @@ class StreamConnection:
         self._control: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING_CONTROL)
         self._fragmenter: Fmp4Fragmenter | None = None
         self._init_sent_for: Fmp4Encoder | None = None
-        self._held: list[str] | None = None  #: events held back while a direction is applied
+        self._held: list[str | Render] | None = None  #: events held back while a direction is applied
         self._unsubscribe: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._close_code: int | None = None
@@ -255,7 +262,14 @@ class StreamConnection:
         """Send one of the guard's events (refusals, summaries, the flood verdict) in this protocol's shape."""
         self.send_json(event)
 
-    def _put(self, text: str) -> None:
+    def send_rendered(self, fn: Callable[[], list[str | bytes]]) -> None:
+        """Queue messages rendered when they are sent (held like events while a direction is applied)."""
+        if self._held is not None:
+            self._held.append(Render(fn))
+            return
+        self._put(Render(fn))
+
+    def _put(self, text: str | Render) -> None:
         if self._aborted:
             return
         try:
@@ -315,6 +329,10 @@ class StreamConnection:
                 return
             if isinstance(item, MediaItem):
                 msgs = self.render(item)
+                if msgs:
+                    self.frames.count_sent(item.meta["event"].get("segment"))
+                else:
+                    self.frames.count_dropped("unrouted")
             else:
                 msgs = item.fn() if isinstance(item, Render) else [item]
             for m in msgs:
@@ -480,9 +498,9 @@ class StreamConnection:
             self.error("session_closed", str(e), id=ref)
             return
         held, self._held = self._held, None
-        fps = self.director.fps
-        self.event("direction_ack", id=d.id, segment=ack.segment.index,
-                   cut=None if ack.cut is None else ack.cut.summary(fps))
+        cut, seg_index = ack.cut, ack.segment.index
+        self.send_rendered(lambda: [dumps({"event": "direction_ack", "id": d.id, "segment": seg_index,
+                                           "cut": None if cut is None else self.segment_summary(cut)})])
         for text in held:
             self._put(text)
 
@@ -492,13 +510,24 @@ class StreamConnection:
         self.event("segment_start", segment=seg.index, direction_id=seg.direction_id, prompt=seg.prompt,
                    epoch=seg.epoch, target_frames=seg.target_frames)
 
-    def _segment_complete(self, seg: Segment) -> None:
+    def segment_summary(self, seg: Segment) -> dict[str, object]:
+        """`Segment.summary` as this stream delivered it: `frames` its frames sent, `dropped` those generated
+        under it but not sent (`FrameAccount.dropped` says where). Final once rendered after the segment's
+        queued media (a cut or stopped segment's undelivered frames are stale: never sent later)."""
         assert self.director is not None
         summary = seg.summary(self.director.fps)
+        sent = self.frames.sent_by_segment.get(seg.index, 0)
+        summary["frames"], summary["dropped"] = sent, max(0, seg.frames - sent)
+        return summary
+
+    def _segment_complete(self, seg: Segment) -> None:
+        def enqueue() -> None:  # rendered when sent: after every media segment of it queued before
+            self.send_rendered(lambda: [dumps({"event": "segment_complete", **self.segment_summary(seg)})])
+
         if seg.end == SegmentEnd.FINISHED:  # its last frames may still be in the encoder: after them
-            self.sink.when_done(lambda: self.event("segment_complete", **summary))
+            self.sink.when_done(enqueue)
         else:  # cut or stopped: its queued frames were dropped
-            self.event("segment_complete", **summary)
+            enqueue()
 
     def _on_state(self, session: Session, state: object) -> None:
         assert isinstance(state, SessionState)
@@ -567,7 +596,8 @@ class StreamConnection:
             except BaseException:  # noqa: BLE001 - cancelled or already reported
                 pass
         await self.sink.aclose()
-        logger.info("%r: closed (%d bytes out, queue %s)", self, self.bytes_out, self.queue.stats)
+        logger.info("%r: closed (%d bytes out, %d frames in, %d sent, dropped %s; queue %s)", self, self.bytes_out,
+                    self.sink.frames_in, self.frames.sent, self.frames.dropped, self.queue.stats)
 
 
 def _ref(obj: dict[str, Any]) -> Any:
@@ -578,7 +608,8 @@ def _ref(obj: dict[str, Any]) -> Any:
 
 async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManager,
                        streams: dict[str, StreamConnection], video_scale: int,
-                       make_guard: Callable[[], InputGuard] = InputGuard) -> None:
+                       make_guard: Callable[[], InputGuard] = InputGuard,
+                       on_frames: Callable[[str, int], None] | None = None) -> None:
     """Serve GET /v1/sessions/{id}/stream: authenticate, refuse a second stream, run the connection."""
     session = await authenticate(ws, manager, session_id)
     if session is None:
@@ -592,7 +623,7 @@ async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManage
     if "worldcast.transport" not in (ws.scope.get("extensions") or {}):
         logger.info("Session(%s): no unsent-bytes limit on the stream's socket (StreamSocketTuning); slow "
                     "readers are noticed only once the kernel's send buffer fills", session.id)
-    conn = StreamConnection(ws, session, video_scale=video_scale, guard=make_guard())
+    conn = StreamConnection(ws, session, video_scale=video_scale, guard=make_guard(), on_frames=on_frames)
     streams[session.id] = conn
     try:
         await conn.run()

@@ -94,9 +94,10 @@ async def test_custom_start_composer_rewrite_new_project_and_leave(dv) -> None: 
         reset = await s.wait(of("seed_prompts_reset_applied", reason="rewrite_during_generation"), mark)
         first = await s.wait(of("ltx2_segment_start", segment_idx=1, prompt="the fox starts to run"), mark)
         assert s.msgs[cut]["cut"] is True and cut < start < reset < first, s.types(mark)  # type: ignore[index]
+        c = s.msgs[cut]
+        assert c["frames"] == len(check_segment(s, 1)[0]) - 1 and c["dropped"] >= 0  # type: ignore[index]
         init2 = await s.wait(of("media_init", segment_idx=1), first)
         assert s.msgs[init2]["stream_id"].endswith("-2-1")  # type: ignore[index]
-        check_segment(s, 1)  # the cut segment's fMP4 still plays on its own
 
         # 3. "New project": end_project_keep_session; the page waits for project_idle
         mark = len(s.msgs)
@@ -113,7 +114,7 @@ async def test_custom_start_composer_rewrite_new_project_and_leave(dv) -> None: 
         await s.send(init_payload("project_init_v1", curated=preset))
         start = await s.wait(of("ltx2_stream_start", loop_iteration=1), mark)
         assert s.msgs[start]["total_segments"] == 2  # type: ignore[index]
-        assert s.index(of("seed_prompts_updated", reason="init", prompts=preset), mark) is not None
+        await s.wait(of("seed_prompts_updated", reason="init", prompts=preset), start)
         seg = await s.wait(of("ltx2_segment_start", segment_idx=1, prompt=preset[0]), mark)
         await s.wait(of("media_init", segment_idx=1), seg)
         no_errors(s)
@@ -124,6 +125,11 @@ async def test_custom_start_composer_rewrite_new_project_and_leave(dv) -> None: 
     while dv.manager.sessions and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not dv.manager.sessions
+    # every frame of those streams was counted in /metrics (sent, or dropped with a reason)
+    with urllib.request.urlopen(dv.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    sent = [ln for ln in text.splitlines() if ln.startswith('worldcast_stream_frames_total{outcome="sent"}')]
+    assert sent and float(sent[0].split()[-1]) > 0, sent
 
 
 async def test_the_segment_cap_ends_the_rollout_and_restart_starts_another(dv) -> None:  # type: ignore[no-untyped-def]
