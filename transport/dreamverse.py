@@ -4,8 +4,9 @@ FastVideo's Dreamverse (`apps/dreamverse`: `dreamverse/session/controller.py` on
 `web/src/lib/ws/protocol.ts`, `web/src/lib/ws/reducer.ts`, `web/src/app/page.tsx` in the browser) streams
 directed video as fMP4 over one WebSocket at `/ws`, same origin as its page. This module speaks what that
 client sends and reads, with its field names; the shapes were read from that code, none of it is copied.
-The project's state and rules (seeds, rollouts, the segment cap, the rule-based rewrite) are in
-`dreamverse_project.py`; the client's HTTP reads in `dreamverse_http.py`. docs/streaming.md has the tables.
+The project's state and rules (seeds, rollouts, the segment cap, the rule-based rewrite) are the directing
+layer's (`sessions/projects.py`, over `sessions/directing.py`); prompt parsing is `dreamverse_prompts.py`,
+message checks `dreamverse_messages.py`, the client's HTTP reads `dreamverse_http.py`. docs/streaming.md has the tables.
 
 Client -> server (JSON text): `session_init_v2` (first) and `project_init_v1` {curated_prompts,
 initial_rollout_prompt, preset_id, preset_label, enhancement_enabled, auto_extension_enabled,
@@ -42,15 +43,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from worldcast.sessions.directing import Segment, SegmentEnd
 from worldcast.sessions.errors import CapacityExhausted, InvalidConditioning, SessionError
 from worldcast.sessions.manager import SessionManager
+from worldcast.sessions.projects import DEFAULT_SEGMENT_CAP, Project, rewrite_window
 from worldcast.sessions.session import CloseReason, Session, SessionState
 from worldcast.transport.dreamverse_messages import TOGGLES, Refused, check_message
-from worldcast.transport.dreamverse_project import (
-    DEFAULT_SEGMENT_CAP,
-    REWRITE_MODEL,
-    Project,
-    ProjectInit,
-    rewrite_window,
-)
+from worldcast.transport.dreamverse_prompts import REWRITE_MODEL, ProjectInit
 from worldcast.transport.fmp4 import Fmp4Fragmenter
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.rpc import RpcError, parse_json
@@ -308,9 +304,9 @@ class DreamverseConnection(StreamConnection):
         self.user_paused = paused
         try:
             if paused:
-                self.session.pause()
+                self.director.pause()
             elif self.director.current is not None:
-                self.session.resume()  # only an open segment resumes; a finished one stays finished
+                self.director.resume()  # only an open segment resumes; a finished one stays finished
             else:
                 self._queue_control({"type": "_next"}, limited=False)
         except SessionError as e:
@@ -410,7 +406,7 @@ class DreamverseConnection(StreamConnection):
         try:
             self.director.direct(str(p.started), prompt, context, duration_s=self.segment_s)
             if self.user_paused:
-                self.session.pause()
+                self.director.pause()
         except SessionError as e:
             self.error("session_closed", str(e))
         finally:
@@ -507,6 +503,9 @@ async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scal
     if init is None:
         return
     project = ProjectInit.parse(init)
+    for msg in project.errors:  # before the session is made, as Dreamverse checks its init first
+        await ws.send_text(dumps({"type": "error", "message": msg, "error_code": "bad_prompt"}))
+    project.errors = []
     first = project.prompts[0] if project.prompts else project.initial_prompt
     try:
         session = await manager.create(mode="directing", prompt=first)

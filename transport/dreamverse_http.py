@@ -16,7 +16,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from worldcast.transport.dreamverse_project import REWRITE_MODEL, REWRITE_SEGMENTS
+from worldcast.sessions.projects import REWRITE_SEGMENTS
+from worldcast.transport.dreamverse_prompts import REWRITE_MODEL
 
 #: `service` in /healthz and /status.
 SERVICE = "worldcast"

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from worldcast.transport.dreamverse_project import Project, ProjectInit, PromptError, clean_prompt, clean_window
+from worldcast.sessions.projects import Project
+from worldcast.transport.dreamverse_prompts import ProjectInit, PromptError, clean_prompt, clean_window
 
 #: Dreamverse message types not served (they need a language model or Dreamverse's simple mode).
 UNSUPPORTED = frozenset({"simple_generate", "set_rewrite_temperature", "select_model"})

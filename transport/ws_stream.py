@@ -42,7 +42,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from worldcast.sessions.directing import Segment, SegmentEnd
+from worldcast.sessions.directing import Segment, SegmentEnd, director_of
 from worldcast.sessions.errors import SessionError
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState, VideoFrame
@@ -210,7 +210,7 @@ class StreamConnection:
     def __init__(self, ws: WebSocket, session: Session, *, video_scale: int = 1,
                  guard: InputGuard | None = None, on_frames: Callable[[str, int], None] | None = None) -> None:
         self.ws, self.session = ws, session
-        self.director = session.directing
+        self.director = director_of(session)  #: the directing layer over the session (None: interactive)
         self.frames = FrameAccount(on_count=on_frames)
         self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample, epoch_fn=session.current_epoch,
                              on_clear=self._on_clear, scale=video_scale, stamp=session.stamp_frames,
@@ -561,10 +561,7 @@ class StreamConnection:
         self._tasks += [sender, receiver, loop.create_task(self._control_loop(), name=f"ws-control-{s.id}")]
         try:
             s.actions.new_client()
-            if self.director is not None:
-                self.director.attach_sink(self.sink)
-            else:
-                s.attach_sink(self.sink)
+            s.attach_sink(self.sink)  # a directed session's gate lets through only its open segment's frames
             await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
             for t in (sender, receiver):
                 if t.done() and not t.cancelled() and t.exception() is not None:
@@ -584,10 +581,7 @@ class StreamConnection:
         self.feedback.close()
         for u in self._unsubscribe:
             u()
-        if self.director is not None:
-            self.director.detach_sink(self.sink)
-        else:
-            self.session.detach_sink(self.sink)
+        self.session.detach_sink(self.sink)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -74,7 +74,6 @@ async def test_drops_in_the_encoder_queue_and_for_a_slow_reader_are_counted_per_
     s = Session("sid", "tok", model=model, conditioning=ConditioningRequest(text="a green meadow"),
                 context={"prompt": EMB}, seed=0, clock=FakeClock(), mode="directing")
     d = DirectingSession(s, default_duration_s=60.0)
-    s.directing = d
     s.pause()
     counted: dict[str, int] = {}
     ws = StalledReader()

@@ -1,11 +1,11 @@
-"""A Dreamverse project on `WS /ws`: its seed prompts, rollouts, segment cap and the rule-based rewrite.
+"""Directing projects: a window of seed prompts played one segment each, in rollouts, under a segment cap.
 
-Dreamverse (FastVideo `apps/dreamverse`, `dreamverse/session/controller.py`) keeps per socket a *project*:
-a window of seed prompts played one segment each, in *rollouts* (each announced by `ltx2_stream_start`,
-numbered by `loop_iteration`), capped at `generation_segment_cap` segments per rollout, and rewritten by an
-LLM on `rewrite_seed_prompts`. worldcast has no LLM: the rewrite here is a rule (`rewrite_window`), stated
-in docs/streaming.md. This module holds the project's state and rules; `transport/dreamverse.py` speaks
-the protocol around it. Nothing here touches a session.
+The rules above segments (`sessions/directing.py`) that a directing app's protocol applies (FastVideo
+Dreamverse's, `transport/dreamverse.py`, follows `apps/dreamverse/dreamverse/session/controller.py`): a
+*project* holds seed prompts; a *rollout* plays them from the first, one segment each, and ends after `cap`
+segments; loop generation replays them, auto-extension continues the last prompt; a rewrite (here a rule,
+`rewrite_window`: no language model) replaces the seeds and starts a new rollout. Pure state: nothing here
+touches a session or a socket.
 """
 
 from __future__ import annotations
@@ -13,67 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from worldcast.transport.schemas import MAX_PROMPT_CHARS, check_prompt
-
-#: Seed prompts a project holds, at most (session_init_v2's curated prompts, a rewritten window).
-MAX_CURATED_PROMPTS = 64
+#: Seed prompts a project holds, at most.
+MAX_SEEDS = 64
 #: Prompts in a window written from one instruction alone (Dreamverse's client pads the windows it sends
 #: for a rewrite to this many: `REWRITE_SEGMENT_COUNT` in `web/src/lib/prompts/promptWindowSnapshot.ts`).
 REWRITE_SEGMENTS = 6
-#: The `model` named in rewrite events: the rule below, not a language model.
-REWRITE_MODEL = "worldcast-rules"
-#: Segments per rollout before `ltx2_stream_complete` (Dreamverse's FASTVIDEO_GENERATION_SEGMENT_CAP
-#: default is 6 too); 0: no cap.
+#: Segments per rollout before it is complete (Dreamverse's FASTVIDEO_GENERATION_SEGMENT_CAP default is 6
+#: too); 0: no cap.
 DEFAULT_SEGMENT_CAP = 6
-
-
-class PromptError(ValueError):
-    """A prompt Dreamverse would send that worldcast cannot use (blank, control characters)."""
-
-
-def clean_prompt(text: object) -> tuple[str, bool]:
-    """A Dreamverse prompt as worldcast takes it: `check_prompt`'s rule, then at most MAX_PROMPT_CHARS
-    (cut at a word).
-
-    Returns:
-        (prompt, whether it was shortened).
-
-    Raises:
-        PromptError: not a string, or refused by `check_prompt` (no visible text, control or bidi characters).
-    """
-    if not isinstance(text, str):
-        raise PromptError(f"prompt must be a string, got {type(text).__name__}")
-    try:
-        p = check_prompt(text)
-    except ValueError as e:
-        raise PromptError(str(e)) from None
-    assert p is not None
-    if len(p) <= MAX_PROMPT_CHARS:
-        return p, False
-    cut = p[:MAX_PROMPT_CHARS]
-    return (cut.rsplit(" ", 1)[0] if " " in cut[MAX_PROMPT_CHARS // 2:] else cut), True
-
-
-def clean_window(raw: object, what: str) -> list[str]:
-    """A list of prompts from a client message: blank entries skipped (as Dreamverse does), the rest cleaned.
-
-    Raises:
-        PromptError: `raw` is not a list, an entry is not a usable prompt (named by its position), or there
-            are more than MAX_CURATED_PROMPTS entries.
-    """
-    if not isinstance(raw, list):
-        raise PromptError(f"{what} must be a list of strings, got {type(raw).__name__}")
-    if len(raw) > MAX_CURATED_PROMPTS:
-        raise PromptError(f"{what} holds {len(raw)} prompts; at most {MAX_CURATED_PROMPTS}")
-    out = []
-    for i, p in enumerate(raw):
-        if isinstance(p, str) and not p.strip():
-            continue
-        try:
-            out.append(clean_prompt(p)[0])
-        except PromptError as e:
-            raise PromptError(f"{what}[{i}]: {e}") from None
-    return out
 
 
 def rewrite_window(instruction: str | None, window: list[str], played: int) -> list[str]:
@@ -90,62 +37,26 @@ def rewrite_window(instruction: str | None, window: list[str], played: int) -> l
     Returns:
         the new window, played from its first prompt: without an instruction the window itself; with one,
         `[instruction] + window[played:]`, filled with the instruction up to REWRITE_SEGMENTS prompts (a
-        scene continues under the same direction), at most MAX_CURATED_PROMPTS.
+        scene continues under the same direction), at most MAX_SEEDS.
     """
     if instruction is None:
-        return list(window[:MAX_CURATED_PROMPTS])
+        return list(window[:MAX_SEEDS])
     out = [instruction] + [p for p in window[played:] if p != instruction]
     out += [instruction] * (REWRITE_SEGMENTS - len(out))
-    return out[:MAX_CURATED_PROMPTS]
+    return out[:MAX_SEEDS]
 
 
 @dataclass
-class ProjectInit:
-    """What `session_init_v2` / `project_init_v1` ask for (FastVideo `buildProjectInitPayload` in
-    `web/src/app/page.tsx`: preset_id, preset_label, curated_prompts, initial_rollout_prompt, initial_image,
-    single_clip_mode, enhancement_enabled, auto_extension_enabled, loop_generation_enabled)."""
+class ProjectStart:
+    """What a project starts from: curated prompts, or a custom start's prompt, and its flags."""
 
-    prompts: list[str]  #: usable curated prompts
+    prompts: list[str]  #: the seed prompts, as given
     initial_prompt: str | None  #: a custom start's prompt (no curated prompts): rewritten into the seeds
     preset_id: Any = None
     preset_label: str = ""
     enhancement: bool = True
     auto_extension: bool = False
     loop: bool = False
-    errors: list[str] = field(default_factory=list)  #: why entries were skipped (sent as `error` events)
-
-    @classmethod
-    def parse(cls, data: dict[str, Any]) -> ProjectInit:
-        """Read an init message leniently, as Dreamverse does: unusable curated prompts are skipped (and
-        reported in `errors`), flags default as in Dreamverse (enhancement on, the rest off)."""
-        raw = data.get("curated_prompts")
-        raw = raw if isinstance(raw, list) else []
-        prompts, errors = [], []
-        for i, p in enumerate(raw[:MAX_CURATED_PROMPTS]):
-            if isinstance(p, str) and not p.strip():
-                continue  # Dreamverse skips blank entries too
-            try:
-                prompts.append(clean_prompt(p)[0])
-            except PromptError as e:
-                errors.append(f"curated prompt {i + 1} skipped: {e}")
-        if len(raw) > MAX_CURATED_PROMPTS:
-            errors.append(f"only the first {MAX_CURATED_PROMPTS} curated prompts are used")
-        initial = None
-        ip = data.get("initial_rollout_prompt")
-        if not prompts and isinstance(ip, str) and ip.strip():
-            try:
-                initial = clean_prompt(ip)[0]
-            except PromptError as e:
-                errors.append(f"initial_rollout_prompt skipped: {e}")
-        label = data.get("preset_label")
-
-        def flag(key: str, default: bool) -> bool:
-            v = data.get(key, default)
-            return v if isinstance(v, bool) else default
-
-        return cls(prompts, initial, data.get("preset_id"), label.strip()[:200] if isinstance(label, str) else "",
-                   flag("enhancement_enabled", True), flag("auto_extension_enabled", False),
-                   flag("loop_generation_enabled", False), errors)
 
 
 NextKind = Literal["seed", "loop", "auto", "blocked", "capped", "idle"]
@@ -184,7 +95,7 @@ class Project:
         if self.cap < 0:
             raise ValueError(f"segment cap must be >= 0, got {self.cap}")
 
-    def begin(self, init: ProjectInit) -> None:
+    def begin(self, init: ProjectStart) -> None:
         """Start a project: its seeds (the custom prompt's rewrite, or the curated prompts) and flags."""
         self.seeds = rewrite_window(init.initial_prompt, [], 0) if init.initial_prompt else list(init.prompts)
         self.preset_id = init.preset_id if init.preset_id is not None else ("custom" if init.initial_prompt else None)

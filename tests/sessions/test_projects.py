@@ -1,18 +1,10 @@
-"""The Dreamverse project's rules (no server): the rule-based rewrite, init parsing, rollouts and the cap."""
+"""Directing projects (no session): the rule-based rewrite, rollouts, the cap, loop and auto-extension."""
 
 from __future__ import annotations
 
 import pytest
 
-from worldcast.transport.dreamverse_project import (
-    MAX_CURATED_PROMPTS,
-    REWRITE_SEGMENTS,
-    Project,
-    ProjectInit,
-    PromptError,
-    clean_window,
-    rewrite_window,
-)
+from worldcast.sessions.projects import MAX_SEEDS, REWRITE_SEGMENTS, Project, ProjectStart, rewrite_window
 
 
 def test_a_rewrite_puts_the_instruction_next_and_keeps_the_unplayed_window() -> None:
@@ -23,33 +15,20 @@ def test_a_rewrite_puts_the_instruction_next_and_keeps_the_unplayed_window() -> 
     assert rewrite_window("x", w, played=0)[:4] == ["x", *w]
     assert rewrite_window(None, w, played=2) == w  # no instruction: the window again, from its first
     assert rewrite_window("a fox", [], played=0) == ["a fox"] * REWRITE_SEGMENTS  # a custom start's seeds
-    assert len(rewrite_window("x", [f"p{i}" for i in range(100)], 0)) == MAX_CURATED_PROMPTS
-
-
-def test_windows_and_inits_are_checked() -> None:
-    assert clean_window(["a", "  ", "b"], "w") == ["a", "b"]
-    with pytest.raises(PromptError, match=r"w\[1\]"):
-        clean_window(["a", "bad\x00"], "w")
-    with pytest.raises(PromptError, match="list"):
-        clean_window("a, b", "w")
-    init = ProjectInit.parse({"curated_prompts": ["a", 5, " "], "loop_generation_enabled": "yes",
-                              "preset_label": "L"})
-    assert init.prompts == ["a"] and init.errors and init.loop is False and init.enhancement is True
-    custom = ProjectInit.parse({"curated_prompts": [], "initial_rollout_prompt": " a fox "})
-    assert custom.initial_prompt == "a fox" and custom.prompts == []
+    assert len(rewrite_window("x", [f"p{i}" for i in range(100)], 0)) == MAX_SEEDS
 
 
 def test_rollouts_cap_loop_and_auto_extension() -> None:
     p = Project(cap=2)
     assert p.next_kind() == "idle"
-    p.begin(ProjectInit(["a", "b", "c"], None))
+    p.begin(ProjectStart(["a", "b", "c"], None))
     assert p.rollout == 1 and p.next_kind() == "seed" and p.take_seed() == ("a", 0)
     p.started = 2
     assert p.at_cap and p.next_kind() == "capped"
     p.new_rollout()
     assert (p.rollout, p.next_seed, p.started, p.capped) == (2, 0, 0, False)
     q = Project(cap=0)
-    q.begin(ProjectInit(["a"], None, loop=True))
+    q.begin(ProjectStart(["a"], None, loop=True))
     q.take_seed()
     assert q.next_kind() == "loop"
     q.loop, q.auto_extension, q.last_prompt = False, True, "a"
