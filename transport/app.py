@@ -10,7 +10,7 @@ Routes:
     POST   /v1/sessions/{id}/webrtc     SDP offer -> answer (400 with the reason for a bad offer)
     POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}; 204 for a notification
     WS     /v1/sessions/{id}/stream     fMP4 video + events out; actions, RPCs, directions in (ws_stream.py)
-    WS     /ws                          the Dreamverse-compatible directing protocol (dreamverse.py)
+    WS     /ws                          the Dreamverse-compatible directing protocol (dreamverse*.py)
     GET    /status, /prompt-system-config, /curated-presets   Dreamverse's client's HTTP reads (dreamverse_http.py)
     GET    /v1/model                    the model's declared geometry
     GET    /v1/agent                    agent worker status (worldcast worker only)
@@ -46,9 +46,9 @@ from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session, SessionState
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
-from worldcast.transport.dreamverse import serve_dreamverse
 from worldcast.transport.dreamverse_http import SERVICE as DREAMVERSE_SERVICE
 from worldcast.transport.dreamverse_http import router as dreamverse_router
+from worldcast.transport.dreamverse_serve import serve_dreamverse
 from worldcast.transport.engine_api import add_engine_routes, build_engines
 from worldcast.transport.http_body import BodyPolicy, RoutePolicy
 from worldcast.transport.limits import InputGuard

@@ -234,16 +234,27 @@ class FrameAccount:
     "encoder" from the sink; "slow_reader", "stale" from the queue; "unrouted": rendered to nothing).
 
     Attributes:
+        handed_by_segment: frames handed to the stream, per directing segment index.
         sent: frames whose media went out.
         sent_by_segment: of those, per directing segment index.
         dropped: frames dropped, by reason.
         on_count: called with (outcome, frames) for each count: "sent", or "dropped_<reason>" (metrics).
     """
 
+    handed_by_segment: dict[int, int] = field(default_factory=dict)
     sent: int = 0
     sent_by_segment: dict[int, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     on_count: Callable[[str, int], None] | None = None
+
+    def count_handed(self, segment: int | None) -> None:
+        if segment is not None:
+            self.handed_by_segment[segment] = self.handed_by_segment.get(segment, 0) + 1
+
+    def segment(self, index: int) -> tuple[int, int]:
+        """(frames sent, frames dropped) of directing segment `index` on this stream."""
+        sent = self.sent_by_segment.get(index, 0)
+        return sent, max(0, self.handed_by_segment.get(index, 0) - sent)
 
     def count_sent(self, segment: int | None) -> None:
         self.sent += 1

@@ -217,6 +217,7 @@ class StreamConnection:
                              depth=max(2, session.model.spec.frames_per_chunk), name=session.id,
                              on_drop=self.frames.count_dropped)
         self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe, on_drop=self.frames.count_dropped)
+        self._tap = _CountingSink(self.sink, self._count_handed)  #: what the session delivers to
         self.rpc = RpcHandler(session)
         self.guard = guard or InputGuard()
         self.actions = ActionHandler(session, guard=self.guard)
@@ -293,6 +294,10 @@ class StreamConnection:
         if self._close_code is None:
             self._close_code = code
             self.queue.close()
+
+    def _count_handed(self, frame: VideoFrame) -> None:
+        seg = self.director.segment_for_epoch(frame.epoch) if self.director is not None else None
+        self.frames.count_handed(None if seg is None else seg.index)
 
     def _on_sample(self, frame: VideoFrame, encoder: Fmp4Encoder, sample: EncodedSample) -> None:
         seg = self.director.segment_for_epoch(frame.epoch) if self.director is not None else None
@@ -511,13 +516,12 @@ class StreamConnection:
                    epoch=seg.epoch, target_frames=seg.target_frames)
 
     def segment_summary(self, seg: Segment) -> dict[str, object]:
-        """`Segment.summary` as this stream delivered it: `frames` its frames sent, `dropped` those generated
-        under it but not sent (`FrameAccount.dropped` says where). Final once rendered after the segment's
+        """`Segment.summary` as this stream delivered it: `frames` its frames sent, `dropped` those handed to
+        this stream but not sent (`FrameAccount.dropped` says where). Final once rendered after the segment's
         queued media (a cut or stopped segment's undelivered frames are stale: never sent later)."""
         assert self.director is not None
         summary = seg.summary(self.director.fps)
-        sent = self.frames.sent_by_segment.get(seg.index, 0)
-        summary["frames"], summary["dropped"] = sent, max(0, seg.frames - sent)
+        summary["frames"], summary["dropped"] = self.frames.segment(seg.index)
         return summary
 
     def _segment_complete(self, seg: Segment) -> None:
@@ -561,7 +565,7 @@ class StreamConnection:
         self._tasks += [sender, receiver, loop.create_task(self._control_loop(), name=f"ws-control-{s.id}")]
         try:
             s.actions.new_client()
-            s.attach_sink(self.sink)  # a directed session's gate lets through only its open segment's frames
+            s.attach_sink(self._tap)  # a directed session's gate lets through only its open segment's frames
             await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
             for t in (sender, receiver):
                 if t.done() and not t.cancelled() and t.exception() is not None:
@@ -581,7 +585,7 @@ class StreamConnection:
         self.feedback.close()
         for u in self._unsubscribe:
             u()
-        self.session.detach_sink(self.sink)
+        self.session.detach_sink(self._tap)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -592,6 +596,20 @@ class StreamConnection:
         await self.sink.aclose()
         logger.info("%r: closed (%d bytes out, %d frames in, %d sent, dropped %s; queue %s)", self, self.bytes_out,
                     self.sink.frames_in, self.frames.sent, self.frames.dropped, self.queue.stats)
+
+
+class _CountingSink:
+    """A `FrameSink` that counts each frame (`on_put`) before its sink takes it."""
+
+    def __init__(self, sink: Fmp4Sink, on_put: Callable[[VideoFrame], None]) -> None:
+        self.sink, self.on_put = sink, on_put
+
+    def put(self, frame: VideoFrame) -> None:
+        self.on_put(frame)
+        self.sink.put(frame)
+
+    def clear(self) -> None:
+        self.sink.clear()
 
 
 def _ref(obj: dict[str, Any]) -> Any:

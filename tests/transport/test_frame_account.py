@@ -118,6 +118,7 @@ async def test_drops_in_the_encoder_queue_and_for_a_slow_reader_are_counted_per_
     assert seg.frames == generated
     assert done["frames"] == 3 == len([m for m in ws.sent if isinstance(m, bytes)]) - 1  # (- the init segment)
     assert done["dropped"] == generated - 3
+    assert conn.frames.handed_by_segment == {seg.index: generated}  # this stream's own count, not the segment's
     # every frame the stream took is accounted for, in the stream's numbers and in the metrics hook
     assert conn.sink.frames_in == conn.frames.sent + conn.frames.dropped_total == generated
     assert counted == {"sent": 3, "dropped_encoder_queue": 5, "dropped_slow_reader": MAX_MEDIA_ITEMS + 2}
