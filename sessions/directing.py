@@ -1,4 +1,4 @@
-"""DirectingSession: segment bookkeeping for "vibe directing" on top of a `Session`.
+"""DirectingSession: "vibe directing" as a layer above a `Session` (which never imports it).
 
 A directing client sends text directions; each direction starts a *segment*:
 the frames generated under that direction, for `duration_s` seconds of video
@@ -17,9 +17,14 @@ boundary) until the next direction.
 
 Segment k is generated under flush epochs >= its start epoch e_k (a flush
 RPC inside the segment only raises the epoch), so a frame's epoch names its
-segment. The directing session is a `FrameSink` in front of the session's
-downstream sinks (an fMP4 stream): it passes on only frames of the open
-segment and attaches itself to the session while it has sinks of its own.
+segment. The directing session is the session's `FrameGate`: the session's
+sinks (attached to the session, as for any session) get only frames of the
+open segment. This module owns the directing rules transports apply:
+segments, cuts at a step boundary, durations, `halt` (end now), pause and
+resume (`pause`, `resume`), and which control RPCs a directed session refuses
+(`check_control`); `sessions/projects.py` holds the project rules above it
+(seeds, rollouts, caps, the rule-based rewrite). `director_of(session)` finds
+a session's directing layer.
 
 Events (`on`; callbacks synchronous, payload a `Segment`):
     "segment_start"     a direction opened a segment
@@ -33,13 +38,14 @@ import enum
 import inspect
 import logging
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from worldcast.models.spec import Conditioning
 from worldcast.sessions.errors import SessionClosedError
-from worldcast.sessions.session import FrameSink, Session, SessionState, VideoFrame
+from worldcast.sessions.session import Session, SessionState, VideoFrame
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +55,19 @@ DEFAULT_SEGMENT_S = 5.0
 SEGMENTS_KEPT = 16
 
 DirectingEvent = Literal["segment_start", "segment_complete"]
+
+#: Every session's directing layer (a session does not know its own).
+_DIRECTORS: weakref.WeakKeyDictionary[Session, DirectingSession] = weakref.WeakKeyDictionary()
+
+
+def director_of(session: Session) -> DirectingSession | None:
+    """The directing layer over `session` (None: an interactive session)."""
+    return _DIRECTORS.get(session)
+
+
+class DirectingRefusal(Exception):
+    """A request a directed session refuses (a control RPC whose job a direction does, a resume before the
+    first direction); its `str` says why and what to send instead."""
 
 
 class SegmentEnd(enum.Enum):
@@ -131,7 +150,7 @@ class DirectionAck:
 
 
 class DirectingSession:
-    """Segments of directions over one `Session` (a `FrameSink` in front of the session's sinks).
+    """Segments of directions over one `Session`, installed as its `FrameGate` (and found by `director_of`).
 
     Args:
         session: the session directed (created with mode "directing").
@@ -152,8 +171,9 @@ class DirectingSession:
         self.segments: list[Segment] = []  #: the last SEGMENTS_KEPT segments, oldest first
         self.segment_count = 0
         self.frames_dropped = 0  #: frames delivered outside an open segment (before the first, after an end)
-        self._sinks: list[FrameSink] = []
         self._listeners: dict[str, list[Callable[[Segment], None]]] = {}
+        session.set_frame_gate(self)
+        _DIRECTORS[session] = self
         session.on("state", self._on_state)
 
     def __repr__(self) -> str:
@@ -222,7 +242,7 @@ class DirectingSession:
         if cut is not None:
             self._end(cut, SegmentEnd.CUT, now)
         s.set_prompt(prompt, context)
-        epoch = s.flush()  # drops old frames everywhere (our clear() passes it on), restarts the chunk
+        epoch = s.flush()  # drops old frames in every sink, restarts the chunk
         s.resume()
         seg = Segment(index=self.segment_count, direction_id=direction_id, prompt=prompt, epoch=epoch,
                       target_frames=None if open_ended else self.target_frames(duration_s), started_s=now)
@@ -233,6 +253,26 @@ class DirectingSession:
                     seg.target_frames, None if cut is None else cut.index)
         self._emit("segment_start", seg)
         return DirectionAck(direction_id, seg, cut)
+
+    def halt(self) -> Segment | None:
+        """End the open segment now (as cut) without starting another: the session stops generating at
+        its next step boundary and every queued and in-flight frame is dropped (`Session.cancel`), until
+        the next `direct`.
+
+        Returns:
+            the segment it ended (None if none was open).
+
+        Raises:
+            SessionClosedError: the session is closed.
+        """
+        s = self.session
+        if s.state == SessionState.CLOSED:
+            raise SessionClosedError(f"session {s.id} is closed")
+        cut = self.current
+        if cut is not None:
+            self._end(cut, SegmentEnd.CUT, s.clock())
+        s.cancel()
+        return cut
 
     def segment_for_epoch(self, epoch: int) -> Segment | None:
         """The segment whose frames carry flush epoch `epoch` (None: before the first kept one)."""
@@ -255,37 +295,69 @@ class DirectingSession:
                 pass
             self._end(seg, SegmentEnd.FINISHED, self.session.clock())
 
+    # -- pause, resume, control ----------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Pause the open segment at the next step boundary (its queued frames still play); it stays open.
+
+        Raises:
+            SessionClosedError: the session is closed.
+        """
+        self.session.pause()
+
+    def resume(self) -> bool:
+        """Resume the open segment (at the next step). A finished or cut segment stays ended: only a new
+        direction starts the next one.
+
+        Returns:
+            whether a segment resumed (False: none is open).
+
+        Raises:
+            DirectingRefusal: no direction yet: nothing to resume.
+            SessionClosedError: the session is closed.
+        """
+        if self.segment_count == 0:
+            raise DirectingRefusal("a directing session generates nothing until its first direction: send one")
+        if self.current is None:
+            return False
+        self.session.resume()
+        return True
+
+    def check_control(self, method: str) -> None:
+        """Whether a control request `method` (an RPC name: flush, cancel, set_prompt, pause, resume,
+        get_state) may act on the directed session directly.
+
+        Raises:
+            DirectingRefusal: `set_prompt` (a direction changes the prompt, and opens a segment).
+        """
+        if method == "set_prompt":
+            raise DirectingRefusal("a directing session changes its prompt with a direction, not set_prompt")
+
     def _on_state(self, session: Session, state: object) -> None:
         if state == SessionState.CLOSED:
-            self._sinks.clear()  # the session dropped us with its sinks
+            _DIRECTORS.pop(session, None)  # (the value holds its key: a closed session must leave by hand)
             if self.current is not None:
                 self._end(self.current, SegmentEnd.STOPPED, session.clock())
 
-    # -- FrameSink (the session's side) ------------------------------------------------------------
+    # -- FrameGate (the session's side) ------------------------------------------------------------------
 
-    def put(self, frame: VideoFrame) -> None:
-        """Count a delivered frame into its segment and pass it on, or drop it if no segment is open."""
+    def admit(self, frame: VideoFrame) -> bool:
+        """Count a delivered frame into the open segment and let it through, or drop it if none is open
+        (or it is older than the segment)."""
         seg = self.current
         if seg is None or frame.epoch < seg.epoch:
             self.frames_dropped += 1
-            return
+            return False
         if seg.frames == 0:
             seg.first_frame_s, seg.first_frame_index = self.session.clock(), frame.frame_index
         seg.frames += 1
         seg.last_frame_index, seg.last_pts = frame.frame_index, frame.pts
         for k, v in frame.timings_ms.items():
             seg.stage_ms_sum[k] = seg.stage_ms_sum.get(k, 0.0) + v
-        self.session.last_activity_s = self.session.clock()  # generating under a direction is activity
-        for sink in self._sinks:
-            sink.put(frame)
         if seg.target_frames is not None and seg.frames >= seg.target_frames and not seg._finishing:
             seg._finishing = True  # end after the rest of this chunk's frames (delivered in the same callback)
             self._call_soon(lambda: self._finish(seg))
-
-    def clear(self) -> None:
-        """The session flushed or cancelled: clear every downstream sink."""
-        for sink in self._sinks:
-            sink.clear()
+        return True
 
     def _call_soon(self, fn: Callable[[], None]) -> None:
         if self._defer is not None:
@@ -295,31 +367,3 @@ class DirectingSession:
             asyncio.get_running_loop().call_soon(fn)
         except RuntimeError:  # no loop (unit tests): end now
             fn()
-
-    # -- downstream sinks -------------------------------------------------------------------------------
-
-    def attach_sink(self, sink: FrameSink) -> None:
-        """Pass this directing session's frames to `sink`; the first sink attaches us to the session.
-
-        Raises:
-            SessionClosedError: the session is closed.
-        """
-        if self.session.state == SessionState.CLOSED:
-            raise SessionClosedError(f"session {self.session.id} is closed")
-        if sink in self._sinks:
-            return
-        self._sinks.append(sink)
-        if len(self._sinks) == 1:
-            try:
-                self.session.attach_sink(self)
-            except SessionClosedError:
-                self._sinks.remove(sink)
-                raise
-
-    def detach_sink(self, sink: FrameSink) -> None:
-        """Stop passing frames to `sink`; the last one detaches us from the session (which may go idle)."""
-        if sink not in self._sinks:
-            return
-        self._sinks.remove(sink)
-        if not self._sinks:
-            self.session.detach_sink(self)

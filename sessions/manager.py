@@ -218,7 +218,7 @@ class SessionManager:
                 uses its declared default or refuses).
             stamp_frames: ask its video sinks to stamp frame index and action seq into the pixels.
             mode: "directing" sessions wait for their first direction (paused) and keep their
-                segments in `Session.directing` (sessions/directing.py).
+                segments in the directing layer above it (`sessions/directing.py`, `director_of`).
 
         Raises:
             InvalidConditioning: the prompt, image or mode is refused (checked before admission:
@@ -255,7 +255,7 @@ class SessionManager:
             mode=mode,
         )
         if mode == "directing":
-            session.directing = DirectingSession(session)
+            DirectingSession(session)  # the layer above it (`director_of(session)`), gating its frames
             session.pause()  # nothing to generate until the first direction
         try:
             engine.add_session(sid, session, seed=session.seed)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -39,9 +39,6 @@ from worldcast.sessions.actions import ActionBuffer, SeqOutcome
 from worldcast.sessions.clock import VIDEO_TIME_BASE, MediaClock
 from worldcast.sessions.duty_cycle import DutyCycleMeter
 from worldcast.sessions.errors import InvalidConditioning, SessionClosedError
-
-if TYPE_CHECKING:
-    from worldcast.sessions.directing import DirectingSession
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +109,17 @@ class FrameSink(Protocol):
     def clear(self) -> None: ...
 
 
+class FrameGate(Protocol):
+    """A layer above the session that decides which delivered frames reach its sinks (directing: only
+    the frames of the open segment, `sessions/directing.py`). Installed with `Session.set_frame_gate`.
+
+    `admit` is called once per delivered (not stale) frame, on the event loop, and must not block; a frame
+    it admits was asked for by that layer, so it counts as the session's activity.
+    """
+
+    def admit(self, frame: VideoFrame) -> bool: ...
+
+
 #: Session events; callbacks are synchronous and get (session, payload).
 SessionEvent = Literal["state", "frame", "error", "control"]
 
@@ -145,7 +153,8 @@ class Session:
         clock: monotonic clock, s.
         stamp_frames: whether video sinks should stamp frame index and action seq into the
             pixels (latency measurement; off by default).
-        mode: "interactive" or "directing" (its `directing` attribute then holds the segments).
+        mode: "interactive" or "directing" (a label: the directing layer above, `sessions/directing.py`,
+            holds the segments and gates the frames).
     """
 
     def __init__(
@@ -165,7 +174,6 @@ class Session:
         self.id = session_id
         self.stamp_frames = stamp_frames
         self.mode: SessionMode = mode
-        self.directing: DirectingSession | None = None  #: set by SessionManager for directing sessions
         self.engine_id: int | None = None  #: the engine core it runs on (set by SessionManager)
         self.token = token
         self.model = model
@@ -190,6 +198,7 @@ class Session:
         self._paused = False
         self._cancelled = False
         self._sinks: list[FrameSink] = []
+        self._gate: FrameGate | None = None
         #: sinks attached before their viewer connected (a WebRTC peer negotiating), by id: connect-by time, s
         self._unconnected: dict[int, float] = {}
         self.had_viewer = False  #: a viewer has been connected at some point (see `attach_sink`)
@@ -413,8 +422,19 @@ class Session:
 
     # -- sinks ---------------------------------------------------------------------------------------
 
+    def set_frame_gate(self, gate: FrameGate) -> None:
+        """Let `gate` decide which delivered frames reach the sinks (one gate per session).
+
+        Raises:
+            ValueError: another gate is installed.
+        """
+        if self._gate is not None and self._gate is not gate:
+            raise ValueError(f"session {self.id} already has a frame gate")
+        self._gate = gate
+
     def attach_sink(self, sink: FrameSink, *, connect_by_s: float | None = None) -> None:
-        """Start delivering frames to `sink`; it gets the latest frame at once.
+        """Start delivering frames to `sink`; it gets the latest frame at once (with a frame gate: the next one the
+        gate admits).
 
         Args:
             connect_by_s: the sink's viewer is still connecting (a WebRTC peer between its answer and
@@ -431,7 +451,7 @@ class Session:
             self.had_viewer = True
         else:
             self._unconnected[id(sink)] = connect_by_s
-        if self.last_frame is not None:
+        if self.last_frame is not None and self._gate is None:  # a gated session's sinks wait for the gate
             sink.put(self.last_frame)
         self.activate()
 
@@ -486,10 +506,15 @@ class Session:
             present_at_s=out.present_at_s,
             timings_ms=out.timings_ms,
         )
+        self.frames_delivered += 1
+        if self._gate is not None:
+            if not self._gate.admit(frame):
+                self._emit("frame", frame)
+                return frame
+            self.last_activity_s = self.clock()  # generated at the gate's request (a direction)
         self.last_frame = frame
         for s in self._sinks:
             s.put(frame)
-        self.frames_delivered += 1
         self._emit("frame", frame)
         return frame
 

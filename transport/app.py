@@ -10,13 +10,14 @@ Routes:
     POST   /v1/sessions/{id}/webrtc     SDP offer -> answer (400 with the reason for a bad offer)
     POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}; 204 for a notification
     WS     /v1/sessions/{id}/stream     fMP4 video + events out; actions, RPCs, directions in (ws_stream.py)
-    WS     /ws                          the Dreamverse-compatible directing protocol (dreamverse.py)
+    WS     /ws                          the Dreamverse-compatible directing protocol (dreamverse*.py)
+    GET    /status, /prompt-system-config, /curated-presets   Dreamverse's client's HTTP reads (dreamverse_http.py)
     GET    /v1/model                    the model's declared geometry
     GET    /v1/agent                    agent worker status (worldcast worker only)
     GET    /v1/engines[/{id}]           engine cores: device, pid, state, sessions, load (engine_api.py)
     POST   /v1/engines/{id}/drain       move its sessions off, stop placing on it (operator; also undrain)
     POST   /v1/sessions/{id}/move       move one session to another engine (operator)
-    GET    /healthz, /readyz            liveness; readiness (at least one engine alive and not stalled)
+    GET    /healthz, /readyz            liveness (with `service`); readiness (at least one engine alive and not stalled)
     GET    /metrics                     Prometheus text format
     GET    /                            the browser demo (web_demo/dist)
 """
@@ -45,7 +46,9 @@ from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session, SessionState
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
-from worldcast.transport.dreamverse import serve_dreamverse
+from worldcast.transport.dreamverse_http import SERVICE as DREAMVERSE_SERVICE
+from worldcast.transport.dreamverse_http import router as dreamverse_router
+from worldcast.transport.dreamverse_serve import serve_dreamverse
 from worldcast.transport.engine_api import add_engine_routes, build_engines
 from worldcast.transport.http_body import BodyPolicy, RoutePolicy
 from worldcast.transport.limits import InputGuard
@@ -229,7 +232,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        return {"status": "ok", "service": DREAMVERSE_SERVICE}
 
     @app.get("/readyz")
     async def readyz(request: Request) -> JSONResponse:
@@ -260,6 +263,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     add_engine_routes(app, config)
+    app.include_router(dreamverse_router)  # GET /status, /prompt-system-config, /curated-presets
 
     @app.get("/v1/model", response_model=ModelInfo)
     async def get_model(request: Request) -> ModelInfo:
@@ -378,14 +382,16 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         st = websocket.app.state
         await serve_stream(websocket, session_id, manager=st.manager, streams=st.streams,
                            video_scale=config.scale_for(st.model),
-                           make_guard=st.make_guard)
+                           make_guard=st.make_guard, on_frames=st.metrics.on_stream_frames)
 
     @app.websocket("/ws")
     async def dreamverse(websocket: WebSocket) -> None:
         st = websocket.app.state
         await serve_dreamverse(websocket, manager=st.manager, video_scale=config.scale_for(st.model),
                                segment_s=config.dreamverse_segment_s,
-                               session_timeout_s=config.dreamverse_session_timeout_s, make_guard=st.make_guard)
+                               session_timeout_s=config.dreamverse_session_timeout_s,
+                               segment_cap=config.dreamverse_segment_cap, make_guard=st.make_guard,
+                               on_frames=st.metrics.on_stream_frames)
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():
         app.mount("/", StaticFiles(directory=config.static_dir, html=True), name="demo")

@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
+    s.add_argument("--dreamverse-segment-cap", type=int, default=6, metavar="N",
+                   help="segments per Dreamverse rollout before ltx2_stream_complete (0: no cap)")
     s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics on a separate listener on this port (GET /metrics on the API "
                         "port carries only aggregate series, never session ids)")
@@ -333,7 +335,7 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
         video_scale=args.video_scale,
         ice_host_addresses=args.ice_host or ServerConfig.default_ice_hosts(args.host),
         static_dir=args.static_dir,
-        dreamverse_segment_s=args.dreamverse_segment,
+        dreamverse_segment_s=args.dreamverse_segment, dreamverse_segment_cap=args.dreamverse_segment_cap,
         livekit=livekit,
         agent=agent,
         negotiation_timeout_s=args.negotiation_timeout,

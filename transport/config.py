@@ -37,6 +37,7 @@ class ServerConfig:
     static_dir: Path | None = DEFAULT_STATIC_DIR  #: built web demo to serve at / (None: none)
     dreamverse_segment_s: float = 5.0  #: segment length of the Dreamverse-compatible endpoint (WS /ws), s
     dreamverse_session_timeout_s: float = 3600.0  #: a Dreamverse client's session ends after this, s
+    dreamverse_segment_cap: int = 6  #: segments per Dreamverse rollout before `ltx2_stream_complete` (0: none)
     engine: EngineConfig = field(default_factory=EngineConfig)
     sessions: SessionConfig = field(default_factory=SessionConfig)
     livekit: LiveKitConfig | None = None  #: LiveKit server for `"transport": "livekit"` sessions (None: off)
@@ -75,6 +76,8 @@ class ServerConfig:
             raise ValueError(str(e)) from None
         if not 0 < self.dreamverse_segment_s <= 600 or not self.dreamverse_session_timeout_s > 0:
             raise ValueError("dreamverse_segment_s must lie in (0, 600] and dreamverse_session_timeout_s be > 0")
+        if not 0 <= self.dreamverse_segment_cap <= 10_000:
+            raise ValueError(f"dreamverse_segment_cap must lie in [0, 10000], got {self.dreamverse_segment_cap}")
         if not 0 < self.negotiation_timeout_s < float("inf"):
             raise ValueError("negotiation_timeout_s must be positive and finite")
 

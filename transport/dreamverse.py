@@ -1,45 +1,32 @@
-"""A Dreamverse-compatible WebSocket endpoint: `WS /ws`, the subset of its protocol a Dreamverse client needs.
+"""A Dreamverse-compatible WebSocket endpoint: `WS /ws`, the protocol of Dreamverse's shipped web client.
 
-FastVideo's Dreamverse (`apps/dreamverse`: `dreamverse/session/controller.py`
-on the server, `web/src/lib/ws/protocol.ts`, `web/src/lib/ws/reducer.ts`,
-`web/src/app/page.tsx` in the browser) streams directed video as fMP4 over
-one WebSocket at `/ws`, same origin as its page. This module speaks the part
-of that protocol its browser client uses to start a session, stream segments
-and steer them, with the field names that client reads; the message shapes
-were read from that code, none of it is copied.
+FastVideo's Dreamverse (`apps/dreamverse`: `dreamverse/session/controller.py` on the server,
+`web/src/lib/ws/protocol.ts`, `web/src/lib/ws/reducer.ts`, `web/src/app/page.tsx` in the browser) streams
+directed video as fMP4 over one WebSocket at `/ws`, same origin as its page. This module speaks what that
+client sends and reads, with its field names; the shapes were read from that code, none of it is copied.
+The project's state and rules (seeds, rollouts, the segment cap, the rule-based rewrite) are the directing
+layer's (`sessions/projects.py`, over `sessions/directing.py`); prompt parsing is `dreamverse_prompts.py`,
+message checks `dreamverse_messages.py`, the client's HTTP reads `dreamverse_http.py`. docs/streaming.md has the tables.
 
-Client -> server (JSON text):
-    session_init_v2       {curated_prompts: [str], initial_rollout_prompt?: str, preset_id?, ...}  first message
-    append_prompt         {prompt: str, prompt_id?: str}
-    set_generation_paused {paused: bool}
-    restart_generation    {}
-    leave                 {}
+Client -> server (JSON text): `session_init_v2` (first) and `project_init_v1` {curated_prompts,
+initial_rollout_prompt, preset_id, preset_label, enhancement_enabled, auto_extension_enabled,
+loop_generation_enabled, ...}; `append_prompt` {prompt, prompt_id}; `rewrite_seed_prompts`
+{rewrite_instruction?, prompt_window_prompts?}; `set_generation_paused` {paused}; `set_loop_generation`,
+`set_auto_extension`, `set_enhancement` {enabled}; `set_rewrite_model`; `reset_to_seed_prompts`;
+`restart_generation`; `end_project_keep_session`; `leave`.
 
-Server -> client: `queue_status` {position, total_gpus, available_gpus};
-`gpu_assigned` {gpu_id, session_timeout}; `ltx2_stream_start` {total_segments,
-preset_id, stream_mode: "av_fmp4", live_mode, loop_generation_enabled,
-loop_iteration, generation_segment_cap}; per segment `segment_prompt_source`,
-`ltx2_segment_start` {segment_idx (from 1), total_segments, prompt, source,
-seed_prompt_index, loop_iteration}, `media_init` {segment_idx, mime,
-stream_id, mode: "av_fmp4"}, the segment's fMP4 (its own init segment, then
-one media segment per frame; binary), `media_segment_complete` {segment_idx,
-stream_id, chunks}, `step_complete` {latency_ms: {total, worker_e2e,
-main_user_step, overhead}}, `ltx2_segment_complete` {segment_idx,
-total_segments}; `prompt_received` {prompt_id, queue_depth}, `prompt_ready`,
-`generation_paused_updated` {paused}, `generation_restarted`,
-`prompt_sources_blocked` {segment_idx}, `session_timeout`,
-`ltx2_stream_complete`, `error` {message, error_code}.
+Server -> client: `queue_status`, `gpu_assigned`, `loop_generation_updated`, `generation_paused_updated`,
+`ltx2_stream_start`, `seed_prompts_updated` {prompts, reason: init | rewrite, ...},
+`rewrite_seed_prompts_started` / `_complete`, `seed_prompts_reset_pending` / `_reset_applied`,
+`loop_restarted`; per segment `segment_prompt_source`, `ltx2_segment_start`, `media_init`, its own fMP4
+(binary: init segment, then one media segment per frame), `media_segment_complete`, `step_complete`,
+`ltx2_segment_complete`; `prompt_received`, `prompt_enhancing`, `prompt_ready`, `prompt_sources_blocked` /
+`_resumed`, `generation_restarted`, `*_updated` acks, `ltx2_stream_complete`, `project_idle`,
+`session_timeout`, `error` {message, error_code}.
 
-Where worldcast does better, its events say so (a `worldcast` field, which
-Dreamverse's client ignores): a new prompt does not wait for the segment to
-finish: it cuts the current segment at the next denoising step
-(`prompt_received.queue_depth` is 0, `applies: "now"`; the cut segment's
-`ltx2_segment_complete` has `cut: true`); pausing takes effect at the next
-denoising step, not at the segment boundary. There is no queue: a server
-without room refuses with an `error` (`error_code: "capacity"`,
-`retry_after_s`) instead of holding the socket. Unknown message types get an
-`error` (`unknown_type`), Dreamverse types outside this subset an `error`
-(`unsupported`); the socket stays open.
+Where worldcast does better, its events say so (a `worldcast` field, which the client ignores): a prompt or
+rewrite cuts the current segment at the next denoising step instead of waiting for the segment's end; pause
+acts at the next step; a full server refuses (`capacity`) instead of queueing the socket.
 """
 
 from __future__ import annotations
@@ -51,75 +38,35 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from worldcast.sessions.directing import Segment, SegmentEnd
-from worldcast.sessions.errors import CapacityExhausted, InvalidConditioning, SessionError
-from worldcast.sessions.manager import SessionManager
-from worldcast.sessions.session import CloseReason, Session, SessionState
+from worldcast.sessions.errors import SessionError
+from worldcast.sessions.projects import DEFAULT_SEGMENT_CAP, Project, rewrite_window
+from worldcast.sessions.session import Session, SessionState
+from worldcast.transport.dreamverse_messages import TOGGLES, Refused, check_message
+from worldcast.transport.dreamverse_prompts import REWRITE_MODEL, ProjectInit
 from worldcast.transport.fmp4 import Fmp4Fragmenter
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.rpc import RpcError, parse_json
-from worldcast.transport.schemas import MAX_PROMPT_CHARS, check_prompt
+from worldcast.transport.schemas import MAX_PROMPT_CHARS
 from worldcast.transport.ws_queue import MediaItem, QueueOverflow, Render
-from worldcast.transport.ws_stream import CLOSE_NORMAL, CLOSE_POLICY, StreamConnection, dumps
+from worldcast.transport.ws_stream import CLOSE_NORMAL, StreamConnection, dumps
 
 logger = logging.getLogger(__name__)
 
 #: Largest text message, bytes: session_init_v2 carries the whole list of curated prompts.
 MAX_DREAMVERSE_BYTES = 64 * 1024
-#: Curated prompts taken from session_init_v2, at most.
-MAX_CURATED_PROMPTS = 64
-#: How long the server waits for session_init_v2, s. Dreamverse then starts without prompts; worldcast closes
-#: the socket (4408, `init_timeout`): no session is made for a socket that never starts one.
-INIT_TIMEOUT_S = 10.0
-CLOSE_INIT_TIMEOUT = 4408
-#: Messages other than session_init_v2 a socket may send before it, at most (then it is closed 1008).
-MAX_PRE_INIT_MESSAGES = 16
-#: Close code when the server has no room (RFC 6455 7.4.1: "try again later").
-CLOSE_TRY_AGAIN_LATER = 1013
-#: Dreamverse message types outside the subset served here.
-UNSUPPORTED = frozenset({
-    "project_init_v1", "end_project_keep_session", "simple_generate", "set_enhancement", "set_auto_extension",
-    "set_loop_generation", "reset_to_seed_prompts", "rewrite_seed_prompts", "set_rewrite_model",
-    "set_rewrite_temperature", "select_model",
-})
-SUPPORTED = ("append_prompt", "set_generation_paused", "restart_generation", "leave")
 
-
-class PromptError(ValueError):
-    """A prompt Dreamverse would send that worldcast cannot use (blank, control characters)."""
-
-
-def clean_prompt(text: object) -> tuple[str, bool]:
-    """A Dreamverse prompt as worldcast takes it: `check_prompt`'s rule, then at most MAX_PROMPT_CHARS
-    (cut at a word).
-
-    Returns:
-        (prompt, whether it was shortened).
-
-    Raises:
-        PromptError: not a string, or refused by `check_prompt` (no visible text, control or bidi characters).
-    """
-    if not isinstance(text, str):
-        raise PromptError(f"prompt must be a string, got {type(text).__name__}")
-    try:
-        p = check_prompt(text)
-    except ValueError as e:
-        raise PromptError(str(e)) from None
-    assert p is not None
-    if len(p) <= MAX_PROMPT_CHARS:
-        return p, False
-    cut = p[:MAX_PROMPT_CHARS]
-    return (cut.rsplit(" ", 1)[0] if " " in cut[MAX_PROMPT_CHARS // 2:] else cut), True
+__all__ = ["MAX_DREAMVERSE_BYTES", "DreamverseConnection"]
 
 
 @dataclass
 class DvSegment:
     """Dreamverse's view of one directing segment."""
 
-    segment_idx: int  #: from 1, reset by restart_generation
-    source: str  #: "curated" or "user_raw"
+    segment_idx: int  #: from 1 in each rollout
+    source: str  #: "curated", "user_raw" or "auto_extension"
     prompt_id: str | None
     seed_prompt_index: int | None
     stream_id: str = ""
@@ -132,29 +79,28 @@ class DreamverseConnection(StreamConnection):
 
     Args:
         ws, session, video_scale, guard: as `StreamConnection`.
-        prompts: the curated prompts, played in order, one segment each.
-        preset_id: echoed in `ltx2_stream_start`.
+        init: the `session_init_v2` request (the first project).
         segment_s: segment length, s.
+        segment_cap: segments per rollout before `ltx2_stream_complete` (0: no cap).
         session_timeout_s: the session ends after this long (sent in `gpu_assigned`).
+        on_frames: as `StreamConnection`.
     """
 
-    def __init__(self, ws: WebSocket, session: Session, *, video_scale: int,
-                 prompts: list[str], preset_id: Any, segment_s: float, session_timeout_s: float,
-                 guard: InputGuard | None = None) -> None:
-        super().__init__(ws, session, video_scale=video_scale, guard=guard)
+    def __init__(self, ws: WebSocket, session: Session, *, video_scale: int, init: ProjectInit,
+                 segment_s: float, session_timeout_s: float, segment_cap: int = DEFAULT_SEGMENT_CAP,
+                 guard: InputGuard | None = None, on_frames: Callable[[str, int], None] | None = None) -> None:
+        super().__init__(ws, session, video_scale=video_scale, guard=guard, on_frames=on_frames)
         assert self.director is not None, "Dreamverse clients drive a directing session"
-        self.prompts, self.preset_id, self.segment_s = prompts, preset_id, segment_s
-        self.session_timeout_s = session_timeout_s
-        self.next_prompt = 0
-        self.segment_idx = 0
-        self.loop_iteration = 1
+        self.init, self.segment_s, self.session_timeout_s = init, segment_s, session_timeout_s
+        self.project = Project(cap=segment_cap)
         self.user_paused = False
         self._pending: DvSegment | None = None  #: meta of the segment `direct` is about to open
         self._segments: dict[int, DvSegment] = {}  #: director segment index -> Dreamverse meta
         self._media_segment: int | None = None  #: director segment whose media is being sent
         self._seg_fragmenter: Fmp4Fragmenter | None = None
         self._blocked_at: int | None = None
-        self._restart_pending = False
+        self._announce_pending: list[dict[str, Any]] | None = None  #: a rollout's start, sent before its segment
+        self._stream_open = False  #: ltx2_stream_start sent, ltx2_stream_complete not since
 
     def __repr__(self) -> str:
         return f"DreamverseConnection({self.session.id})"
@@ -181,7 +127,7 @@ class DreamverseConnection(StreamConnection):
         if seg_index != self._media_segment or enc is not self._init_sent_for:
             self._media_segment, self._init_sent_for = seg_index, enc
             self._seg_fragmenter = Fmp4Fragmenter.from_encoder(enc)
-            dv.stream_id, dv.media_started = f"{self.session.id}-{self.loop_iteration}-{dv.segment_idx}", True
+            dv.media_started = True
             out += [dumps({"type": "media_init", "segment_idx": dv.segment_idx, "mime": enc.mime,
                            "stream_id": dv.stream_id, "mode": "av_fmp4"}), enc.init_segment]
             dv.chunks += 1
@@ -190,22 +136,85 @@ class DreamverseConnection(StreamConnection):
         dv.chunks += 1
         return out
 
-    # -- stream ------------------------------------------------------------------------------------------
+    # -- project ------------------------------------------------------------------------------------------
 
     def opening(self) -> None:
-        self.send("ltx2_stream_start", **self._stream_start_fields())
-        self.send("generation_paused_updated", paused=False)
-        self._queue_control({"type": "_next"}, limited=False)
+        self._begin(self.init, first=True)
         timer = asyncio.get_running_loop().create_task(self._timeout(), name=f"dv-timeout-{self.session.id}")
         self._tasks.append(timer)
 
+    def _begin(self, init: ProjectInit, *, first: bool) -> None:
+        """Start a project: Dreamverse's start-up events, then its first segment (through the control loop).
+        A custom start (a prompt, no curated ones) is rewritten into seeds first, as Dreamverse's LLM would."""
+        p = self.project
+        p.begin(init)
+        self.user_paused, self._blocked_at = False, None
+        for msg in init.errors:
+            self.error("bad_prompt", msg)
+        self.send("loop_generation_updated", enabled=p.loop)
+        if init.initial_prompt is not None:
+            self.send("generation_paused_updated", paused=True)  # waiting for the rollout's rewrite
+            self._rewrite_events(init.initial_prompt)
+            self.send("generation_paused_updated", paused=False)
+            self._announce("initial_rewrite")
+        else:
+            self.send("generation_paused_updated", paused=False)
+            self._announce(None if first else "project_init")
+            self.send("seed_prompts_updated", prompts=p.seeds, preset_id=p.preset_id, preset_label=p.preset_label,
+                      reason="init", seed_prompt_count=len(p.seeds))
+        self._queue_control({"type": "_next"}, limited=False)
+
+    def _rewrite_events(self, instruction: str | None) -> None:
+        p = self.project
+        self.send("rewrite_seed_prompts_started", model=REWRITE_MODEL)
+        common = {"preset_id": p.preset_id, "preset_label": p.preset_label, "fallback_used": False, "error": None,
+                  "model": REWRITE_MODEL, "latency_ms": 0.0}
+        self.send("seed_prompts_updated", prompts=p.seeds, reason="rewrite", raw_llm_output=None,
+                  rewrite_instruction=instruction or "", seed_prompt_count=len(p.seeds), **common,
+                  worldcast={"rule": "the instruction is the next direction; the window's unplayed prompts follow"})
+        self.send("rewrite_seed_prompts_complete", **common)
+
     def _stream_start_fields(self) -> dict[str, Any]:
-        return {"total_segments": len(self.prompts), "preset_id": self.preset_id, "stream_mode": "av_fmp4",
-                "live_mode": True, "loop_generation_enabled": False, "loop_iteration": self.loop_iteration,
-                "generation_segment_cap": 0,
+        p = self.project
+        return {"total_segments": len(p.seeds), "preset_id": p.preset_id, "stream_mode": "av_fmp4",
+                "live_mode": True, "loop_generation_enabled": p.loop, "loop_iteration": p.rollout,
+                "generation_segment_cap": p.cap,
                 "worldcast": {"new_prompt": "cuts the current segment at the next denoising step",
                               "pause": "takes effect at the next denoising step",
                               "segment_s": self.segment_s, "fps": self.session.model.spec.fps}}
+
+    def _announce(self, reason: str | None) -> None:
+        """A rollout starts: `ltx2_stream_start` and why (`seed_prompts_reset_applied` / `loop_restarted`),
+        sent now if no segment is open, else just before the next segment (after the open one's end)."""
+        p = self.project
+        msgs = [{"type": "ltx2_stream_start", **self._stream_start_fields()}]
+        counts = {"loop_iteration": p.rollout, "seed_prompt_count": len(p.seeds), "dropped_user_raw_queue": 0,
+                  "dropped_user_ready_queue": 0}
+        if reason == "loop_restart":
+            msgs.append({"type": "loop_restarted", **counts})
+        elif reason is not None:
+            msgs.append({"type": "seed_prompts_reset_applied", "reason": reason, **counts})
+        assert self.director is not None
+        if self.director.current is None:
+            self._announce_pending = None
+            self._send_announcement(msgs)
+        else:
+            self._announce_pending = msgs
+
+    def _send_announcement(self, msgs: list[dict[str, Any]]) -> None:
+        self._stream_open = True
+        for m in msgs:
+            self.send_json(m)
+
+    def _stream_complete(self) -> None:
+        if self._stream_open:
+            self._stream_open = False
+            self.send("ltx2_stream_complete")
+
+    def _unpause(self) -> None:
+        if self.user_paused:
+            self.user_paused = False
+            self.send("generation_paused_updated", paused=False)
 
     async def _timeout(self) -> None:
         await asyncio.sleep(self.session_timeout_s)
@@ -228,6 +237,7 @@ class DreamverseConnection(StreamConnection):
         self.send("error", message=ev.pop("message", ""), error_code=code, **ev)
 
     def on_text(self, text: str) -> None:
+        """Check and dispatch one client message; a bad one gets a precise `error` and changes nothing."""
         now = time.monotonic()
         if not self._admit(text, now):
             return
@@ -240,53 +250,55 @@ class DreamverseConnection(StreamConnection):
         if not isinstance(kind, str):
             self.refuse("bad_message", "expected a JSON object with a string 'type'", "invalid", now)
             return
-        if kind == "append_prompt":
-            try:
-                prompt, truncated = clean_prompt(data.get("prompt"))
-            except PromptError as e:
-                self.refuse("bad_prompt", f"append_prompt requires a non-empty prompt: {e}", "invalid", now)
-                return
-            pid = data.get("prompt_id")
-            pid = pid[:128] if isinstance(pid, str) and pid else f"wc-{time.monotonic_ns()}"
-            cuts = self.director is not None and self.director.current is not None
-            if not self._queue_control({"type": "append_prompt", "prompt": prompt, "prompt_id": pid}):
-                return  # refused (rate limit), and told so with its prompt_id: never acknowledged
-            self.guard.accepted("control", now)
-            self.send("prompt_received", prompt_id=pid, queue_depth=0,
-                      worldcast={"applies": "now", "cuts_segment": cuts,
-                                 "truncated_to_chars": MAX_PROMPT_CHARS if truncated else None})
-        elif kind == "set_generation_paused":
-            paused = data.get("paused")
-            if not isinstance(paused, bool):
-                self.refuse("bad_message", "set_generation_paused requires a boolean 'paused'", "invalid", now)
-                return
-            if not self.guard.take("control", now):
-                self.refuse("rate_limited", "too many set_generation_paused messages", "rate_limited", now,
-                            request=kind)
-                return
-            self.guard.accepted("control", now)
-            self._set_paused(paused)
-        elif kind == "restart_generation":
-            if self._queue_control({"type": "restart_generation"}):
-                self.guard.accepted("control", now)
-        elif kind == "leave":
-            self.send("ltx2_stream_complete")
+        try:
+            obj = check_message(kind, data, self.project)
+        except Refused as e:
+            self.refuse(e.code, e.message, "invalid", now, request=kind[:64])
+            return
+        if kind == "set_rewrite_model":
+            self.send("rewrite_model_updated", rewrite_model=REWRITE_MODEL,
+                      worldcast={"note": "worldcast rewrites by rule; there is no model to choose"})
+            return
+        if kind == "leave":
+            self._stream_complete()
             self.close(CLOSE_NORMAL)
-        elif kind == "session_init_v2":
-            self.refuse("already_initialized", "session_init_v2 was already received on this socket", "invalid", now)
-        elif kind in UNSUPPORTED:
-            self.refuse("unsupported", f"worldcast does not serve Dreamverse's {kind!r}; it serves "
-                        f"session_init_v2 and {', '.join(SUPPORTED)}", "invalid", now)
-        else:
-            self.refuse("unknown_type", f"unknown message type {kind[:64]!r}", "invalid", now)
+            return
+        if kind in TOGGLES or kind == "set_generation_paused":
+            if not self.guard.take("control", now):
+                self.refuse("rate_limited", f"too many {kind} messages", "rate_limited", now, request=kind)
+                return
+            self.guard.accepted("control", now)
+            self._toggle(kind, obj["enabled"])
+            return
+        if not self._queue_control(obj):
+            return  # refused (rate limit), and told so (with its prompt_id): never acknowledged
+        self.guard.accepted("control", now)
+        if kind == "append_prompt":
+            self.send("prompt_received", prompt_id=obj["prompt_id"], queue_depth=0,
+                      worldcast={"applies": "now", "cuts_segment": self.director.current is not None,  # type: ignore[union-attr]
+                                 "truncated_to_chars": MAX_PROMPT_CHARS if obj["truncated"] else None})
+        elif kind == "reset_to_seed_prompts":
+            self.send("seed_prompts_reset_pending", seed_prompt_count=len(self.project.seeds),
+                      worldcast={"applies": "now"})
+
+    def _toggle(self, kind: str, enabled: bool) -> None:
+        if kind == "set_generation_paused":
+            self._set_paused(enabled)
+            return
+        attr, ack = TOGGLES[kind]
+        setattr(self.project, attr, enabled)
+        self.send(ack, enabled=enabled)
+        if enabled:  # loop or auto-extension may unblock a rollout that ran out of seeds
+            self._queue_control({"type": "_next"}, limited=False)
 
     def _set_paused(self, paused: bool) -> None:
+        assert self.director is not None
         self.user_paused = paused
         try:
             if paused:
-                self.session.pause()
-            elif self.director is not None and self.director.current is not None:
-                self.session.resume()  # only an open segment resumes; a finished one stays finished
+                self.director.pause()
+            elif self.director.current is not None:
+                self.director.resume()  # only an open segment resumes; a finished one stays finished
             else:
                 self._queue_control({"type": "_next"}, limited=False)
         except SessionError as e:
@@ -295,35 +307,76 @@ class DreamverseConnection(StreamConnection):
         self.send("generation_paused_updated", paused=paused, worldcast={"applies": "next_step"})
 
     async def handle_control(self, obj: dict[str, Any]) -> None:
-        kind = obj["type"]
-        if kind == "append_prompt":
-            await self._start(obj["prompt"], source="user_raw", prompt_id=obj["prompt_id"], seed_index=None)
-            self.send("prompt_ready", prompt_id=obj["prompt_id"], prompt=obj["prompt"], source="user_raw",
-                      latency_ms=0.0)
-        elif kind == "restart_generation":
-            self.next_prompt, self.segment_idx = 0, 0
-            self.loop_iteration += 1
-            self.send("generation_restarted", reason="cap_restart", segment_cap=0)
-            self._restart_pending = True  # ltx2_stream_start goes out after the cut segment's end
-            await self._next(force=True)
-            if self._restart_pending:  # no prompt to start: announce the restarted stream anyway
-                self._restart_pending = False
-                self.send("ltx2_stream_start", **self._stream_start_fields())
-        elif kind == "_next":
+        """Run one queued request, in arrival order (state checks again: an earlier request may have ended
+        the project)."""
+        kind, p = obj["type"], self.project
+        assert self.director is not None
+        if kind == "_next":
             await self._next()
+        elif kind == "project_init_v1":
+            if p.active:
+                self.error("project_active", "a project is active; send end_project_keep_session and wait for "
+                           "project_idle before project_init_v1")
+            else:
+                self._begin(obj["init"], first=False)
+        elif kind == "end_project_keep_session":  # at once (a cut at the next step); idle again if idle
+            if self.director.current is not None:
+                self.director.halt()  # its end goes out first; no frame of it after
+            p.end()
+            self.user_paused, self._announce_pending, self._blocked_at = False, None, None
+            self._stream_complete()
+            self.send("project_idle", dropped_user_raw_queue=0, dropped_user_ready_queue=0)
+        elif not p.active:
+            self.error("no_project", f"{kind}: no project is active; send project_init_v1 first")
+        elif kind == "append_prompt":
+            await self._start(obj["prompt"], source="user_raw", prompt_id=obj["prompt_id"], seed_index=None)
+        elif kind == "rewrite_seed_prompts":
+            base = obj["window"] or p.seeds
+            instruction = obj["instruction"]
+            open_ = self.director.current is not None
+            p.new_rollout(rewrite_window(instruction, base, p.window_played(base) if instruction else 0))
+            self._rewrite_events(instruction)
+            self._unpause()
+            self._announce("rewrite_during_generation" if open_ else "rewrite_rollout")
+            await self._next(force=True)
+        elif kind in ("restart_generation", "reset_to_seed_prompts"):
+            if kind == "restart_generation":
+                self.send("generation_restarted", reason="cap_restart", segment_cap=p.cap)
+            self._unpause()
+            p.new_rollout()
+            self._announce("cap_restart" if kind == "restart_generation" else "manual_reset")
+            await self._next(force=True)
 
     async def _next(self, *, force: bool = False) -> None:
-        """Start the next curated prompt, unless a segment is open (or paused), or none is left."""
-        if self.user_paused or (self.director is not None and self.director.current is not None and not force):
+        """Start the project's next segment unless one is open (`force`: cut it) or the user paused; else say
+        why nothing plays (the rollout's cap reached: `ltx2_stream_complete`; no prompt left: blocked)."""
+        assert self.director is not None
+        p = self.project
+        if self.user_paused or (self.director.current is not None and not force):
             return
-        if self.next_prompt >= len(self.prompts):
-            if self._blocked_at != self.segment_idx + 1:
-                self._blocked_at = self.segment_idx + 1
-                self.send("prompt_sources_blocked", segment_idx=self.segment_idx + 1)
+        kind = p.next_kind()
+        if kind == "loop":
+            p.new_rollout()
+            self._announce("loop_restart")
+            kind = "seed"
+        if kind == "seed":
+            prompt, i = p.take_seed()
+            await self._start(prompt, source="curated", prompt_id=None, seed_index=i)
             return
-        i = self.next_prompt
-        self.next_prompt += 1
-        await self._start(self.prompts[i], source="curated", prompt_id=None, seed_index=i)
+        if kind == "auto" and p.last_prompt is not None:
+            await self._start(p.last_prompt, source="auto_extension", prompt_id=None, seed_index=None)
+            return
+        if force and self.director.current is not None:
+            self.director.halt()
+        if self._announce_pending is not None:
+            self._send_announcement(self._announce_pending)
+            self._announce_pending = None
+        if kind == "capped" and not p.capped:
+            p.capped = True
+            self._stream_complete()
+        elif kind == "blocked" and self._blocked_at != p.started + 1:
+            self._blocked_at = p.started + 1
+            self.send("prompt_sources_blocked", segment_idx=p.started + 1)
 
     async def _start(self, prompt: str, *, source: str, prompt_id: str | None, seed_index: int | None) -> None:
         assert self.director is not None
@@ -332,12 +385,20 @@ class DreamverseConnection(StreamConnection):
         except SessionError as e:
             self.error("bad_prompt", str(e))
             return
-        self.segment_idx += 1
-        self._pending = DvSegment(self.segment_idx, source, prompt_id, seed_index)
+        p = self.project
+        if prompt_id is not None:  # Dreamverse's order: received, enhancing, ready, then the segment
+            if p.enhancement:
+                self.send("prompt_enhancing", prompt_id=prompt_id, worldcast={"enhancer": None,
+                                                                             "note": "used as written"})
+            self.send("prompt_ready", prompt_id=prompt_id, prompt=prompt, source=source, latency_ms=0.0)
+        p.started += 1
+        p.last_prompt = prompt
+        self._pending = DvSegment(p.started, source, prompt_id, seed_index,
+                                  stream_id=f"{self.session.id}-{p.rollout}-{p.started}")
         try:
-            self.director.direct(str(self.segment_idx), prompt, context, duration_s=self.segment_s)
+            self.director.direct(str(p.started), prompt, context, duration_s=self.segment_s)
             if self.user_paused:
-                self.session.pause()
+                self.director.pause()
         except SessionError as e:
             self.error("session_closed", str(e))
         finally:
@@ -346,20 +407,24 @@ class DreamverseConnection(StreamConnection):
     # -- segment events ----------------------------------------------------------------------------------
 
     def _segment_start(self, seg: Segment) -> None:
-        dv = self._pending or DvSegment(self.segment_idx, "user_raw", None, None)
+        p = self.project
+        dv = self._pending or DvSegment(p.started, "user_raw", None, None)
         self._segments[seg.index] = dv
-        if self._restart_pending:
-            self._restart_pending = False
-            self.send("ltx2_stream_start", **self._stream_start_fields())
-        self._blocked_at = None
+        if self._announce_pending is not None:
+            self._send_announcement(self._announce_pending)
+            self._announce_pending = None
+        if self._blocked_at is not None:
+            self._blocked_at = None
+            self.send("prompt_sources_resumed", segment_idx=dv.segment_idx, source=dv.source,
+                      prompt_id=dv.prompt_id)
         self.send("segment_prompt_source", segment_idx=dv.segment_idx, source=dv.source, prompt_id=dv.prompt_id,
-                  fallback_used=False, seed_prompt_index=dv.seed_prompt_index, loop_iteration=self.loop_iteration)
+                  fallback_used=False, seed_prompt_index=dv.seed_prompt_index, loop_iteration=p.rollout)
         self.send("ltx2_segment_start", segment_idx=dv.segment_idx, total_segments=self._total(dv),
                   prompt=seg.prompt, source=dv.source, seed_prompt_index=dv.seed_prompt_index,
-                  loop_iteration=self.loop_iteration, worldcast={"target_frames": seg.target_frames})
+                  loop_iteration=p.rollout, worldcast={"target_frames": seg.target_frames})
 
     def _total(self, dv: DvSegment) -> int:
-        return max(dv.segment_idx, len(self.prompts))
+        return max(dv.segment_idx, len(self.project.seeds))
 
     def _segment_complete(self, seg: Segment) -> None:
         dv = self._segments.get(seg.index)
@@ -367,6 +432,7 @@ class DreamverseConnection(StreamConnection):
             return
         summary = seg.summary(self.director.fps if self.director else 1.0)
         cut = seg.end == SegmentEnd.CUT
+        total = self._total(dv)
 
         def render() -> list[str | bytes]:  # at send time: after every media segment of it went out
             self._segments.pop(seg.index, None)
@@ -381,8 +447,9 @@ class DreamverseConnection(StreamConnection):
             out.append(dumps({"type": "step_complete", "latency_ms": {
                 "total": round(wall, 2), "worker_e2e": round(worker, 2), "main_user_step": round(wall, 2),
                 "overhead": round(wall - worker, 2)}}))
+            sent, dropped = self.frames.segment(seg.index)  # final: its media were sent or dropped
             out.append(dumps({"type": "ltx2_segment_complete", "segment_idx": dv.segment_idx,
-                              "total_segments": self._total(dv), "cut": cut, "frames": seg.frames,
+                              "total_segments": total, "cut": cut, "frames": sent, "dropped": dropped,
                               "worldcast": {"end": summary["end"], "ttff_ms": t.get("ttff")}}))
             if seg.end == SegmentEnd.FINISHED:  # every frame of it has been sent: the next prompt's flush drops none
                 self._queue_control({"type": "_next"}, limited=False)
@@ -405,109 +472,3 @@ class DreamverseConnection(StreamConnection):
 
     def _on_error(self, session: Session, reason: object) -> None:
         self.error(getattr(reason, "code", "session_failed"), f"AV streaming failed: {reason}")
-
-
-async def serve_dreamverse(ws: WebSocket, *, manager: SessionManager, video_scale: int, segment_s: float,
-                           session_timeout_s: float,
-                           make_guard: Callable[[], InputGuard] = InputGuard) -> None:
-    """Serve `WS /ws`: queue status, wait for session_init_v2, open a directing session, stream it.
-
-    The session belongs to the socket: it is closed when the socket closes.
-    """
-    await ws.accept()
-    guard = make_guard()  # from the first message: one flood verdict for everything this socket sends
-    admitted = manager.admission_decision().admitted
-    try:
-        await ws.send_text(dumps({"type": "queue_status", "position": 0 if admitted else 1, "total_gpus": 1,
-                                  "available_gpus": 1 if admitted else 0}))
-        init = await _wait_init(ws, guard)
-    except (WebSocketDisconnect, RuntimeError):
-        return
-    if init is None:
-        return
-    prompts, errors_ = _curated(init)
-    for msg in errors_:
-        await ws.send_text(dumps({"type": "error", "message": msg, "error_code": "bad_prompt"}))
-    try:
-        session = await manager.create(mode="directing", prompt=prompts[0] if prompts else None)
-    except InvalidConditioning as e:  # e.g. a model that takes no text: nothing to direct
-        await ws.send_text(dumps({"type": "error", "message": f"cannot direct this model: {e}",
-                                  "error_code": "unsupported_model"}))
-        await ws.close(1008)
-        return
-    except CapacityExhausted as e:
-        await ws.send_text(dumps({"type": "error", "message": f"no GPU available: {e}", "error_code": "capacity",
-                                  "retry_after_s": e.retry_after_s}))
-        await ws.close(CLOSE_TRY_AGAIN_LATER)
-        return
-    try:
-        await ws.send_text(dumps({"type": "gpu_assigned", "gpu_id": 0, "session_timeout": session_timeout_s}))
-        conn = DreamverseConnection(ws, session, video_scale=video_scale,
-                                    prompts=prompts, preset_id=init.get("preset_id"), segment_s=segment_s,
-                                    session_timeout_s=session_timeout_s, guard=guard)
-        await conn.run()
-    except (WebSocketDisconnect, RuntimeError):
-        pass
-    finally:
-        manager.close(session.id, CloseReason.CLIENT)
-
-
-async def _wait_init(ws: WebSocket, guard: InputGuard) -> dict[str, Any] | None:
-    """The session_init_v2 message; None if the client left, sent none within INIT_TIMEOUT_S (told, closed
-    4408: a socket that never starts holds no session) or sent more than MAX_PRE_INIT_MESSAGES others
-    (told, closed 1008). Messages before it are counted and answered through `guard` (coalesced)."""
-    deadline = time.monotonic() + INIT_TIMEOUT_S
-    refused = 0
-    while True:
-        try:
-            msg = await asyncio.wait_for(ws.receive(), max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            await ws.send_text(dumps({"type": "error", "message": f"no session_init_v2 within {INIT_TIMEOUT_S:g} s",
-                                      "error_code": "init_timeout"}))
-            await ws.close(CLOSE_INIT_TIMEOUT)
-            return None
-        if msg["type"] == "websocket.disconnect":
-            return None
-        now = time.monotonic()
-        raw = msg.get("text") if msg.get("text") is not None else (msg.get("bytes") or b"")
-        rej = guard.admit("stream", raw, now, max_bytes=MAX_DREAMVERSE_BYTES)
-        why, outcome = ("send session_init_v2 first", "invalid") if rej is None else (rej.message, rej.outcome)
-        if rej is None and msg.get("text") is not None:
-            try:
-                data = parse_json(msg["text"], what="Dreamverse", max_bytes=MAX_DREAMVERSE_BYTES)
-            except RpcError as e:
-                data, why, outcome = None, e.message, "parse_error"
-            if isinstance(data, dict) and data.get("type") == "session_init_v2":
-                guard.accepted("stream", now)
-                return data
-            if isinstance(data, dict) and data.get("type") == "leave":
-                await ws.close(CLOSE_NORMAL)
-                return None
-        refused += 1
-        if refused > MAX_PRE_INIT_MESSAGES:
-            await ws.send_text(dumps({"type": "error", "error_code": "flood", "message": f"more than "
-                                      f"{MAX_PRE_INIT_MESSAGES} messages before session_init_v2"}))
-            await ws.close(CLOSE_POLICY)
-            return None
-        for ev in guard.rejected_message("stream", "not_initialized", why, now, outcome=outcome):
-            await ws.send_text(dumps({"type": "error", "message": ev["message"], "error_code": ev["code"],
-                                      "count": ev["count"]}))
-
-
-def _curated(init: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Usable curated prompts (or the initial rollout prompt) of session_init_v2, and errors for the rest."""
-    raw = init.get("curated_prompts")
-    raw = raw if isinstance(raw, list) else []
-    if not raw and isinstance(init.get("initial_rollout_prompt"), str) and init["initial_rollout_prompt"].strip():
-        raw = [init["initial_rollout_prompt"]]
-    prompts, errs = [], []
-    for i, p in enumerate(raw[:MAX_CURATED_PROMPTS]):
-        if isinstance(p, str) and not p.strip():
-            continue  # Dreamverse skips blank entries too
-        try:
-            prompts.append(clean_prompt(p)[0])
-        except PromptError as e:
-            errs.append(f"curated prompt {i + 1} skipped: {e}")
-    if len(raw) > MAX_CURATED_PROMPTS:
-        errs.append(f"only the first {MAX_CURATED_PROMPTS} curated prompts are used")
-    return prompts, errs

@@ -205,6 +205,10 @@ def picture_for(frame: VideoFrame, *, scale: int, stamp: bool) -> av.VideoFrame:
 SampleCallback = Callable[[VideoFrame, Fmp4Encoder, EncodedSample], None]
 
 
+#: `FrameQueue` drop reasons as an fMP4 sink names them.
+_DROP_REASONS = {"full": "encoder_queue", "cleared": "stale", "stale": "stale"}
+
+
 class Fmp4Sink(QueuedSink):
     """A `FrameSink` that encodes a session's frames to H.264 for fMP4, off the event loop.
 
@@ -219,16 +223,20 @@ class Fmp4Sink(QueuedSink):
         depth: frames held at most before encoding (the oldest is dropped): 2, or the frames of
             one chunk if more (they arrive together).
         name: for logs and the worker thread's name.
+        on_drop: called on the event loop with (reason, frames) for every frame put that is not handed
+            to `on_sample`: "encoder_queue" (pushed out of the full queue: the encoder is behind), "stale"
+            (a flush or cut dropped it, queued or while it was encoded), "closed" (queued at `aclose`) or
+            "encoder" (the encoder returned nothing for it).
     """
 
     def __init__(self, *, fps: int, on_sample: SampleCallback, epoch_fn: Callable[[], int],
                  on_clear: Callable[[], None] | None = None, scale: int = 1, stamp: bool = False,
-                 depth: int = 2, name: str = "") -> None:
+                 depth: int = 2, name: str = "", on_drop: Callable[[str, int], None] | None = None) -> None:
         if not 1 <= depth <= 64:
             raise ValueError("a frame sink holds 1 to 64 frames (two, or one chunk's)")
         self.fps, self.scale, self.stamp, self.name = fps, scale, stamp, name
-        self._on_sample, self._epoch_fn, self._on_clear = on_sample, epoch_fn, on_clear
-        self.queue = FrameQueue(depth, epoch_fn, on_drop=self._done)
+        self._on_sample, self._epoch_fn, self._on_clear, self._on_drop = on_sample, epoch_fn, on_clear, on_drop
+        self.queue = FrameQueue(depth, epoch_fn, on_drop=self._queue_dropped)
         self._keyframe = False
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"fmp4-{name}")
         self._task: asyncio.Task[None] | None = None
@@ -260,6 +268,15 @@ class Fmp4Sink(QueuedSink):
         """Call `callback` (on the event loop) once every frame put so far has been handed on or dropped."""
         self._markers.append((self.frames_in, callback))
         self._done(0)
+
+    def _queue_dropped(self, n: int, reason: str) -> None:
+        why = "closed" if self._closed else _DROP_REASONS.get(reason, reason)
+        if self._on_drop is not None:
+            try:
+                self._on_drop(why, n)
+            except Exception:  # noqa: BLE001 - a counter's bug must not stop the encoder
+                logger.exception("Fmp4Sink(%s): on_drop failed", self.name)
+        self._done(n)
 
     def _done(self, n: int) -> None:
         self._frames_done += n
@@ -294,6 +311,9 @@ class Fmp4Sink(QueuedSink):
             if not self.queue.is_current(frame) or self._closed:  # flushed while it was being encoded
                 self._keyframe = True  # the decoder never sees this one: restart the references
                 self.queue.drop(1)
+                continue
+            if not samples:
+                self.queue.drop(1, "encoder")
                 continue
             for s in samples:
                 self.frames_encoded += 1

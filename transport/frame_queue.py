@@ -5,7 +5,10 @@ session that delivers to it and never delay a frame behind stale ones: it
 holds at most `depth` frames (two, or one chunk's), drops the oldest when a
 new one arrives and it is full, drops everything on `clear` (a flush), and
 skips frames whose flush epoch is older than the session's current one when
-they are taken (`get`). Counters say what happened to every frame.
+they are taken (`get`). Counters say what happened to every frame, and why
+each dropped one was: `full` (a newer frame pushed it out: the consumer is
+behind), `cleared` (a flush) or `stale` (an older epoch when taken, or as the
+sink reports it).
 
 Event-loop only (not thread-safe); `put` and `clear` never await.
 """
@@ -25,15 +28,17 @@ class FrameQueue:
     Args:
         depth: frames held at most (>= 1).
         epoch_fn: the session's current flush epoch; older frames are skipped by `get`.
-        on_drop: called with the number of frames each time some are dropped (full, cleared or stale).
+        on_drop: called with (frames, reason) each time some are dropped; reason is "full", "cleared"
+            or "stale".
 
     Attributes:
         frames_in: frames put.
         frames_dropped: frames dropped without being taken.
+        dropped_by: frames dropped, by reason.
     """
 
     def __init__(self, depth: int, epoch_fn: Callable[[], int], *,
-                 on_drop: Callable[[int], None] | None = None) -> None:
+                 on_drop: Callable[[int, str], None] | None = None) -> None:
         if depth < 1:
             raise ValueError("a frame queue holds at least one frame")
         self._q: collections.deque[VideoFrame] = collections.deque(maxlen=depth)
@@ -42,6 +47,7 @@ class FrameQueue:
         self._on_drop = on_drop
         self.frames_in = 0
         self.frames_dropped = 0
+        self.dropped_by: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._q)
@@ -50,11 +56,12 @@ class FrameQueue:
     def depth(self) -> int:
         return self._q.maxlen or 0
 
-    def _dropped(self, n: int) -> None:
+    def _dropped(self, n: int, reason: str) -> None:
         if n:
             self.frames_dropped += n
+            self.dropped_by[reason] = self.dropped_by.get(reason, 0) + n
             if self._on_drop is not None:
-                self._on_drop(n)
+                self._on_drop(n, reason)
 
     def put(self, frame: VideoFrame) -> None:
         """Add a frame, dropping the oldest when full (never blocks)."""
@@ -62,7 +69,7 @@ class FrameQueue:
         self._q.append(frame)
         self.frames_in += 1
         if full:
-            self._dropped(1)
+            self._dropped(1, "full")
         self._ready.set()
 
     def clear(self) -> int:
@@ -70,7 +77,7 @@ class FrameQueue:
         n = len(self._q)
         self._q.clear()
         self._ready.clear()
-        self._dropped(n)
+        self._dropped(n, "cleared")
         return n
 
     def wake(self) -> None:
@@ -81,9 +88,9 @@ class FrameQueue:
         """Whether `frame` belongs to the session's current flush epoch."""
         return frame.epoch >= self._epoch_fn()
 
-    def drop(self, n: int = 1) -> None:
+    def drop(self, n: int = 1, reason: str = "stale") -> None:
         """Count frames the sink itself dropped after taking them (e.g. stale once encoded)."""
-        self._dropped(n)
+        self._dropped(n, reason)
 
     async def get(self, *, alive: Callable[[], bool] = lambda: True,
                   accept: Callable[[VideoFrame], bool] | None = None) -> VideoFrame | None:
@@ -103,7 +110,7 @@ class FrameQueue:
             f = self._q.popleft()
             if self.is_current(f) and (accept is None or accept(f)):
                 return f
-            self._dropped(1)
+            self._dropped(1, "stale")
 
 
 class QueuedSink:

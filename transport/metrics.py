@@ -202,6 +202,9 @@ class Metrics:
                                   "Delivery time minus presentation time of each delivered frame",
                                   buckets=LATENESS_BUCKETS_S, registry=r)
         self.frames = Counter("worldcast_frames", "Frames by outcome", ["outcome"], registry=r)
+        self.stream_frames = Counter("worldcast_stream_frames", "Frames handed to WebSocket streams (fMP4, "
+                                     "Dreamverse) by outcome: sent, or dropped_<reason> (encoder_queue, stale, "
+                                     "slow_reader, closed, encoder, unrouted)", ["outcome"], registry=r)
         self.admissions = Counter("worldcast_admission_decisions", "Admission decisions", ["outcome"], registry=r)
         self.input_messages = Counter("worldcast_input_messages", "Client messages by channel (actions, control, "
                                       "stream: any message on a WebSocket before its kind is known) and outcome "
@@ -253,6 +256,10 @@ class Metrics:
         self.frames.labels("delivered" if delivered else "dropped_stale").inc()
         if delivered:
             self.lateness.observe(lateness_s)
+
+    def on_stream_frames(self, outcome: str, n: int = 1) -> None:
+        """A WebSocket stream's `FrameAccount` hook: `n` frames sent or dropped (event loop)."""
+        self.stream_frames.labels(outcome).inc(n)
 
     def on_engine_lost(self, engine: object) -> None:
         """An engine core died (its sessions were told `engine_lost`)."""

@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from worldcast.sessions.actions import SeqOutcome
+from worldcast.sessions.directing import DirectingRefusal, director_of
 from worldcast.sessions.errors import InvalidAction, SessionError
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
@@ -204,9 +205,7 @@ class RpcHandler:
 
     async def _set_prompt(self, params: dict[str, Any]) -> dict[str, Any]:
         p = _params(SetPromptParams, params)
-        if self.session.directing is not None:
-            raise RpcError(errors.INVALID_REQUEST, "a directing session changes its prompt with a direction "
-                           '({"type": "direction", "id", "prompt"} on its stream), not set_prompt')
+        self._directing_allows("set_prompt")
         if not self.session.takes_text:
             raise RpcError(errors.INVALID_PARAMS, f"prompt: {self.session.model.spec.name} takes no text prompt "
                            "(it is conditioned on its starting image)")
@@ -216,17 +215,31 @@ class RpcHandler:
 
     async def _pause(self, params: dict[str, Any]) -> dict[str, Any]:
         _params(NoParams, params)
-        self.session.pause()
+        d = director_of(self.session)
+        (d or self.session).pause()
         return {}
 
     async def _resume(self, params: dict[str, Any]) -> dict[str, Any]:
         _params(NoParams, params)
-        d = self.session.directing
-        if d is not None and d.segment_count == 0:
-            raise RpcError(errors.INVALID_REQUEST, "a directing session generates nothing until its first "
-                           "direction: send one on its stream")
-        self.session.resume()
-        return {}
+        d = director_of(self.session)
+        if d is None:
+            self.session.resume()
+            return {}
+        try:
+            d.resume()  # an ended segment stays ended: a direction starts the next
+            return {}
+        except DirectingRefusal as e:
+            raise RpcError(errors.INVALID_REQUEST, f"{e} (a direction on the session's stream)") from None
+
+    def _directing_allows(self, method: str) -> None:
+        """The directing layer's word on a control request of a directed session (its rules, not ours)."""
+        d = director_of(self.session)
+        if d is not None:
+            try:
+                d.check_control(method)
+            except DirectingRefusal as e:
+                raise RpcError(errors.INVALID_REQUEST, f'{e} ({{"type": "direction", "id", "prompt"}} on its '
+                               "stream)") from None
 
     async def _get_state(self, params: dict[str, Any]) -> dict[str, Any]:
         _params(NoParams, params)

@@ -86,6 +86,9 @@ class QueueStats:
 
     media_queued: int = 0  #: media items accepted
     media_dropped: int = 0  #: media items dropped (slow reader, flush, waiting for a keyframe)
+    #: media items dropped by reason: "slow_reader" (the backlog overflowed, and what followed until a
+    #: keyframe) or "stale" (a flush or cut, and what followed until a keyframe)
+    media_dropped_by: dict[str, int] = field(default_factory=dict)
     slow_reader_drops: int = 0  #: times the media backlog overflowed
     keyframes_requested: int = 0  #: IDRs asked for after a drain
     max_media_bytes: int = 0  #: peak bytes of media waiting
@@ -98,10 +101,12 @@ class OutboundQueue:
     Args:
         on_need_keyframe: called (on the event loop) when media resumes after drops.
         max_media, max_media_bytes, max_control: the bounds described in the module docstring.
+        on_drop: called with (reason, items) whenever media items are dropped (see `QueueStats`).
     """
 
     def __init__(self, *, on_need_keyframe: Callable[[], None], max_media: int = MAX_MEDIA_ITEMS,
-                 max_media_bytes: int = MAX_MEDIA_BYTES, max_control: int = MAX_CONTROL_ITEMS) -> None:
+                 max_media_bytes: int = MAX_MEDIA_BYTES, max_control: int = MAX_CONTROL_ITEMS,
+                 on_drop: Callable[[str, int], None] | None = None) -> None:
         self._items: collections.deque[Item] = collections.deque()
         self._ready = asyncio.Event()
         self._on_need_keyframe = on_need_keyframe
@@ -114,6 +119,8 @@ class OutboundQueue:
         self._keyframe_pending = False  #: a keyframe was asked for and has not arrived yet
         self._dropped_since_key = False
         self._sender_idle = False  #: the sender waits in `get` with nothing to send: the reader keeps up
+        self._gap_reason = "stale"  #: why media is being dropped until the next keyframe
+        self._on_drop = on_drop
         self.stats = QueueStats()
 
     def __len__(self) -> int:
@@ -143,7 +150,7 @@ class OutboundQueue:
             return False
         if self.media_items + 1 > self.max_media or self.media_bytes + item.nbytes > self.max_media_bytes:
             self.stats.slow_reader_drops += 1
-            self.purge_media()
+            self.purge_media("slow_reader")
             self._drop_one()
             return False
         self.waiting_for_keyframe = self._keyframe_pending = False
@@ -155,8 +162,9 @@ class OutboundQueue:
         self._touch()
         return True
 
-    def purge_media(self) -> int:
-        """Drop every queued media item (a flush, or a slow reader); media resumes at a keyframe.
+    def purge_media(self, reason: str = "stale") -> int:
+        """Drop every queued media item (a flush: "stale", or a slow reader: "slow_reader"); media resumes
+        at a keyframe.
 
         Returns:
             items dropped.
@@ -165,14 +173,23 @@ class OutboundQueue:
             x for x in self._items if not isinstance(x, MediaItem))
         dropped = len(self._items) - len(kept)
         self._items = kept
-        self.stats.media_dropped += dropped
+        self._gap_reason = reason
+        self._count_dropped(dropped)
         self.media_items = self.media_bytes = 0
         self.waiting_for_keyframe = True
         self._dropped_since_key = self._dropped_since_key or dropped > 0
         return dropped
 
+    def _count_dropped(self, n: int) -> None:
+        if n:
+            self.stats.media_dropped += n
+            by = self.stats.media_dropped_by
+            by[self._gap_reason] = by.get(self._gap_reason, 0) + n
+            if self._on_drop is not None:
+                self._on_drop(self._gap_reason, n)
+
     def _drop_one(self) -> None:
-        self.stats.media_dropped += 1
+        self._count_dropped(1)
         self._dropped_since_key = True
         self._maybe_request_keyframe()
 
@@ -206,3 +223,52 @@ class OutboundQueue:
         elif not isinstance(item, Close):
             self.control_items -= 1
         return item
+
+
+@dataclass
+class FrameAccount:
+    """What became of every frame handed to a stream: sent, or dropped, and where.
+
+    Frames reach a stream's sink, its encoder and its outbound queue; every one that is not sent is
+    counted under the reason the stage that dropped it names ("encoder_queue", "stale", "closed",
+    "encoder" from the sink; "slow_reader", "stale" from the queue; "unrouted": rendered to nothing).
+
+    Attributes:
+        handed_by_segment: frames handed to the stream, per directing segment index.
+        sent: frames whose media went out.
+        sent_by_segment: of those, per directing segment index.
+        dropped: frames dropped, by reason.
+        on_count: called with (outcome, frames) for each count: "sent", or "dropped_<reason>" (metrics).
+    """
+
+    handed_by_segment: dict[int, int] = field(default_factory=dict)
+    sent: int = 0
+    sent_by_segment: dict[int, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    on_count: Callable[[str, int], None] | None = None
+
+    def count_handed(self, segment: int | None) -> None:
+        if segment is not None:
+            self.handed_by_segment[segment] = self.handed_by_segment.get(segment, 0) + 1
+
+    def segment(self, index: int) -> tuple[int, int]:
+        """(frames sent, frames dropped) of directing segment `index` on this stream."""
+        sent = self.sent_by_segment.get(index, 0)
+        return sent, max(0, self.handed_by_segment.get(index, 0) - sent)
+
+    def count_sent(self, segment: int | None) -> None:
+        self.sent += 1
+        if segment is not None:
+            self.sent_by_segment[segment] = self.sent_by_segment.get(segment, 0) + 1
+        if self.on_count is not None:
+            self.on_count("sent", 1)
+
+    def count_dropped(self, reason: str, n: int = 1) -> None:
+        if n:
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+            if self.on_count is not None:
+                self.on_count(f"dropped_{reason}", n)
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())

@@ -42,7 +42,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from worldcast.sessions.directing import Segment, SegmentEnd
+from worldcast.sessions.directing import Segment, SegmentEnd, director_of
 from worldcast.sessions.errors import SessionError
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState, VideoFrame
@@ -52,7 +52,7 @@ from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter,
 from worldcast.transport.limits import InputGuard, Rejection
 from worldcast.transport.rpc import ActionHandler, RpcError, RpcHandler, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
-from worldcast.transport.ws_queue import Close, MediaItem, OutboundQueue, QueueOverflow, Render
+from worldcast.transport.ws_queue import Close, FrameAccount, MediaItem, OutboundQueue, QueueOverflow, Render
 
 logger = logging.getLogger(__name__)
 
@@ -200,16 +200,24 @@ class StreamConnection:
         session: its session.
         video_scale: integer upscale of the video.
         guard: the connection's limits and counters (`InputGuard`; default limits, uncounted, if None).
+        on_frames: called with (outcome, frames) for every frame handed to the stream: "sent" or
+            "dropped_<reason>" (`FrameAccount`; the metrics' `on_stream_frames`).
+
+    Attributes:
+        frames: what became of every frame handed to the stream (`FrameAccount`).
     """
 
     def __init__(self, ws: WebSocket, session: Session, *, video_scale: int = 1,
-                 guard: InputGuard | None = None) -> None:
+                 guard: InputGuard | None = None, on_frames: Callable[[str, int], None] | None = None) -> None:
         self.ws, self.session = ws, session
-        self.director = session.directing
+        self.director = director_of(session)  #: the directing layer over the session (None: interactive)
+        self.frames = FrameAccount(on_count=on_frames)
         self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample, epoch_fn=session.current_epoch,
                              on_clear=self._on_clear, scale=video_scale, stamp=session.stamp_frames,
-                             depth=max(2, session.model.spec.frames_per_chunk), name=session.id)
-        self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe)
+                             depth=max(2, session.model.spec.frames_per_chunk), name=session.id,
+                             on_drop=self.frames.count_dropped)
+        self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe, on_drop=self.frames.count_dropped)
+        self._tap = _CountingSink(self.sink, self._count_handed)  #: what the session delivers to
         self.rpc = RpcHandler(session)
         self.guard = guard or InputGuard()
         self.actions = ActionHandler(session, guard=self.guard)
@@ -218,7 +226,7 @@ class StreamConnection:
         self._control: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING_CONTROL)
         self._fragmenter: Fmp4Fragmenter | None = None
         self._init_sent_for: Fmp4Encoder | None = None
-        self._held: list[str] | None = None  #: events held back while a direction is applied
+        self._held: list[str | Render] | None = None  #: events held back while a direction is applied
         self._unsubscribe: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._close_code: int | None = None
@@ -255,7 +263,14 @@ class StreamConnection:
         """Send one of the guard's events (refusals, summaries, the flood verdict) in this protocol's shape."""
         self.send_json(event)
 
-    def _put(self, text: str) -> None:
+    def send_rendered(self, fn: Callable[[], list[str | bytes]]) -> None:
+        """Queue messages rendered when they are sent (held like events while a direction is applied)."""
+        if self._held is not None:
+            self._held.append(Render(fn))
+            return
+        self._put(Render(fn))
+
+    def _put(self, text: str | Render) -> None:
         if self._aborted:
             return
         try:
@@ -279,6 +294,10 @@ class StreamConnection:
         if self._close_code is None:
             self._close_code = code
             self.queue.close()
+
+    def _count_handed(self, frame: VideoFrame) -> None:
+        seg = self.director.segment_for_epoch(frame.epoch) if self.director is not None else None
+        self.frames.count_handed(None if seg is None else seg.index)
 
     def _on_sample(self, frame: VideoFrame, encoder: Fmp4Encoder, sample: EncodedSample) -> None:
         seg = self.director.segment_for_epoch(frame.epoch) if self.director is not None else None
@@ -315,6 +334,10 @@ class StreamConnection:
                 return
             if isinstance(item, MediaItem):
                 msgs = self.render(item)
+                if msgs:
+                    self.frames.count_sent(item.meta["event"].get("segment"))
+                else:
+                    self.frames.count_dropped("unrouted")
             else:
                 msgs = item.fn() if isinstance(item, Render) else [item]
             for m in msgs:
@@ -480,9 +503,9 @@ class StreamConnection:
             self.error("session_closed", str(e), id=ref)
             return
         held, self._held = self._held, None
-        fps = self.director.fps
-        self.event("direction_ack", id=d.id, segment=ack.segment.index,
-                   cut=None if ack.cut is None else ack.cut.summary(fps))
+        cut, seg_index = ack.cut, ack.segment.index
+        self.send_rendered(lambda: [dumps({"event": "direction_ack", "id": d.id, "segment": seg_index,
+                                           "cut": None if cut is None else self.segment_summary(cut)})])
         for text in held:
             self._put(text)
 
@@ -492,13 +515,23 @@ class StreamConnection:
         self.event("segment_start", segment=seg.index, direction_id=seg.direction_id, prompt=seg.prompt,
                    epoch=seg.epoch, target_frames=seg.target_frames)
 
-    def _segment_complete(self, seg: Segment) -> None:
+    def segment_summary(self, seg: Segment) -> dict[str, object]:
+        """`Segment.summary` as this stream delivered it: `frames` its frames sent, `dropped` those handed to
+        this stream but not sent (`FrameAccount.dropped` says where). Final once rendered after the segment's
+        queued media (a cut or stopped segment's undelivered frames are stale: never sent later)."""
         assert self.director is not None
         summary = seg.summary(self.director.fps)
+        summary["frames"], summary["dropped"] = self.frames.segment(seg.index)
+        return summary
+
+    def _segment_complete(self, seg: Segment) -> None:
+        def enqueue() -> None:  # rendered when sent: after every media segment of it queued before
+            self.send_rendered(lambda: [dumps({"event": "segment_complete", **self.segment_summary(seg)})])
+
         if seg.end == SegmentEnd.FINISHED:  # its last frames may still be in the encoder: after them
-            self.sink.when_done(lambda: self.event("segment_complete", **summary))
+            self.sink.when_done(enqueue)
         else:  # cut or stopped: its queued frames were dropped
-            self.event("segment_complete", **summary)
+            enqueue()
 
     def _on_state(self, session: Session, state: object) -> None:
         assert isinstance(state, SessionState)
@@ -532,10 +565,7 @@ class StreamConnection:
         self._tasks += [sender, receiver, loop.create_task(self._control_loop(), name=f"ws-control-{s.id}")]
         try:
             s.actions.new_client()
-            if self.director is not None:
-                self.director.attach_sink(self.sink)
-            else:
-                s.attach_sink(self.sink)
+            s.attach_sink(self._tap)  # a directed session's gate lets through only its open segment's frames
             await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
             for t in (sender, receiver):
                 if t.done() and not t.cancelled() and t.exception() is not None:
@@ -555,10 +585,7 @@ class StreamConnection:
         self.feedback.close()
         for u in self._unsubscribe:
             u()
-        if self.director is not None:
-            self.director.detach_sink(self.sink)
-        else:
-            self.session.detach_sink(self.sink)
+        self.session.detach_sink(self._tap)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -567,7 +594,22 @@ class StreamConnection:
             except BaseException:  # noqa: BLE001 - cancelled or already reported
                 pass
         await self.sink.aclose()
-        logger.info("%r: closed (%d bytes out, queue %s)", self, self.bytes_out, self.queue.stats)
+        logger.info("%r: closed (%d bytes out, %d frames in, %d sent, dropped %s; queue %s)", self, self.bytes_out,
+                    self.sink.frames_in, self.frames.sent, self.frames.dropped, self.queue.stats)
+
+
+class _CountingSink:
+    """A `FrameSink` that counts each frame (`on_put`) before its sink takes it."""
+
+    def __init__(self, sink: Fmp4Sink, on_put: Callable[[VideoFrame], None]) -> None:
+        self.sink, self.on_put = sink, on_put
+
+    def put(self, frame: VideoFrame) -> None:
+        self.on_put(frame)
+        self.sink.put(frame)
+
+    def clear(self) -> None:
+        self.sink.clear()
 
 
 def _ref(obj: dict[str, Any]) -> Any:
@@ -578,7 +620,8 @@ def _ref(obj: dict[str, Any]) -> Any:
 
 async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManager,
                        streams: dict[str, StreamConnection], video_scale: int,
-                       make_guard: Callable[[], InputGuard] = InputGuard) -> None:
+                       make_guard: Callable[[], InputGuard] = InputGuard,
+                       on_frames: Callable[[str, int], None] | None = None) -> None:
     """Serve GET /v1/sessions/{id}/stream: authenticate, refuse a second stream, run the connection."""
     session = await authenticate(ws, manager, session_id)
     if session is None:
@@ -592,7 +635,7 @@ async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManage
     if "worldcast.transport" not in (ws.scope.get("extensions") or {}):
         logger.info("Session(%s): no unsent-bytes limit on the stream's socket (StreamSocketTuning); slow "
                     "readers are noticed only once the kernel's send buffer fills", session.id)
-    conn = StreamConnection(ws, session, video_scale=video_scale, guard=make_guard())
+    conn = StreamConnection(ws, session, video_scale=video_scale, guard=make_guard(), on_frames=on_frames)
     streams[session.id] = conn
     try:
         await conn.run()

@@ -10,7 +10,7 @@ import pytest
 from tests.fakes import FakeClock
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.spec import ConditioningRequest
-from worldcast.sessions.directing import DirectingSession, Segment, SegmentEnd
+from worldcast.sessions.directing import DirectingRefusal, DirectingSession, Segment, SegmentEnd, director_of
 from worldcast.sessions.errors import SessionClosedError
 from worldcast.sessions.session import CloseReason, Session, SessionState
 
@@ -51,7 +51,7 @@ def make(model):  # type: ignore[no-untyped-def]
                 mode="directing")
     defer = Deferred()
     d = DirectingSession(s, default_duration_s=0.25, defer=defer)  # 5 frames at 20 fps
-    s.directing = d
+    assert director_of(s) is d
     s.pause()
     return s, d, defer, clock
 
@@ -78,7 +78,7 @@ def test_frames_flow_only_inside_a_segment_which_finishes_and_pauses(model) -> N
     d.on("segment_start", starts.append)
     d.on("segment_complete", ends.append)
     sink = ListSink()
-    d.attach_sink(sink)
+    s.attach_sink(sink)
     assert s.sink_count == 1 and not s.wants_frames(), "a directing session waits for its first direction"
     deliver = Counter()
     deliver(s, 2)
@@ -108,7 +108,7 @@ def test_a_new_direction_cuts_the_segment_and_old_frames_never_follow(model) -> 
     ends: list[Segment] = []
     d.on("segment_complete", ends.append)
     sink = ListSink()
-    d.attach_sink(sink)
+    s.attach_sink(sink)
     deliver = Counter()
     first = d.direct("d1", "a snowy field", {"prompt": EMB}, duration_s=10.0).segment
     deliver(s, 3)
@@ -131,27 +131,37 @@ def test_a_new_direction_cuts_the_segment_and_old_frames_never_follow(model) -> 
     assert d.segment_for_epoch(old_epoch) is first and d.segment_for_epoch(-1) is None
 
 
-def test_close_stops_the_open_segment_and_detaching_frees_the_session(model) -> None:  # type: ignore[no-untyped-def]
+def test_close_stops_the_open_segment_and_the_layer_lets_go(model) -> None:  # type: ignore[no-untyped-def]
     s, d, defer, clock = make(model)
     ends: list[Segment] = []
     d.on("segment_complete", ends.append)
-    a, b = ListSink(), ListSink()
-    d.attach_sink(a)
-    d.attach_sink(b)
-    d.attach_sink(b)  # twice is once
-    assert s.sink_count == 1
-    d.detach_sink(a)
-    assert s.sink_count == 1
-    d.detach_sink(b)
+    a = ListSink()
+    s.attach_sink(a)  # sinks attach to the session, as for any session: the layer gates what they get
+    s.detach_sink(a)
     assert s.sink_count == 0 and s.state == SessionState.IDLE
-    d.attach_sink(a)
+    s.attach_sink(a)
     seg = d.direct("d1", "x", {"prompt": EMB}).segment
     s.close(CloseReason.CLIENT)
-    assert ends == [seg] and seg.end == SegmentEnd.STOPPED
+    assert ends == [seg] and seg.end == SegmentEnd.STOPPED and director_of(s) is None
     with pytest.raises(SessionClosedError):
         d.direct("d2", "y", {"prompt": EMB})
-    with pytest.raises(SessionClosedError):
-        d.attach_sink(ListSink())
+    with pytest.raises(ValueError):
+        DirectingSession(make(model)[0])  # one gate per session
+
+
+def test_pause_resume_and_control_rules(model) -> None:  # type: ignore[no-untyped-def]
+    s, d, defer, clock = make(model)
+    with pytest.raises(DirectingRefusal, match="first direction"):
+        d.resume()
+    with pytest.raises(DirectingRefusal, match="set_prompt"):
+        d.check_control("set_prompt")
+    d.check_control("flush")  # the rest act on the session as they are
+    seg = d.direct("d1", "x", {"prompt": EMB}).segment
+    d.pause()
+    assert s.paused and seg.open
+    assert d.resume() is True and not s.paused
+    d.halt()
+    assert d.resume() is False and s.cancelled  # an ended segment stays ended
 
 
 def test_segment_lengths_round_up_to_whole_frames(model) -> None:  # type: ignore[no-untyped-def]
@@ -159,3 +169,26 @@ def test_segment_lengths_round_up_to_whole_frames(model) -> None:  # type: ignor
     assert [d.target_frames(x) for x in (0.001, 0.05, 0.051, 1.0, None)] == [1, 1, 2, 20, 5]
     with pytest.raises(ValueError):
         DirectingSession(d.session, default_duration_s=0)
+
+
+def test_halt_ends_the_segment_now_and_drops_its_frames_until_the_next_direction(model) -> None:  # type: ignore[no-untyped-def]
+    s, d, defer, clock = make(model)
+    ends: list[Segment] = []
+    d.on("segment_complete", ends.append)
+    sink = ListSink()
+    s.attach_sink(sink)
+    deliver = Counter()
+    seg = d.direct("d1", "a snowy field", {"prompt": EMB}, duration_s=10.0).segment
+    deliver(s, 3)
+    old_epoch = s.current_epoch()
+    assert d.halt() is seg and seg.end == SegmentEnd.CUT and ends == [seg] and d.current is None
+    assert s.cancelled and not s.wants_frames() and sink.clears == 2  # queued frames dropped downstream
+    n = len(sink.frames)
+    deliver(s, 2, epoch=old_epoch)
+    assert len(sink.frames) == n and seg.frames == 3
+    assert d.halt() is None  # nothing open: nothing to end
+    nxt = d.direct("d2", "molten lava", {"prompt": EMB}).segment
+    assert not s.cancelled and s.wants_frames() and nxt.index == 1
+    s.close(CloseReason.CLIENT)
+    with pytest.raises(SessionClosedError):
+        d.halt()

@@ -127,7 +127,8 @@ async def test_a_dreamverse_client_gets_its_events_in_order_and_playable_segment
 
         # bad input: an error event each, the stream goes on
         mark = len(s.msgs)
-        for bad, code in [({"type": "teleport"}, "unknown_type"), ({"type": "rewrite_seed_prompts"}, "unsupported"),
+        for bad, code in [({"type": "teleport"}, "unknown_type"), ({"type": "simple_generate"}, "unsupported"),
+                          ({"type": "rewrite_seed_prompts", "rewrite_instruction": 5}, "bad_message"),
                           ("{nope", "bad_json"), (b"\x00\x01", "binary_not_accepted"),
                           ({"type": "append_prompt", "prompt": "   "}, "bad_prompt"),
                           ({"type": "set_generation_paused", "paused": "yes"}, "bad_message")]:
@@ -172,7 +173,7 @@ async def test_messages_before_init_get_an_error_and_init_still_works(dv_server)
         await s.wait(of("error", error_code="not_initialized"))
         await s.send({"type": "session_init_v2", "curated_prompts": [], "initial_rollout_prompt": "a green meadow"})
         start = s.msgs[await s.wait(of("ltx2_stream_start"))]
-        assert start["total_segments"] == 1  # type: ignore[index]
+        assert start["total_segments"] == 6  # a custom start: its prompt, rewritten by rule into 6 seeds  # type: ignore[index]
         await s.wait(of("media_init", segment_idx=1))
         await s.send({"type": "session_init_v2", "curated_prompts": ["again"]})
         await s.wait(of("error", error_code="already_initialized"))

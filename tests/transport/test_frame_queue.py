@@ -19,7 +19,7 @@ def frame(i: int, epoch: int = 0) -> VideoFrame:
 async def test_full_queue_drops_the_oldest_and_get_skips_stale_epochs() -> None:
     epoch = [0]
     drops: list[int] = []
-    q = FrameQueue(2, lambda: epoch[0], on_drop=drops.append)
+    q = FrameQueue(2, lambda: epoch[0], on_drop=lambda n, why: drops.append(n))
     for i in range(4):
         q.put(frame(i))
     assert len(q) == 2 and q.frames_in == 4 and q.frames_dropped == 2 and drops == [1, 1]
@@ -31,6 +31,7 @@ async def test_full_queue_drops_the_oldest_and_get_skips_stale_epochs() -> None:
     q.put(frame(5, epoch=1))
     q.put(frame(6, epoch=1))
     assert q.clear() == 2 and len(q) == 0 and q.frames_dropped == 5 and drops[-1] == 2
+    assert q.dropped_by == {"full": 2, "stale": 1, "cleared": 2}  # every drop, and why
 
 
 async def test_get_waits_for_a_frame_and_returns_none_once_its_sink_stops() -> None:

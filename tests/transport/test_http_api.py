@@ -29,7 +29,7 @@ def auth(token: str) -> dict[str, str]:
 
 
 def test_health_and_readiness(client: httpx.Client) -> None:
-    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/healthz").json() == {"status": "ok", "service": "worldcast"}
     r = client.get("/readyz")
     assert r.status_code == 200 and r.json()["status"] == "ready"
 

@@ -72,3 +72,18 @@ def test_control_backlog_is_bounded() -> None:
     q.put_control("b")
     with pytest.raises(QueueOverflow):
         q.put_control("c")
+
+
+def test_every_dropped_item_is_counted_with_its_reason() -> None:
+    drops: list[tuple[str, int]] = []
+    q = OutboundQueue(on_need_keyframe=lambda: None, max_media=2, on_drop=lambda why, n: drops.append((why, n)))
+    q.put_media(media(0, key=True))
+    q.put_media(media(1))
+    assert q.purge_media() == 2  # a flush
+    assert not q.put_media(media(2))  # a P-frame before the next keyframe: dropped, for the same reason
+    q.put_media(media(3, key=True))
+    q.put_media(media(4))
+    assert not q.put_media(media(5))  # the backlog overflows: a slow reader
+    assert not q.put_media(media(6))
+    assert drops == [("stale", 2), ("stale", 1), ("slow_reader", 2), ("slow_reader", 1), ("slow_reader", 1)]
+    assert q.stats.media_dropped_by == {"stale": 3, "slow_reader": 4} and q.stats.media_dropped == 7

@@ -1,0 +1,60 @@
+"""The directing layer sits above sessions: `Session` never imports it, and sessions/ and transport/ have no
+import cycle (every import counted, type-only and function-level ones too)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the worldcast package
+
+
+def imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("worldcast."):
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("worldcast.")}
+    return out
+
+
+def graph(*packages: str) -> dict[str, set[str]]:
+    mods = {f"worldcast.{pkg}.{p.stem}": p for pkg in packages for p in (ROOT / pkg).glob("*.py")
+            if p.stem != "__init__"}
+    return {m: {d for d in imports(p) if d in mods and d != m} for m, p in mods.items()}
+
+
+def cycle(g: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `g` (None: none), by depth-first search."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(g[m]):
+            if state.get(d) == 1:
+                return path[path.index(d):] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        state[m] = 2
+        path.pop()
+        return None
+
+    for m in sorted(g):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_session_knows_nothing_of_directing() -> None:
+    deps = imports(ROOT / "sessions" / "session.py")
+    assert not {d for d in deps if "directing" in d or "projects" in d}, deps
+
+
+def test_sessions_and_transport_have_no_import_cycle() -> None:
+    g = graph("sessions", "transport")
+    assert cycle(g) is None, cycle(g)
+    assert cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]  # the check finds one where there is one
+    assert not any(d.startswith("worldcast.transport") for m, ds in g.items() if ".sessions." in m for d in ds)
