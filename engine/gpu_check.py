@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from worldcast.engine.rollout import BatchCache, ChunkRollout, denoise_batch, finalize_batch
+from worldcast.engine.rollout import BatchCache, ChunkRollout, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
 from worldcast.engine.timing import DeviceTimer
@@ -63,15 +63,7 @@ def engine_path(model_name: str, device: str, *, batches: list[int], chunks: int
         cache, timer = BatchCache(), DeviceTimer(torch.device(device))
         times: dict[str, list[float]] = {"denoise": [], "commit": []}
         for c in range(chunks + 1):  # the first chunk (first-chunk decode) is not timed
-            for r in rs:
-                r.begin_chunk(0.0, 0.0)
-            for _ in range(spec.denoising_steps):
-                tok = timer.start()
-                denoise_batch(rs, cache)
-                timer.stop(tok, "denoise", b)
-            tok = timer.start()
-            finalize_batch(rs, 0.0, cache=cache)
-            timer.stop(tok, "commit", b)
+            run_chunk_batch(rs, cache, timer=timer)
             samples = timer.drain()
             if c:
                 for kind, _, sec in samples:

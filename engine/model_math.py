@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from worldcast.engine.rollout import BatchCache, ChunkRollout, denoise_batch, finalize_batch
+from worldcast.engine.rollout import BatchCache, ChunkRollout, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
 from worldcast.models.base import WorldModel
@@ -73,11 +73,7 @@ def _rollouts(model: WorldModel, batch: int) -> list[ChunkRollout]:
 
 
 def _chunk(rs: list[ChunkRollout], cache: BatchCache) -> None:
-    for r in rs:
-        r.begin_chunk(0.0, 0.0)
-    for _ in range(rs[0].model.spec.denoising_steps):
-        denoise_batch(rs, cache)
-    finalize_batch(rs, 0.0, cache=cache)
+    run_chunk_batch(rs, cache)
 
 
 def measure(model: WorldModel, *, batch: int = 1, repeats: int = 30) -> dict[str, float]:

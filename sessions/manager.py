@@ -191,6 +191,7 @@ class SessionManager:
         self.sessions[sid] = session
         session.on("state", lambda s, st: self.worker.wake())
         session.on("control", lambda s, op: self.worker.wake())  # flush, cancel, resume act at the next step
+        session.on("input", lambda s, seq: self.worker.wake())  # an idle device starts the next chunk at once
         logger.info("Session(%s): created (prompt of %d chars, %s, seed %d)", sid, len(prompt or ""),
                     "no image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image", session.seed)
         return session

@@ -198,12 +198,12 @@ def test_an_overrunning_batch_isolates_its_sessions_and_ends_the_slow_one(strict
     real = dw.denoise_batch
     batches: list[list[str]] = []
 
-    def slow_when_heavy(rs, cache=None):  # type: ignore[no-untyped-def]
+    def slow_when_heavy(rs, steps, cache=None):  # type: ignore[no-untyped-def]
         ids = [r.session_id for r in rs]
         batches.append(ids)
         if "heavy" in ids:
             w.steer.jump(TIMEOUT_S * 1.2)  # the forward "overruns" whenever this session is in it
-        return real(rs, cache)
+        return real(rs, steps, cache)
 
     monkeypatch.setattr(dw, "denoise_batch", slow_when_heavy)
     wait_for(lambda: any(sid == "heavy" for sid, _ in rec.errors))
@@ -225,10 +225,10 @@ def test_a_step_stuck_on_the_device_marks_the_worker_stalled(strict_worker, monk
     entered, release = threading.Event(), threading.Event()
     real = dw.denoise_batch
 
-    def hang(rs, cache=None):  # type: ignore[no-untyped-def]
+    def hang(rs, steps, cache=None):  # type: ignore[no-untyped-def]
         entered.set()
         release.wait(30)
-        return real(rs, cache)
+        return real(rs, steps, cache)
 
     monkeypatch.setattr(dw, "denoise_batch", hang)
     assert entered.wait(30)
