@@ -5,11 +5,17 @@ A model hands the engine its hot pure-tensor step functions
 each in a `CompiledStep`:
 
 - CPU: `torch.compile` with TorchInductor (fused C++/OpenMP kernels for the
-  elementwise work between matmuls; `mode="default"`).
-- CUDA: the same plus CUDA graphs (`mode="reduce-overhead"`: the step's
-  kernels replayed as one graph, the launch overhead of many small kernels
-  gone). Outputs are cloned out of the graph's memory pool before they are
-  returned, since the next replay overwrites them.
+  elementwise work between matmuls) and freezing: the weights become
+  constants of the graph, so oneDNN's linears and convolutions run on
+  prepacked weights (AMX tiles in bfloat16 where the CPU has them; measured
+  22 % off a compiled bfloat16 chunk here, BENCHMARKS.md). Steps run under
+  `torch.no_grad` and the weights never change after warm-up, as freezing
+  requires.
+- CUDA: the same plus CUDA graphs (Inductor's `triton.cudagraphs`, what
+  `mode="reduce-overhead"` sets: the step's kernels replayed as one graph,
+  the launch overhead of many small kernels gone). Outputs are cloned out of
+  the graph's memory pool before they are returned, since the next replay
+  overwrites them.
 - anything else (or `enabled=False`): eager.
 
 Each bucket (a batch size, e.g. 1, 2, 4) gets its own static-shape graph,
@@ -62,6 +68,14 @@ def compile_mode_for(device: torch.device, *, enabled: bool = True) -> CompileMo
     if device.type == "cpu":
         return "inductor"
     return "eager"
+
+
+def compile_options(mode: CompileMode) -> dict[str, object]:
+    """TorchInductor options of a compile mode: freezing always, CUDA graphs in "cudagraphs"."""
+    opts: dict[str, object] = {"freezing": True}
+    if mode == "cudagraphs":
+        opts["triton.cudagraphs"] = True
+    return opts
 
 
 def default_cache_dir() -> Path:
@@ -152,8 +166,7 @@ class CompiledStep:
 
     def __post_init__(self) -> None:
         if self.mode != "eager":
-            self._compiled = torch.compile(self.fn, dynamic=False,
-                                           mode="reduce-overhead" if self.mode == "cudagraphs" else "default")
+            self._compiled = torch.compile(self.fn, dynamic=False, options=compile_options(self.mode))
 
     def _bucket(self, batch: int) -> int | None:
         return bucket_for(batch, [b for b in self.buckets if b in self.enabled and b not in self.failed])

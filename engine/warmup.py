@@ -157,11 +157,11 @@ class ChunkRunner:
             r.close()
 
 
-def _use(model: WorldModel, compiler: StepCompiler, dtype: torch.dtype, *, compiled: bool) -> None:
-    """Run `model` in `dtype`, its steps compiled at batch 1 or eager."""
+def use_way(model: WorldModel, compiler: StepCompiler, dtype: torch.dtype, *, compiled: bool | tuple[int, ...]) -> None:
+    """Run `model` in `dtype`, its steps compiled (True: at batch 1; a tuple: at those buckets) or eager."""
     model.set_precision(dtype)
     model.compile_steps(compiler.wrap)
-    compiler.enable((1,) if compiled else ())
+    compiler.enable(compiled if isinstance(compiled, tuple) else (1,) if compiled else ())
 
 
 def _check(model: WorldModel, context: Conditioning, chunks: int) -> list[np.ndarray]:
@@ -198,7 +198,7 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
     if only is not None and only not in names:
         raise ValueError(f"{model.spec.name} runs in {names}, not {only!r}")
     dtypes = [dtype_from_name(only)] if only is not None else list(spec.dtypes)
-    _use(model, compiler, dtypes[0], compiled=False)
+    use_way(model, compiler, dtypes[0], compiled=False)
     compiles = compiler.mode != "eager" and bool(compiler.steps)
     if len(dtypes) == 1 and not compiles:
         return PrecisionChoice(dtype=dtype_name(dtypes[0]), compiled=False, measured=False,
@@ -212,7 +212,7 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
         name = dtype_name(dt)
         logger.info("warm-up: %s: converting the weights, checking its frames eager", name)
         try:
-            _use(model, compiler, dt, compiled=False)
+            use_way(model, compiler, dt, compiled=False)
             frames = _check(model, context, spec.check_chunks)
         except Exception as e:  # noqa: BLE001 - a dtype this machine cannot run is not chosen
             if reference is None:
@@ -230,7 +230,7 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
                     ", ".join(compiler.steps))
         t0, failures = time.perf_counter(), compiler.failure_count()
         try:
-            _use(model, compiler, dt, compiled=True)
+            use_way(model, compiler, dt, compiled=True)
             with compiler.compiling([1]):
                 cframes = _check(model, context, spec.check_chunks)
             if compiler.failure_count() == failures:
@@ -243,14 +243,14 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
     logger.info("warm-up: timing %d ways of running a chunk, %d interleaved rounds", len(ways), repeats)
     runners = {}
     for dt, compiled in ways:
-        _use(model, compiler, dt, compiled=compiled)
+        use_way(model, compiler, dt, compiled=compiled)
         runners[dt, compiled] = ChunkRunner(model, batch=1, context=context)
         runners[dt, compiled].chunk()  # untimed: caches and allocator settle
     samples: dict[tuple[torch.dtype, bool], list[float]] = {w: [] for w in ways}
     try:
         for _ in range(repeats):
             for dt, compiled in ways:
-                _use(model, compiler, dt, compiled=compiled)
+                use_way(model, compiler, dt, compiled=compiled)
                 samples[dt, compiled].append(runners[dt, compiled].time_chunks(1))
     finally:
         for r in runners.values():
@@ -267,7 +267,7 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
                             float(f.get("compiled_psnr_db", math.inf)),  # type: ignore[arg-type]
                             f.get("error")))  # type: ignore[arg-type]
     choice = choose(trials, min_psnr_db=spec.min_psnr_db)
-    _use(model, compiler, dtype_from_name(choice.dtype), compiled=choice.compiled)
+    use_way(model, compiler, dtype_from_name(choice.dtype), compiled=choice.compiled)
     return choice
 
 

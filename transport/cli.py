@@ -14,6 +14,7 @@ from pathlib import Path
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.models import registry
+from worldcast.models.spec import dtype_from_name
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
 from worldcast.transport.livekit import config as livekit_config
@@ -45,6 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "--reserved-cores free, measured at start-up)")
     s.add_argument("--reserved-cores", type=int, default=1,
                    help="cores left to the event loop and video encoders when choosing threads (default 1)")
+    s.add_argument("--precision", default=None, metavar="DTYPE",
+                   help="compute dtype, e.g. float32 or bfloat16 (default: the fastest the model declares whose "
+                        "frames stay within its tolerance of float32, measured at start-up)")
+    s.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the model's steps at start-up (torch.compile; CUDA graphs on a GPU) and keep "
+                        "them where measured faster than eager (default: on; WORLDCAST_COMPILE=0 turns it off)")
+    s.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
+                   help="where compiled steps are cached (default: $TORCHINDUCTOR_CACHE_DIR or "
+                        "~/.cache/worldcast/torch-compile)")
     s.add_argument("--max-sessions", type=int, default=16, help="hard cap on open sessions")
     s.add_argument("--admission", choices=[p.value for p in AdmissionPolicy], default="duty-cycle",
                    help="admission policy (default duty-cycle)")
@@ -174,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(e))
         try:
             registry.check_request(args.model, weights=args.weights, options=model_options(args))
+            if args.precision is not None:
+                dtype_from_name(args.precision)
         except ValueError as e:
             parser.error(str(e))
         config = ServerConfig(
@@ -192,7 +204,9 @@ def main(argv: list[str] | None = None) -> None:
             negotiation_timeout_s=args.negotiation_timeout,
             ice_consent_timeout_s=args.ice_consent_timeout,
             engine=EngineConfig(kv_budget_bytes=args.kv_budget_mib * 2**20, max_batch=args.max_batch,
-                                torch_threads=args.threads, reserved_cores=args.reserved_cores),
+                                torch_threads=args.threads, reserved_cores=args.reserved_cores,
+                                precision=args.precision, compile_cache_dir=args.compile_cache,
+                                **({} if args.compile is None else {"compile": args.compile})),
             sessions=SessionConfig(
                 idle_after_s=args.idle_after,
                 timeout_s=args.session_timeout,
