@@ -271,3 +271,32 @@ def test_configured_threads_are_used_without_timing(model) -> None:  # type: ign
         assert (choice.threads, choice.measured, choice.chunk_s) == (1, False, {})
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_runner_carries_out_a_plan_literally(model) -> None:  # type: ignore[no-untyped-def]
+    """It drops the chunks a plan preempts, begins the chunks it names, runs the step it names, and reports what
+    each begun chunk was sampled under; it keeps no step count of its own."""
+    from worldcast.engine.device_worker import StepRunner
+    from worldcast.engine.rollout import ChunkRollout
+    from worldcast.engine.state_pool import StatePool
+    from worldcast.engine.step_output import StepSchedulerOutput
+
+    pool = StatePool(model.spec.states, budget_bytes=model.spec.state_bytes_per_session() * 2)
+    cond = ScriptedConditioner()
+    cond.push_input()
+    r = ChunkRollout("a", model, pool, cond, seed=0)
+    r.init(0.0)
+    runner = StepRunner({"a": r})
+    plan = StepSchedulerOutput(kind="denoise", session_ids=["a"], begin_chunk_ids=["a"], deadlines_s={"a": 1.0},
+                               next_wake_s=None, steps={"a": 0})
+    out = runner.execute(plan, 0.5)
+    assert r.staged is not None and r.staged.deadline_s == 1.0 and not out.failed
+    assert out.began["a"].input_version == 1 and out.began["a"].epoch == 0
+    first = r.staged.serial
+    # the same session at its second step: not begun again, the named step runs
+    runner.execute(StepSchedulerOutput(kind="denoise", session_ids=["a"], begin_chunk_ids=[], deadlines_s={"a": 1.0},
+                                       next_wake_s=None, steps={"a": 1}), 0.51)
+    assert r.staged.serial == first
+    # a plan that preempts it (a flush), even with nothing to run
+    runner.execute(StepSchedulerOutput.make_empty(None, ["a"]), 0.52)
+    assert r.staged is None and r.next_latent == 1, "dropped; the session's state did not advance"
