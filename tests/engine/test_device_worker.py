@@ -189,7 +189,7 @@ def test_a_session_whose_conditioning_overruns_the_timeout_ends_alone(strict_wor
 
 
 def test_an_overrunning_batch_isolates_its_sessions_and_ends_the_slow_one(strict_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import worldcast.engine.device_worker as dw
+    import worldcast.engine.step_runner as dw
 
     w, rec = strict_worker, strict_worker.rec
     w.add_session("good", ScriptedConditioner(), seed=0)
@@ -216,7 +216,7 @@ def test_an_overrunning_batch_isolates_its_sessions_and_ends_the_slow_one(strict
 
 
 def test_a_step_stuck_on_the_device_marks_the_worker_stalled(strict_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import worldcast.engine.device_worker as dw
+    import worldcast.engine.step_runner as dw
 
     w = strict_worker
     w.add_session("a", ScriptedConditioner(), seed=0)
