@@ -55,9 +55,9 @@ def measure_chunks(model: WorldModel, *, batches: tuple[int, ...] = (1, 2, 4), r
                     r = ChunkRunner(model, batch=b)
                     r.chunk()
                 compile_s[dt, b] = time.perf_counter() - t0
+                logger.info("bench: %s batch %d graphs ready in %.1f s", dtype_name(dt), b, compile_s[dt, b])
             else:
                 r = ChunkRunner(model, batch=b)
-                logger.info("bench: %s batch %d graphs ready in %.1f s", dtype_name(dt), b, compile_s[dt, b])
             r.chunk()
             runners[dt, mode, b] = r
     samples: dict[tuple[torch.dtype, str, int], list[float]] = {k: [] for k in runners}
