@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
                     help="compile the model's steps at warm-up where faster (default: on unless WORLDCAST_COMPILE=0)")
     ap.add_argument("--compiled", action="store_true", help="--math: with compiled steps (batch 1 and 4 buckets)")
+    ap.add_argument("--freeze", action="store_true", help="--chunks, --math: compile with frozen weights")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("torch", "torch._dynamo", "torch._inductor"):
@@ -215,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads or 1)
         rows = measure_chunks(model, batches=tuple(args.batches), repeats=args.repeats,
-                              modes=("eager", "compiled") if args.compile is not False else ("eager",))
+                              modes=("eager", "compiled") if args.compile is not False else ("eager",),
+                              freeze=args.freeze)
         for r in rows:
             print(json.dumps(r))
         print(table(rows))
@@ -245,7 +247,7 @@ def _math(model: WorldModel, args: argparse.Namespace) -> None:
     from worldcast.models.spec import dtype_from_name
 
     torch.set_num_threads(args.threads or 1)
-    compiler = StepCompiler(model.device, buckets=(1, 4), enabled=args.compiled)
+    compiler = StepCompiler(model.device, buckets=(1, 4), enabled=args.compiled, freeze=args.freeze)
     dtype = dtype_from_name(args.precision or "float32")
     use_way(model, compiler, dtype, compiled=False)
     if args.compiled:

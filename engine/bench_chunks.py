@@ -31,14 +31,14 @@ logger = logging.getLogger(__name__)
 
 
 def measure_chunks(model: WorldModel, *, batches: tuple[int, ...] = (1, 2, 4), repeats: int = 20,
-                   modes: tuple[str, ...] = ("eager", "compiled")) -> list[dict[str, object]]:
+                   modes: tuple[str, ...] = ("eager", "compiled"), freeze: bool = False) -> list[dict[str, object]]:
     """Chunk time of every (dtype, mode, batch); see the module docstring.
 
     Returns:
         one dict per way and batch: {"dtype", "mode", "batch", "median_ms", "min_ms", "per_frame_ms",
         "compile_s" (building or loading that bucket's graphs), "load_avg_1m" (at the start and end)}.
     """
-    compiler = StepCompiler(model.device, buckets=batches, enabled="compiled" in modes)
+    compiler = StepCompiler(model.device, buckets=batches, enabled="compiled" in modes, freeze=freeze)
     if compiler.mode != "eager":
         configure_cache(None)
     runners: dict[tuple[torch.dtype, str, int], ChunkRunner] = {}
@@ -71,6 +71,7 @@ def measure_chunks(model: WorldModel, *, batches: tuple[int, ...] = (1, 2, 4), r
     frames = model.spec.frames_per_chunk
     out: list[dict[str, object]] = []
     for (dt, mode, b), xs in samples.items():
+        mode = "compiled+frozen" if mode == "compiled" and freeze else mode
         med = statistics.median(xs)
         out.append({"dtype": dtype_name(dt), "mode": mode, "batch": b, "median_ms": round(med * 1e3, 2),
                     "min_ms": round(min(xs) * 1e3, 2), "per_frame_ms": round(med * 1e3 / (b * frames), 2),

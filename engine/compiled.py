@@ -5,15 +5,18 @@ A model hands the engine its hot pure-tensor step functions
 each in a `CompiledStep`:
 
 - CPU: `torch.compile` with TorchInductor (fused C++/OpenMP kernels for the
-  elementwise work between matmuls) and freezing: the weights become
+  elementwise work between matmuls). With `freeze` the weights become
   constants of the graph, so oneDNN's linears and convolutions run on
-  prepacked weights (AMX tiles in bfloat16 where the CPU has them; measured
-  22 % off a compiled bfloat16 chunk here, BENCHMARKS.md). Steps run under
+  prepacked weights with their activations fused (about 20 % off a compiled
+  bfloat16 chunk here, BENCHMARKS.md); but oneDNN's packed weights cannot be
+  pickled, so TorchInductor's FX graph cache skips frozen graphs and every
+  start rebuilds them (about 15-20 s a graph on this 2-vCPU VM instead of
+  2-5 s): off by default (`EngineConfig.compile_freeze`). Steps run under
   `torch.no_grad` and the weights never change after warm-up, as freezing
   requires.
-- CUDA: the same plus CUDA graphs (Inductor's `triton.cudagraphs`, what
-  `mode="reduce-overhead"` sets: the step's kernels replayed as one graph,
-  the launch overhead of many small kernels gone). Outputs are cloned out of
+- CUDA: the same plus CUDA graphs (`mode="reduce-overhead"`: the step's
+  kernels replayed as one graph, the launch overhead of many small kernels
+  gone). Outputs are cloned out of
   the graph's memory pool before they are returned, since the next replay
   overwrites them.
 - anything else (or `enabled=False`): eager.
@@ -70,12 +73,14 @@ def compile_mode_for(device: torch.device, *, enabled: bool = True) -> CompileMo
     return "eager"
 
 
+#: TorchInductor settings while a frozen step's graphs are built (`torch._inductor.config.patch`): freezing is
+#: read outside `torch.compile(options=...)`'s reach, so it is patched around the compiling calls instead.
+FREEZE_CONFIG: dict[str, object] = {"freezing": True}
+
+
 def compile_options(mode: CompileMode) -> dict[str, object]:
-    """TorchInductor options of a compile mode: freezing always, CUDA graphs in "cudagraphs"."""
-    opts: dict[str, object] = {"freezing": True}
-    if mode == "cudagraphs":
-        opts["triton.cudagraphs"] = True
-    return opts
+    """`torch.compile` arguments of a compile mode (CUDA graphs: `mode="reduce-overhead"`)."""
+    return {"mode": "reduce-overhead"} if mode == "cudagraphs" else {}
 
 
 def default_cache_dir() -> Path:
@@ -153,12 +158,14 @@ class CompiledStep:
         compiling: while True (warm-up) an enabled bucket may build its graph; otherwise a call that
             would build one (a recompile) falls back to eager.
         failed: bucket -> why its graph was dropped.
+        freeze: build graphs with frozen weights (see the module docstring).
     """
 
     name: str
     fn: StepFn
     mode: CompileMode
     buckets: tuple[int, ...]
+    freeze: bool = False
     enabled: set[int] = field(default_factory=set)
     compiling: bool = False
     failed: dict[int, str] = field(default_factory=dict)
@@ -166,7 +173,7 @@ class CompiledStep:
 
     def __post_init__(self) -> None:
         if self.mode != "eager":
-            self._compiled = torch.compile(self.fn, dynamic=False, options=compile_options(self.mode))
+            self._compiled = torch.compile(self.fn, dynamic=False, **compile_options(self.mode))  # type: ignore[arg-type]
 
     def _bucket(self, batch: int) -> int | None:
         return bucket_for(batch, [b for b in self.buckets if b in self.enabled and b not in self.failed])
@@ -179,7 +186,13 @@ class CompiledStep:
         if bucket is None:
             return self.fn(*args)
         padded = [_canonical(_pad(a, bucket)) for a in args]
-        stance = contextlib.nullcontext() if self.compiling else torch.compiler.set_stance("fail_on_recompile")
+        if self.compiling:
+            import torch._inductor.config as inductor_config
+
+            stance: contextlib.AbstractContextManager[Any] = (inductor_config.patch(FREEZE_CONFIG) if self.freeze
+                                                               else contextlib.nullcontext())
+        else:
+            stance = torch.compiler.set_stance("fail_on_recompile")
         try:
             with stance:
                 if self.mode == "cudagraphs":
@@ -205,19 +218,22 @@ class StepCompiler:
         device: the model's device (picks the mode, `compile_mode_for`).
         buckets: batch sizes that get a graph.
         enabled: False: every step runs eager (the mode is "eager").
+        freeze: build graphs with frozen weights (faster steps, not cached on disk: module docstring).
     """
 
-    def __init__(self, device: torch.device, *, buckets: Sequence[int] = DEFAULT_BUCKETS, enabled: bool = True) -> None:
+    def __init__(self, device: torch.device, *, buckets: Sequence[int] = DEFAULT_BUCKETS, enabled: bool = True,
+                 freeze: bool = False) -> None:
         if not buckets or any(b < 1 for b in buckets):
             raise ValueError(f"compile buckets must be positive batch sizes, got {tuple(buckets)}")
         self.mode = compile_mode_for(device, enabled=enabled)
+        self.freeze = freeze
         self.buckets = tuple(sorted(set(buckets)))
         self.steps: dict[str, CompiledStep] = {}  #: the latest wrapper per step name
         self._all: list[CompiledStep] = []  #: every wrapper made (a model keeps one set per precision)
 
     def wrap(self, name: str, fn: StepFn) -> StepFn:
         """A `models.base.StepWrap`: the step `fn` as a `CompiledStep` (the latest of that name in `steps`)."""
-        step = CompiledStep(name, fn, self.mode, self.buckets)
+        step = CompiledStep(name, fn, self.mode, self.buckets, freeze=self.freeze)
         self.steps[name] = step
         self._all.append(step)
         return step

@@ -93,6 +93,8 @@ class EngineConfig:
     #: $WORLDCAST_COMPILE is "0" (the test suite sets it; tests of compilation pass True), else True
     compile: bool = field(default_factory=lambda: os.environ.get("WORLDCAST_COMPILE", "1") != "0")
     compile_buckets: tuple[int, ...] = DEFAULT_BUCKETS  #: batch sizes that get a compiled graph
+    #: compile with frozen weights: faster steps, but rebuilt at every start (not cacheable; `engine/compiled.py`)
+    compile_freeze: bool = False
     compile_cache_dir: Path | None = None  #: compiled artifacts (None: $TORCHINDUCTOR_CACHE_DIR or ~/.cache/worldcast)
     early_start: bool = True  #: start a chunk at once when an input arrives on an idle device
 
@@ -198,7 +200,8 @@ class DeviceWorker:
         #: the intra-op thread count in use and how it was chosen (set by `choose_threads`)
         self.thread_choice: ThreadChoice | None = None
         #: wraps the model's step functions in compiled graphs (`engine/compiled.py`; used from `warmup`)
-        self.compiler = StepCompiler(model.device, buckets=config.compile_buckets, enabled=config.compile)
+        self.compiler = StepCompiler(model.device, buckets=config.compile_buckets, enabled=config.compile,
+                                     freeze=config.compile_freeze)
         self.warmup_report: WarmupReport | None = None
         #: called on the worker thread after every executed step (metrics)
         self.on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None

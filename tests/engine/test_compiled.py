@@ -24,8 +24,8 @@ def test_the_mode_follows_the_device_and_the_switch() -> None:
     assert compile_mode_for(torch.device("cpu"), enabled=False) == "eager"
     assert compile_mode_for(torch.device("cuda"), enabled=False) == "eager"
     assert StepCompiler(torch.device("cuda"), enabled=True).mode == "cudagraphs"
-    assert compile_options("cudagraphs") == {"freezing": True, "triton.cudagraphs": True}  # reduce-overhead's graphs
-    assert compile_options("inductor") == {"freezing": True}
+    assert compile_options("cudagraphs") == {"mode": "reduce-overhead"}  # CUDA graphs behind the same interface
+    assert compile_options("inductor") == {}
     with pytest.raises(ValueError, match="positive"):
         StepCompiler(torch.device("cpu"), buckets=(0, 2))
 
