@@ -349,7 +349,7 @@ async def test_livekit_rpcs_use_the_same_prompt_rule(server, model) -> None:  # 
 
     s = await server.manager.create(seed=6)
     try:
-        rpc = LiveKitRpc(s, model.encode_prompt, user_identity=lambda: "user")
+        rpc = LiveKitRpc(s, user_identity=lambda: "user")
         with pytest.raises(rtc.RpcError) as e:
             await rpc.invoke("set_prompt", "user", json.dumps({"prompt": "\u200b"}))
         assert e.value.code == 1512
