@@ -388,17 +388,19 @@ class DeviceWorker:
         logger.info("DeviceWorker: state pool reallocated for %s: %d slots of %d B", dtype,
                     self.pool.num_slots, self.pool.slot_bytes)
 
-    def resume(self, served: ServedWay | None) -> None:
+    def resume(self, report: WarmupReport | None) -> None:
         """A restarted engine's start: take its predecessor's thread count (`EngineConfig.torch_threads`)
-        and the way it served (dtype and compiled buckets, from its `WarmupReport`) without measuring;
-        the compiled buckets' graphs are built (or loaded from the on-disk cache) now, one chunk each, so
-        nothing compiles while serving. The cost model is the predecessor's (`cost`).
+        and the way it served (`ServedWay` of its `WarmupReport`: dtype and compiled buckets) without
+        measuring; the compiled buckets' graphs are built (or loaded from the on-disk cache) now, one
+        chunk each, so nothing compiles while serving. The cost model is the predecessor's (`cost`), and
+        so is the published warm-up report (what /metrics exports).
 
         Runs on the calling thread; call before `start` and before any session.
         """
         assert self._thread is None and not self.rollouts, "resume before start and before any session"
         t0 = time.perf_counter()
         self.choose_threads()
+        served = ServedWay.from_report(report)
         if served is None:
             return
         if self.compiler.mode != "eager" and served.compiled_buckets:
@@ -415,6 +417,8 @@ class DeviceWorker:
                 finally:
                     runner.close()
             self.compiler.enable(buckets)
+        self.warmup_report = report
+        self._publish()
         logger.info("DeviceWorker: resumed serving %s, steps %s, in %.1f s (the predecessor's choice)", served.dtype,
                     f"compiled at batch {list(self.compiler.enabled_buckets())}"
                     if self.compiler.enabled_buckets() else "eager", time.perf_counter() - t0)

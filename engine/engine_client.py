@@ -42,7 +42,7 @@ from worldcast.engine.engine_launch import STOP_TIMEOUT_S, EngineLaunch, Incarna
 from worldcast.engine.errors import StatePoolExhausted
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.threads import ThreadChoice
-from worldcast.engine.warmup import ServedWay
+from worldcast.engine.warmup import WarmupReport
 from worldcast.models.spec import WorldModelSpec
 
 __all__ = ["EngineClient", "EngineLaunch", "RestartPolicy"]
@@ -79,8 +79,8 @@ class EngineClient(EngineHandle):
         self._snapshot = EngineSnapshot(0, 0, 0)
         self._stalled_s = 0.0
         self._thread_choice: ThreadChoice | None = None
-        #: what a restart takes from the lost process: its step costs, thread count and served way
-        self._prior: tuple[CostModel, int | None, ServedWay | None] | None = None
+        #: what a restart takes from the lost process: its step costs, thread count and warm-up report
+        self._prior: tuple[CostModel, int | None, WarmupReport | None] | None = None
         self._warmup = True
         self._backoff_s = self.restart_policy.initial_backoff_s
         self._restart_task: asyncio.Task[None] | None = None
@@ -272,7 +272,7 @@ class EngineClient(EngineHandle):
             if self._snapshot.cost.snapshot():
                 choice = self._thread_choice
                 self._prior = (self._snapshot.cost, choice.threads if choice is not None else None,
-                               ServedWay.from_report(self._snapshot.warmup))
+                               self._snapshot.warmup)
         self._set_state("lost")
         if was_ready:
             self.on_lost(self, sids, reason)

@@ -22,7 +22,7 @@ from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.engine.engine_process import engine_main
 from worldcast.engine.shm_frames import FrameRing
-from worldcast.engine.warmup import ServedWay
+from worldcast.engine.warmup import WarmupReport
 from worldcast.models.spec import WorldModelSpec
 
 #: Most bytes of frames an engine's ring holds (large frames get fewer slots).
@@ -103,13 +103,13 @@ def ring_for(spec: WorldModelSpec, config: EngineConfig) -> FrameRing:
 
 
 def spawn(engine_id: int, launch: EngineLaunch, *, spec: WorldModelSpec, number: int, warmup: bool,
-          prior: tuple[CostModel, int | None, ServedWay | None] | None) -> Incarnation:
+          prior: tuple[CostModel, int | None, WarmupReport | None] | None) -> Incarnation:
     """Start one engine process (blocking: run it off the event loop).
 
     Args:
         number: the incarnation's number (1 for the first start).
-        prior: the step costs, thread count and served way (dtype, compiled buckets) of the previous
-            incarnation (a restart skips the warm-up's measurements: `DeviceWorker.resume`).
+        prior: the step costs, thread count and warm-up report (its served dtype and compiled buckets) of
+            the previous incarnation (a restart skips the warm-up's measurements: `DeviceWorker.resume`).
     """
     la = launch
     ctx = mp.get_context("spawn")

@@ -147,20 +147,22 @@ def test_the_device_worker_serves_the_dtype_it_chose(fresh_model) -> None:  # ty
 
 
 def test_a_restarted_engine_serves_its_predecessors_dtype_without_measuring(fresh_model) -> None:  # type: ignore[no-untyped-def]
-    """`DeviceWorker.resume` (an engine process's restart): the predecessor's dtype, pool in that dtype, no
-    warm-up measurement; the way it served is what a warm-up report says (`ServedWay.from_report`)."""
+    """`DeviceWorker.resume` (an engine process's restart): the predecessor's dtype (`ServedWay` of its warm-up
+    report), the pool in that dtype, no measurement, the predecessor's report published."""
     from worldcast.engine.device_worker import DeviceWorker, EngineConfig
     from worldcast.engine.warmup import ServedWay
 
     m = fresh_model
+    before = DeviceWorker(m, EngineConfig(kv_budget_bytes=2**24, torch_threads=1, compile=False, precision="bfloat16"),
+                          on_frames=lambda fs: None, on_error=lambda s, r: None)
+    before.warmup(chunks=1)
+    report = before.warmup_report
+    assert ServedWay.from_report(report) == ServedWay("bfloat16", ()) and ServedWay.from_report(None) is None
+    m.set_precision(torch.float32)  # a fresh process's model starts in its reference dtype
     w = DeviceWorker(m, EngineConfig(kv_budget_bytes=2**24, torch_threads=1, compile=False),
                      on_frames=lambda fs: None, on_error=lambda s, r: None)
     assert w.pool.tensors["kv"]["k"].dtype is torch.float32
-    w.resume(ServedWay("bfloat16"))
+    w.resume(report)
     assert m.precision is torch.bfloat16 and w.pool.tensors["kv"]["k"].dtype is torch.bfloat16
-    assert w.warmup_report is None and w.thread_choice is not None and not w.thread_choice.measured
-    assert ServedWay.from_report(None) is None
-    w2 = DeviceWorker(m, EngineConfig(kv_budget_bytes=2**24, torch_threads=1, compile=False, precision="bfloat16"),
-                      on_frames=lambda fs: None, on_error=lambda s, r: None)
-    w2.warmup(chunks=1)
-    assert ServedWay.from_report(w2.warmup_report) == ServedWay("bfloat16", ())
+    assert w.thread_choice is not None and not w.thread_choice.measured
+    assert w.snapshot.warmup is report, "the predecessor's choice is what /metrics goes on exporting"
