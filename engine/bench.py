@@ -4,6 +4,11 @@
     python -m worldcast.engine.bench --sessions 6 --seconds 15 --modes on  # one mode
     python -m worldcast.engine.bench --faults --sessions 1 --seconds 12     # cancel, exception, NaN
     python -m worldcast.engine.bench --math                                 # GFLOP/s vs the matmul peak
+    python -m worldcast.engine.bench --math --precision bfloat16 --compiled # ... of the precision used
+    python -m worldcast.engine.bench --chunks                               # chunk time per dtype x steps x batch
+
+Serving modes warm up as a server does (threads, precision and compiled
+steps chosen by measurement) unless `--precision` / `--no-compile` fix them.
 
 Each session is an always-active scripted conditioner (keys change every
 second). Per mode it reports total and per-session delivered frames/s, the
@@ -28,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import statistics
 import threading
 import time
@@ -75,10 +82,12 @@ class _Collector:
 
 
 def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: int,
-             threads: int | None) -> DeviceWorker:
-    """A warmed-up, started device worker serving sessions s0..s{N-1}, reporting to `col`."""
+             threads: int | None, precision: str | None = None, compile: bool | None = None) -> DeviceWorker:
+    """A warmed-up, started device worker serving sessions s0..s{N-1}, reporting to `col`
+    (`precision` None: measured; `compile` None: EngineConfig's default)."""
+    extra = {} if compile is None else {"compile": compile}
     w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * (sessions + 4),
-                                         max_batch=max_batch, torch_threads=threads),
+                                         max_batch=max_batch, torch_threads=threads, precision=precision, **extra),
                      on_frames=col.on_frames, on_error=col.on_error)
     w.on_step = col.on_step
     if threads:
@@ -90,10 +99,11 @@ def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: in
     return w
 
 
-def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int | None) -> dict[str, object]:
+def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int | None,
+               precision: str | None = None, compile: bool | None = None) -> dict[str, object]:
     """N always-on sessions; victims cancelled, failing and NaN-ing one after another (see module doc)."""
     col = _Collector()
-    w = _serving(model, col, sessions=sessions, max_batch=8, threads=threads)
+    w = _serving(model, col, sessions=sessions, max_batch=8, threads=threads, precision=precision, compile=compile)
     period = float(model.spec.frame_period)
     gap = max(3.0, seconds / 3)
     out: dict[str, object] = {"sessions": sessions}
@@ -133,10 +143,13 @@ def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int
 
 
 def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int, threads: int | None,
-             warmup_s: float = 2.0) -> dict[str, object]:
+             warmup_s: float = 2.0, precision: str | None = None, compile: bool | None = None) -> dict[str, object]:
     """Serve `sessions` always-on sessions for `seconds` (after `warmup_s`) and report."""
     col = _Collector()
-    w = _serving(model, col, sessions=sessions, max_batch=max_batch, threads=threads)
+    w = _serving(model, col, sessions=sessions, max_batch=max_batch, threads=threads, precision=precision,
+                 compile=compile)
+    warm = w.snapshot.warmup
+    load = os.getloadavg()[0]
     time.sleep(warmup_s)
     t0 = time.monotonic()
     time.sleep(seconds)
@@ -159,6 +172,9 @@ def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int
         "on_time_share": float(np.mean(on_time)) if on_time else float("nan"),
         "mean_step_batch": float(np.mean(batches)) if batches else float("nan"),
         "step_costs_ms": {f"{k}@{b}": round(v * 1e3, 2) for (k, b), (v, _) in w.scheduler.cost.snapshot().items()},
+        "precision": warm.precision.dtype if warm else None,
+        "compiled_buckets": list(warm.compiled_buckets) if warm else [],
+        "load_avg_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
     }
 
 
@@ -176,26 +192,44 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--faults", action="store_true", help="cancel, exception and NaN victims beside N sessions")
     ap.add_argument("--math", action="store_true", help="a chunk's achieved GFLOP/s beside this machine's measured "
-                    "matmul peak, at batch 1 and 4 (engine/model_math.py)")
+                    "matmul peak in the precision used, at batch 1 and 4 (engine/model_math.py)")
+    ap.add_argument("--chunks", action="store_true", help="chunk time per declared dtype x eager/compiled x batch "
+                    "(engine/bench_chunks.py)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4], help="--chunks: batch sizes")
+    ap.add_argument("--repeats", type=int, default=20, help="--chunks: timed chunks per way and batch")
+    ap.add_argument("--precision", default=None, help="serve (or --math: run) in this dtype, e.g. float32, "
+                    "bfloat16 (default: measured at warm-up; --math: float32)")
+    ap.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="compile the model's steps at warm-up where faster (default: on unless WORLDCAST_COMPILE=0)")
+    ap.add_argument("--compiled", action="store_true", help="--math: with compiled steps (batch 1 and 4 buckets)")
+    ap.add_argument("--freeze", action="store_true", help="--chunks, --math: compile with frozen weights")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("torch", "torch._dynamo", "torch._inductor"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     model = registry.load(args.model, weights=args.weights)
     if args.math:
-        from worldcast.engine.model_math import measure
+        _math(model, args)
+        return
+    if args.chunks:
+        from worldcast.engine.bench_chunks import measure_chunks, table
 
         torch.set_num_threads(args.threads or 1)
-        for b in (1, 4):
-            r = measure(model, batch=b)
-            print(f"batch {b}: {r['gflop_per_frame']:.3f} GFLOP/frame, chunk {r['chunk_ms']:.1f} ms, "
-                  f"{r['achieved_gflops']:.1f} GFLOP/s achieved vs {r['matmul_peak_gflops']:.1f} GFLOP/s matmul "
-                  f"peak = {r['share_of_peak']:.0%} ({r['threads']} thread(s))")
-            print(json.dumps({k: round(v, 4) for k, v in r.items()}))
+        rows = measure_chunks(model, batches=tuple(args.batches), repeats=args.repeats,
+                              modes=("eager", "compiled") if args.compile is not False else ("eager",),
+                              freeze=args.freeze)
+        for r in rows:
+            print(json.dumps(r))
+        print(table(rows))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2))
         return
     if args.faults:
-        print(json.dumps(run_faults(model, sessions=args.sessions, seconds=args.seconds, threads=args.threads),
-                         indent=2))
+        print(json.dumps(run_faults(model, sessions=args.sessions, seconds=args.seconds, threads=args.threads,
+                                    precision=args.precision, compile=args.compile), indent=2))
         return
-    results = [run_mode(model, sessions=args.sessions, seconds=args.seconds,
-                        max_batch=8 if m == "on" else 1, threads=args.threads) for m in args.modes]
+    results = [run_mode(model, sessions=args.sessions, seconds=args.seconds, max_batch=8 if m == "on" else 1,
+                        threads=args.threads, precision=args.precision, compile=args.compile) for m in args.modes]
     for r in results:
         print(json.dumps(r))
     if len(results) == 2:
@@ -203,6 +237,34 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def _math(model: WorldModel, args: argparse.Namespace) -> None:
+    """`--math`: achieved GFLOP/s of a chunk beside the matmul peak of the dtype it runs in."""
+    from worldcast.engine.compiled import StepCompiler, configure_cache
+    from worldcast.engine.model_math import measure
+    from worldcast.engine.warmup import ChunkRunner, use_way
+    from worldcast.models.spec import dtype_from_name
+
+    torch.set_num_threads(args.threads or 1)
+    compiler = StepCompiler(model.device, buckets=(1, 4), enabled=args.compiled, freeze=args.freeze)
+    dtype = dtype_from_name(args.precision or "float32")
+    use_way(model, compiler, dtype, compiled=False)
+    if args.compiled:
+        configure_cache(None)
+        for b in (1, 4):
+            with compiler.compiling((b,)):
+                ChunkRunner(model, batch=b).chunk()
+        compiler.enable((1, 4))
+    for b in (1, 4):
+        load = os.getloadavg()[0]
+        r = measure(model, batch=b, compiler=compiler)
+        print(f"batch {b}: {r['gflop_per_frame']:.3f} GFLOP/frame, chunk {r['chunk_ms']:.1f} ms "
+              f"({args.precision or 'float32'}, {'compiled' if args.compiled else 'eager'}), "
+              f"{r['achieved_gflops']:.1f} GFLOP/s achieved vs {r['matmul_peak_gflops']:.1f} GFLOP/s "
+              f"{args.precision or 'float32'} matmul peak = {r['share_of_peak']:.0%} ({r['threads']} thread(s), "
+              f"load average {load:.2f})")
+        print(json.dumps({k: round(v, 4) for k, v in r.items()} | {"load_avg_1m": round(load, 2)}))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,12 @@ class CostModel:
         b = lower[-1] if lower else upper[0]
         return self._ema[(kind, b)] * batch / b if lower else self._ema[(kind, b)]
 
+    def chunk_time_s(self, batch: int, *, denoising_steps: int) -> float:
+        """Predicted device time of one chunk of `batch` sessions, s: `denoising_steps` denoise steps and the
+        commit step (decode and the state-writing pass). The one formula the scheduler's start times,
+        admission's capacity and the start-up log use."""
+        return denoising_steps * self.predict("denoise", batch) + self.predict("commit", batch)
+
     def copy(self) -> CostModel:
         """An independent copy (for readers on other threads)."""
         return CostModel(prior_s=self.prior_s, alpha=self.alpha, _ema=dict(self._ema), _count=dict(self._count))

@@ -4,9 +4,12 @@ The asyncio side (sessions, transport) never waits on the device: it adds
 and removes sessions and wakes the worker; the worker calls back with
 frames and errors from its own thread (callers marshal them to their loop).
 
-Per iteration: poll each session's conditioner (pause, cancel, flush take
-effect here, at a step boundary), ask the scheduler for a plan, run it with
-`StepRunner`, report.
+Per iteration: tell the scheduler what each session's conditioner says
+(`StepScheduler.observe`: pause, cancel, flush and new inputs take effect
+here, at a step boundary), ask it for a plan, have `StepRunner`
+(`engine/step_runner.py`) carry the plan out literally, report. The
+scheduler is the one owner of every session's phase and step; the worker
+keeps none.
 
 Failure policy (`StepRunner`):
 - exception or NaN/Inf: if a batched step raises, every session of the
@@ -38,26 +41,41 @@ an immutable `EngineSnapshot` the worker publishes after every change.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from worldcast.engine import session_state
 from worldcast.engine.admission import active_capacity
+from worldcast.engine.compiled import DEFAULT_BUCKETS, StepCompiler, configure_cache
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.errors import StatePoolExhausted
 from worldcast.engine.memory import MemoryReader, StatePlan, plan_state_memory, read_device_memory
-from worldcast.engine.rollout import BatchCache, ChunkRollout, Conditioner, denoise_batch, finalize_batch
+from worldcast.engine.rollout import BatchCache, ChunkRollout, Conditioner, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
-from worldcast.engine.step_output import FrameOut, StepKind, StepRunnerOutput, StepSchedulerOutput
-from worldcast.engine.step_scheduler import Phase, SchedulerConfig, StepScheduler
+from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
+from worldcast.engine.step_runner import StepRunner
+from worldcast.engine.step_scheduler import SchedulerConfig, StepScheduler
 from worldcast.engine.threads import ThreadChoice, available_cores, choose_threads, eligible_threads
 from worldcast.engine.timing import DeviceTimer
+from worldcast.engine.warmup import (
+    ChunkRunner,
+    ServedWay,
+    WarmupReport,
+    check_context,
+    measure_buckets,
+    measure_precisions,
+    timed,
+    use_way,
+)
 from worldcast.models.base import WorldModel
+from worldcast.models.spec import dtype_from_name
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +97,17 @@ class EngineConfig:
     step_timeout_s: float = 2.0  #: a step (or one session's part of it) longer than this is a timeout, s
     stall_factor: float = 5.0  #: a step running for this many timeouts marks the worker stalled
     target_utilization: float = 0.85  #: share of a chunk period a batched chunk may take (capacity, degraded)
+    #: compute dtype ("float32", "bfloat16", ...; None: the fastest the model declares within its tolerance,
+    #: measured at warm-up); default: $WORLDCAST_PRECISION if set, else None
+    precision: str | None = field(default_factory=lambda: os.environ.get("WORLDCAST_PRECISION") or None)
+    #: compile the model's steps at warm-up where measured faster (False: eager); default: False if
+    #: $WORLDCAST_COMPILE is "0" (the test suite sets it; tests of compilation pass True), else True
+    compile: bool = field(default_factory=lambda: os.environ.get("WORLDCAST_COMPILE", "1") != "0")
+    compile_buckets: tuple[int, ...] = DEFAULT_BUCKETS  #: batch sizes that get a compiled graph
+    #: compile with frozen weights: faster steps, but rebuilt at every start (not cacheable; `engine/compiled.py`)
+    compile_freeze: bool = False
+    compile_cache_dir: Path | None = None  #: compiled artifacts (None: $TORCHINDUCTOR_CACHE_DIR or ~/.cache/worldcast)
+    early_start: bool = True  #: start a chunk at once when an input arrives on an idle device
 
     def __post_init__(self) -> None:
         for name in ("state_budget_bytes", "kv_budget_bytes"):
@@ -90,6 +119,10 @@ class EngineConfig:
             raise ValueError("max_slots must be >= 1")
         if self.step_timeout_s <= 0:
             raise ValueError("step_timeout_s must be positive")
+        if not self.compile_buckets or any(b < 1 for b in self.compile_buckets):
+            raise ValueError("compile_buckets must be positive batch sizes")
+        if self.precision is not None:
+            dtype_from_name(self.precision)
 
     @property
     def budget_bytes(self) -> int | None:
@@ -128,9 +161,10 @@ class EngineSnapshot:
         slots_used: slots held by sessions.
         slot_bytes: bytes of one session's whole declared state.
         queue_depth: sessions with a step ready or a chunk staged.
-        sessions: session id -> {"phase", "frames", "late_frames"} (the scheduler's view).
+        sessions: session id -> {"phase", "frames", "late_frames", "early_starts"} (the scheduler's view).
         cost: a copy of the cost model.
         steps_run: steps executed.
+        warmup: what warm-up measured and chose (precision, compiled buckets; None before warm-up).
     """
 
     slots_total: int
@@ -140,6 +174,7 @@ class EngineSnapshot:
     sessions: dict[str, dict[str, float]] = field(default_factory=dict)
     cost: CostModel = field(default_factory=CostModel)
     steps_run: int = 0
+    warmup: WarmupReport | None = None
 
     @property
     def used_bytes(self) -> int:
@@ -148,112 +183,6 @@ class EngineSnapshot:
     @property
     def budget_bytes(self) -> int:
         return self.slots_total * self.slot_bytes
-
-
-class _SessionTimeout(Exception):
-    """One session's own part of a step overran the step timeout."""
-
-    def __init__(self, session_id: str, message: str) -> None:
-        super().__init__(message)
-        self.session_id = session_id
-
-
-class StepRunner:
-    """Executes a `StepSchedulerOutput` on the device, isolating failures per session.
-
-    Args:
-        rollouts: the device's rollouts by session id.
-        timeout_s: step timeout, s (see the module docstring for the policy).
-        emit: publishes a commit step's frames as soon as they are decoded, before the
-            KV-writing forward (None: they are returned in `StepRunnerOutput.frames`).
-        timer: measures each group's device time (None: one for the rollouts' device).
-        perf_clock: the wall clock timeouts are measured on, s (injectable for tests).
-    """
-
-    def __init__(self, rollouts: dict[str, ChunkRollout], *, timeout_s: float = 2.0,
-                 emit: Callable[[list[FrameOut]], None] | None = None, timer: DeviceTimer | None = None,
-                 perf_clock: Callable[[], float] = time.perf_counter) -> None:
-        self.rollouts = rollouts
-        self.perf_clock = perf_clock
-        self.timeout_s = timeout_s
-        self.emit = emit
-        self.timer = timer
-        self.cache = BatchCache()
-        self.suspects: set[str] = set()  #: sessions of an overrunning batch; they run alone until cleared
-
-    def _run(self, plan: StepSchedulerOutput, ids: list[str], now_s: float) -> list[FrameOut]:
-        rs = [self.rollouts[sid] for sid in ids]
-        if plan.kind == "init":
-            return [f for r in rs for f in r.init(now_s)]
-        if plan.kind == "denoise":
-            for r in rs:
-                if r.staged is None:
-                    t0 = self.perf_clock()
-                    r.begin_chunk(now_s, plan.deadlines_s[r.session_id])
-                    if (dt := self.perf_clock() - t0) > self.timeout_s:
-                        r.abort_chunk()
-                        raise _SessionTimeout(r.session_id, f"sampling conditioning took {dt * 1e3:.0f} ms, "
-                                              f"over the {self.timeout_s * 1e3:.0f} ms step timeout")
-            denoise_batch(rs, self.cache)
-            return []
-        frames = finalize_batch(rs, now_s, emit=self.emit, cache=self.cache)
-        return [] if self.emit is not None else frames
-
-    def _run_group(self, plan: StepSchedulerOutput, ids: list[str], now_s: float,
-                   failed: dict[str, str], timer: DeviceTimer) -> list[FrameOut]:
-        """Run `ids` as one batch; on failure, each alone. Records failures in `failed`."""
-        assert plan.kind is not None
-        rerun = plan.kind == "commit" and any(
-            (st := self.rollouts[sid].staged) is not None and st.frames is not None for sid in ids)
-        t0 = self.perf_clock()
-        token = timer.start()
-        try:
-            frames = self._run(plan, ids, now_s)
-        except _SessionTimeout as e:
-            failed[e.session_id] = f"{plan.kind} step timed out: {e}"
-            rest = [sid for sid in ids if sid != e.session_id]
-            return self._run_group(plan, rest, now_s, failed, timer) if rest else []
-        except Exception as e:  # noqa: BLE001 - any step error is isolated below
-            if len(ids) == 1:
-                logger.warning("Session(%s): %s step failed: %r", ids[0], plan.kind, e)
-                failed[ids[0]] = f"{plan.kind} step failed: {e}"
-                return []
-            return [f for sid in ids for f in self._run_group(plan, [sid], now_s, failed, timer)]
-        dt = self.perf_clock() - t0
-        if dt <= self.timeout_s:
-            self.suspects.difference_update(ids)
-            if not rerun:  # a clean run of exactly this batch (a re-run commit skips its decode: no measure)
-                timer.stop(token, plan.kind, len(ids))
-            return frames
-        if len(ids) == 1 and ids[0] in self.suspects:
-            self.suspects.discard(ids[0])
-            failed[ids[0]] = f"{plan.kind} step timed out: {dt * 1e3:.0f} ms alone, over {self.timeout_s * 1e3:.0f} ms"
-            logger.warning("Session(%s): %s", ids[0], failed[ids[0]])
-            return []
-        logger.warning("%s step of %d session(s) took %.0f ms (timeout %.0f ms): running them alone next",
-                       plan.kind, len(ids), dt * 1e3, self.timeout_s * 1e3)
-        self.suspects.update(ids)  # the step finished: keep its results, isolate its sessions from now on
-        return frames
-
-    def execute(self, plan: StepSchedulerOutput, now_s: float) -> StepRunnerOutput:
-        """Run one planned step: suspects alone, the rest as one batch."""
-        t0 = time.perf_counter()
-        ids = [sid for sid in plan.session_ids if sid in self.rollouts]
-        timer = self.timer or DeviceTimer(next(iter(self.rollouts.values())).model.device if self.rollouts
-                                          else torch.device("cpu"))
-        self.timer = timer
-        failed: dict[str, str] = {}
-        groups = [[sid] for sid in ids if sid in self.suspects]
-        if rest := [sid for sid in ids if sid not in self.suspects]:
-            groups.append(rest)
-        frames = [f for g in groups for f in self._run_group(plan, g, now_s, failed, timer)]
-        frames = [f for f in frames if f.session_id not in failed]
-        by_session: dict[str, int] = {}
-        for f in frames:
-            by_session[f.session_id] = by_session.get(f.session_id, 0) + 1
-        samples: list[tuple[StepKind, int, float]] = [(k, b, s) for k, b, s in timer.poll()]  # type: ignore[misc]
-        return StepRunnerOutput(step_time_s=time.perf_counter() - t0, frames=frames, failed=failed,
-                                cost_samples=samples, frames_by_session=by_session)
 
 
 class DeviceWorker:
@@ -290,6 +219,7 @@ class DeviceWorker:
         self.model = model
         self.config = config
         spec = model.spec
+        self._memory_reader = memory_reader
         self.memory_plan = plan_engine_memory(model, config, memory_reader)
         self.pool = StatePool(spec.states, budget_bytes=self.memory_plan.budget_bytes, device=model.device)
         first = spec.chunk_pixel_frames(spec.initial_latent_frames)
@@ -300,6 +230,7 @@ class DeviceWorker:
                 denoising_steps=spec.denoising_steps,
                 max_batch=config.max_batch,
                 first_chunk_frames=first if first != spec.frames_per_chunk else None,
+                early_start=config.early_start,
             ),
             cost if cost is not None else CostModel(),
         )
@@ -325,6 +256,10 @@ class DeviceWorker:
         self.last_error: str | None = None
         #: the intra-op thread count in use and how it was chosen (set by `choose_threads`)
         self.thread_choice: ThreadChoice | None = None
+        #: wraps the model's step functions in compiled graphs (`engine/compiled.py`; used from `warmup`)
+        self.compiler = StepCompiler(model.device, buckets=config.compile_buckets, enabled=config.compile,
+                                     freeze=config.compile_freeze)
+        self.warmup_report: WarmupReport | None = None
         #: called on the worker thread after every executed step (metrics)
         self.on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None
         self.snapshot = EngineSnapshot(self.pool.num_slots, 0, self.pool.slot_bytes)
@@ -334,19 +269,9 @@ class DeviceWorker:
 
     def _time_chunk(self, rollouts: list[ChunkRollout], *, observe: bool) -> float:
         """Run one chunk of `rollouts` as one batch; returns its duration, s (observed into the cost model)."""
-        spec = self.model.spec
-        cache = BatchCache()
         timer = DeviceTimer(self.model.device)
         t_chunk = time.perf_counter()
-        for r in rollouts:
-            r.begin_chunk(0.0, 0.0)
-        for _ in range(spec.denoising_steps):
-            token = timer.start()
-            denoise_batch(rollouts, cache)
-            timer.stop(token, "denoise", len(rollouts))
-        token = timer.start()
-        finalize_batch(rollouts, 0.0, cache=cache)
-        timer.stop(token, "commit", len(rollouts))
+        run_chunk_batch(rollouts, BatchCache(), timer=timer)
         samples = timer.drain()
         if observe:
             for kind, batch, seconds in samples:
@@ -382,19 +307,47 @@ class DeviceWorker:
         return choice
 
     def warmup(self, *, chunks: int = 3) -> None:
-        """Choose the thread count (`choose_threads`), then measure step costs before serving:
-        a few chunks at each batch size from 1 to 4 (or the pool's limit).
+        """Measure everything serving depends on, before serving (each phase logged as it runs):
 
-        Runs on the calling thread; call before `start`. Fills the cost model
-        that admission and chunk start times rely on. Each batch size first
-        runs one untimed chunk: a shape's first run pays one-time costs
-        (kernel selection, allocator growth) that measured 5-10x a normal
-        step here and would otherwise hold the estimate high until that batch
-        size next runs, which under admission may be never.
+        1. the thread count (`choose_threads`);
+        2. the precision and whether steps run compiled (`engine/warmup.py`): every dtype the model
+           declares, eager and compiled, at batch 1, quality-gated against the reference dtype;
+           then the state pool is allocated anew if the chosen dtype changed the declared state;
+        3. each batch bucket's compiled graphs, kept where measured faster than eager;
+        4. step costs: a few chunks at each batch size from 1 to 4 (or the pool's limit).
+
+        Runs on the calling thread; call before `start` and before any session. Fills the cost model
+        that admission and chunk start times rely on. Each batch size first runs one untimed chunk:
+        a shape's first run pays one-time costs (kernel selection, allocator growth) that measured
+        5-10x a normal step here and would otherwise hold the estimate high until that batch size
+        next runs, which under admission may be never.
         """
         assert self._thread is None, "warmup before start"
-        self.choose_threads()
+        assert not self.rollouts and not self._pending_add, "warmup before any session"
         spec = self.model.spec
+        phases: dict[str, float] = {}
+        t0 = time.perf_counter()
+        logger.info("DeviceWorker: warming up on %s: threads, precision (%s), compiled steps (%s), step costs",
+                    self.model.device, self.config.precision or "measured", self.compiler.mode)
+        done = timed(phases, "threads")
+        self.choose_threads()
+        done()
+        cache_dir = configure_cache(self.config.compile_cache_dir) if self.compiler.mode != "eager" else None
+        if cache_dir is not None:
+            logger.info("DeviceWorker: compiled steps cached in %s", cache_dir)
+        done = timed(phases, "precision")
+        choice = measure_precisions(self.model, self.compiler, only=self.config.precision)
+        done()
+        logger.info("DeviceWorker: precision %s", choice.describe())
+        spec = self.model.spec
+        self._replan_pool(choice.dtype)
+        done = timed(phases, "buckets")
+        trial = next((t for t in choice.trials if t.dtype == choice.dtype), None)
+        top = max(1, min(self.config.max_batch, self.pool.free_slots, max(self.compiler.buckets)))
+        buckets = measure_buckets(self.model, self.compiler, max_batch=top,
+                                  batch1=(trial.eager_s, trial.compiled_s) if trial and trial.eager_s else None)
+        done()
+        done = timed(phases, "costs")
         for batch in range(1, max(1, min(self.config.max_batch, self.pool.free_slots, 4)) + 1):
             rs = [ChunkRollout(f"__warmup{i}", self.model, self.pool, ScriptedConditioner(spec), seed=i)
                   for i in range(batch)]
@@ -406,7 +359,13 @@ class DeviceWorker:
             finally:
                 for r in rs:
                     r.close()
+        done()
+        phases["total"] = time.perf_counter() - t0
+        self.warmup_report = WarmupReport(precision=choice, compile_mode=self.compiler.mode, buckets=buckets,
+                                          phases_s=phases, cache_dir=None if cache_dir is None else str(cache_dir),
+                                          failed=self.compiler.failed)
         self._publish()
+        logger.info("DeviceWorker: %s", self.warmup_report.describe())
         cap = self.active_capacity(self.config.target_utilization)
         logger.info("DeviceWorker: warmed up; chunk time %.1f ms at batch 1 (chunk period %.1f ms, budget %.1f ms "
                     "at %.0f %% utilization when shared); carries %d session(s) generating at once%s",
@@ -414,6 +373,55 @@ class DeviceWorker:
                     float(spec.chunk_period) * self.config.target_utilization * 1e3,
                     self.config.target_utilization * 100, cap,
                     "" if cap else " -- DEGRADED: one session at a time, below real time")
+
+    def _replan_pool(self, dtype: str) -> None:
+        """Size and allocate the state pool anew if the served dtype changed the declared state
+        (`plan_engine_memory` on the memory free once the old pool is gone). Before any session only."""
+        spec = self.model.spec
+        if tuple(self.pool.states.values()) == spec.states:
+            return
+        del self.pool  # its memory back before the device's free memory is read again
+        if self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.memory_plan = plan_engine_memory(self.model, self.config, self._memory_reader)
+        self.pool = StatePool(spec.states, budget_bytes=self.memory_plan.budget_bytes, device=self.model.device)
+        logger.info("DeviceWorker: state pool reallocated for %s: %d slots of %d B", dtype,
+                    self.pool.num_slots, self.pool.slot_bytes)
+
+    def resume(self, report: WarmupReport | None) -> None:
+        """A restarted engine's start: take its predecessor's thread count (`EngineConfig.torch_threads`)
+        and the way it served (`ServedWay` of its `WarmupReport`: dtype and compiled buckets) without
+        measuring; the compiled buckets' graphs are built (or loaded from the on-disk cache) now, one
+        chunk each, so nothing compiles while serving. The cost model is the predecessor's (`cost`), and
+        so is the published warm-up report (what /metrics exports).
+
+        Runs on the calling thread; call before `start` and before any session.
+        """
+        assert self._thread is None and not self.rollouts, "resume before start and before any session"
+        t0 = time.perf_counter()
+        self.choose_threads()
+        served = ServedWay.from_report(report)
+        if served is None:
+            return
+        if self.compiler.mode != "eager" and served.compiled_buckets:
+            configure_cache(self.config.compile_cache_dir)
+        use_way(self.model, self.compiler, dtype_from_name(served.dtype), compiled=False)
+        self._replan_pool(served.dtype)
+        buckets = tuple(b for b in served.compiled_buckets if b in self.compiler.buckets)
+        if self.compiler.mode != "eager" and buckets and self.compiler.steps:
+            for b in buckets:
+                runner = ChunkRunner(self.model, batch=b, context=check_context(self.model))
+                try:
+                    with self.compiler.compiling(sorted(buckets)):
+                        runner.chunk()
+                finally:
+                    runner.close()
+            self.compiler.enable(buckets)
+        self.warmup_report = report
+        self._publish()
+        logger.info("DeviceWorker: resumed serving %s, steps %s, in %.1f s (the predecessor's choice)", served.dtype,
+                    f"compiled at batch {list(self.compiler.enabled_buckets())}"
+                    if self.compiler.enabled_buckets() else "eager", time.perf_counter() - t0)
 
     def active_capacity(self, target_utilization: float) -> int:
         """Most sessions that can generate at once with a batched chunk taking at most
@@ -423,12 +431,9 @@ class DeviceWorker:
         """
         spec = self.model.spec
         cost = self.snapshot.cost
-        c = self.scheduler.config
-
-        def chunk_time_s(batch: int) -> float:
-            return c.denoising_steps * cost.predict("denoise", batch) + cost.predict("commit", batch)
-
-        return active_capacity(chunk_time_s, chunk_period_s=float(spec.chunk_period),
+        steps = self.scheduler.config.denoising_steps
+        return active_capacity(lambda b: cost.chunk_time_s(b, denoising_steps=steps),
+                               chunk_period_s=float(spec.chunk_period),
                                target_utilization=target_utilization,
                                max_batch=min(self.config.max_batch, self.pool.num_slots))
 
@@ -532,7 +537,7 @@ class DeviceWorker:
         self.snapshot = EngineSnapshot(
             slots_total=self.pool.num_slots, slots_used=self.pool.used_slots, slot_bytes=self.pool.slot_bytes,
             queue_depth=self.scheduler.queue_depth, sessions=self.scheduler.stats(),
-            cost=self.scheduler.cost.copy(), steps_run=self.steps_run)
+            cost=self.scheduler.cost.copy(), steps_run=self.steps_run, warmup=self.warmup_report)
 
     def _remove(self, session_id: str) -> None:
         """The one way a session leaves the engine: rollout, scheduler entry, suspect mark, slot."""
@@ -559,7 +564,8 @@ class DeviceWorker:
                 r.slot = self.pool.allocate(r.session_id)  # reserved: cannot be exhausted
                 self.rollouts[r.session_id] = r
                 if restore is None:
-                    self.scheduler.add(r.session_id)
+                    c = r.conditioner
+                    self.scheduler.add(r.session_id, epoch=c.current_epoch(), input_version=c.input_version())
                 else:
                     calls += self._restore(r, *restore)
             for sid in removes:
@@ -575,7 +581,9 @@ class DeviceWorker:
         Returns the callbacks to run after the lock."""
         try:
             session_state.restore(r, captured)
-            self.scheduler.restore(r.session_id, captured.schedule)
+            c = r.conditioner
+            self.scheduler.restore(r.session_id, captured.schedule, epoch=c.current_epoch(),
+                                   input_version=c.input_version())
             if on_restored is None:
                 return []
             blob = session_state.capture(r, self.scheduler.schedule_of(r.session_id))
@@ -609,18 +617,12 @@ class DeviceWorker:
         return calls
 
     def _poll_sessions(self, now_s: float) -> None:
+        """Tell the scheduler what each session's conditioner says now (pause, cancel, flush and new inputs
+        take effect here, at a step boundary); the scheduler decides, the runner drops what it names."""
         for sid, r in self.rollouts.items():
             c = r.conditioner
-            if not c.wants_frames():
-                if self.scheduler.set_active(sid, False, now_s):
-                    r.abort_chunk()
-                continue
-            self.scheduler.set_active(sid, True, now_s)
-            if r.staged is not None and r.staged.inputs.epoch != c.current_epoch():
-                self.scheduler.restart_chunk(sid, now_s)
-                r.abort_chunk()
-            elif r.staged is None and self.scheduler.phase(sid) == Phase.RUNNING:
-                self.scheduler.restart_chunk(sid, now_s)
+            self.scheduler.observe(sid, now_s, active=c.wants_frames(), epoch=c.current_epoch(),
+                                   input_version=c.input_version())
 
     def _loop(self) -> None:
         if self.thread_choice is not None:
@@ -638,6 +640,7 @@ class DeviceWorker:
                 self._poll_sessions(now)
                 plan = self.scheduler.schedule(now)
                 if plan.is_empty:
+                    self.runner.preempt(plan.preempted_session_ids)
                     timeout = self.config.idle_poll_s
                     if plan.next_wake_s is not None:
                         timeout = min(timeout, max(0.0, plan.next_wake_s - now))

@@ -42,6 +42,7 @@ from worldcast.engine.engine_launch import STOP_TIMEOUT_S, EngineLaunch, Incarna
 from worldcast.engine.errors import StatePoolExhausted
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.threads import ThreadChoice
+from worldcast.engine.warmup import WarmupReport
 from worldcast.models.spec import WorldModelSpec
 
 __all__ = ["EngineClient", "EngineLaunch", "RestartPolicy"]
@@ -78,7 +79,8 @@ class EngineClient(EngineHandle):
         self._snapshot = EngineSnapshot(0, 0, 0)
         self._stalled_s = 0.0
         self._thread_choice: ThreadChoice | None = None
-        self._prior: tuple[CostModel, int | None] | None = None
+        #: what a restart takes from the lost process: its step costs, thread count and warm-up report
+        self._prior: tuple[CostModel, int | None, WarmupReport | None] | None = None
         self._warmup = True
         self._backoff_s = self.restart_policy.initial_backoff_s
         self._restart_task: asyncio.Task[None] | None = None
@@ -210,6 +212,8 @@ class EngineClient(EngineHandle):
             self._snapshot = EngineSnapshot(m.num_slots, 0, m.slot_bytes)
         elif isinstance(m, msg.EngineReady):
             self._thread_choice, self._snapshot = m.thread_choice, m.snapshot
+            # warm-up may have allocated the pool anew in the served dtype (`DeviceWorker._replan_pool`)
+            inc.num_slots, inc.slot_bytes = m.snapshot.slots_total, m.snapshot.slot_bytes
             inc.ready_at_s = time.monotonic()
             if inc.ready is not None and self._loop is not None:
                 self._loop.call_soon_threadsafe(lambda: inc.ready.done() or inc.ready.set_result(None))  # type: ignore[union-attr]
@@ -267,7 +271,8 @@ class EngineClient(EngineHandle):
                 self._backoff_s = self.restart_policy.initial_backoff_s
             if self._snapshot.cost.snapshot():
                 choice = self._thread_choice
-                self._prior = (self._snapshot.cost, choice.threads if choice is not None else None)
+                self._prior = (self._snapshot.cost, choice.threads if choice is not None else None,
+                               self._snapshot.warmup)
         self._set_state("lost")
         if was_ready:
             self.on_lost(self, sids, reason)

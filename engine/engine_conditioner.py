@@ -13,6 +13,10 @@ and the engine keeps a mirror that answers the `Conditioner` calls locally:
   encoded conditioning with its version (the arrays only when the version
   changed), after every flush, cancel, pause, resume, prompt or state change.
 
+The mirror counts the inputs it is pushed (`input_version`: every `InputDelta`
+that is not a `clear` is one action message), so a chunk can start early on a
+fresh input in an engine process as in the server's (`engine/step_scheduler.py`).
+
 `sample_chunk` then does what `Session.sample_chunk` does: held keys for
 every frame, the summed movement split evenly over the chunk's frames
 (consumed), each frame's action through the model's `encode_action`.
@@ -62,6 +66,7 @@ class ConditionerState:
         held: keys held now.
         seq: newest applied action seq (-1: none).
         mouse: pending (dx, dy) mouse counts not yet sampled by a chunk.
+        input_version: actions pushed so far (`Conditioner.input_version`; a mirror counts on from it).
     """
 
     epoch: int
@@ -71,6 +76,7 @@ class ConditionerState:
     held: tuple[str, ...] = ()
     seq: int = -1
     mouse: tuple[float, float] = (0.0, 0.0)
+    input_version: int = 0
 
 
 class MirrorConditioner:
@@ -97,7 +103,8 @@ class MirrorConditioner:
     # -- fed by the server ---------------------------------------------------------------------
 
     def update(self, state: ConditionerState) -> None:
-        """Take a new epoch / wants / conditioning (the context kept when `state.context` is None)."""
+        """Take a new epoch / wants / conditioning (the context kept when `state.context` is None; the
+        input counter is the mirror's own)."""
         with self._lock:
             ctx = state.context if state.context is not None else self._state.context
             self._state = replace(self._state, epoch=state.epoch, wants_frames=state.wants_frames,
@@ -110,12 +117,13 @@ class MirrorConditioner:
                 self._mouse = [0.0, 0.0]
             self._mouse[0] += delta.mouse[0]
             self._mouse[1] += delta.mouse[1]
-            self._state = replace(self._state, held=tuple(delta.held), seq=delta.seq)
+            inputs = self._state.input_version + (0 if delta.clear else 1)
+            self._state = replace(self._state, held=tuple(delta.held), seq=delta.seq, input_version=inputs)
 
     # -- Conditioner (device thread) ----------------------------------------------------------------
 
     def sample_chunk(self, frames: int) -> ChunkInputs:
-        with self._lock:
+        with self._lock:  # one lock: the counter and the actions it claims are read together
             st = self._state
             dx, dy = self._mouse
             self._mouse = [0.0, 0.0]
@@ -124,7 +132,7 @@ class MirrorConditioner:
         vecs = np.stack([self.model.encode_action(dict(held), m) for _ in range(frames)])
         assert st.context is not None
         return ChunkInputs(actions=vecs, context=st.context, action_seq=st.seq, epoch=st.epoch,
-                           context_version=st.context_version)
+                           context_version=st.context_version, input_version=st.input_version)
 
     def current_epoch(self) -> int:
         with self._lock:
@@ -133,6 +141,10 @@ class MirrorConditioner:
     def wants_frames(self) -> bool:
         with self._lock:
             return self._state.wants_frames
+
+    def input_version(self) -> int:
+        with self._lock:
+            return self._state.input_version
 
     def conditioner_state(self) -> ConditionerState:
         """The whole state, pending movement included (what a move carries)."""

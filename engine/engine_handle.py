@@ -133,6 +133,10 @@ class EngineHandle(abc.ABC):
     def push_input(self, session_id: str, delta: InputDelta) -> None:  # noqa: B027 - optional, see docstring
         """The session's inputs changed (an engine that reads the `Session` itself needs nothing)."""
 
+    def input_arrived(self, session_id: str) -> None:  # noqa: B027 - optional, see docstring
+        """An action was counted in the session's `input_version` (after `push_input`): an idle device may
+        start its next chunk at once (an engine process learns it from `push_input` itself)."""
+
     @abc.abstractmethod
     async def export_session(self, session_id: str) -> bytes:
         """Capture the session's whole state at its next chunk boundary and stop serving it here.
@@ -190,11 +194,8 @@ class EngineHandle(abc.ABC):
     def active_capacity(self, target_utilization: float) -> int:
         """Sessions it carries generating at once, by its own measured costs (`admission.active_capacity`)."""
         cost, spec = self.snapshot.cost, self.spec
-
-        def chunk_time_s(batch: int) -> float:
-            return spec.denoising_steps * cost.predict("denoise", batch) + cost.predict("commit", batch)
-
-        return active_capacity(chunk_time_s, chunk_period_s=float(spec.chunk_period),
+        return active_capacity(lambda b: cost.chunk_time_s(b, denoising_steps=spec.denoising_steps),
+                               chunk_period_s=float(spec.chunk_period),
                                target_utilization=target_utilization,
                                max_batch=min(self.config.max_batch, max(1, self.num_slots)))
 

@@ -22,6 +22,7 @@ from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.engine.engine_process import engine_main
 from worldcast.engine.shm_frames import FrameRing
+from worldcast.engine.warmup import WarmupReport
 from worldcast.models.spec import WorldModelSpec
 
 #: Most bytes of frames an engine's ring holds (large frames get fewer slots).
@@ -102,12 +103,13 @@ def ring_for(spec: WorldModelSpec, config: EngineConfig) -> FrameRing:
 
 
 def spawn(engine_id: int, launch: EngineLaunch, *, spec: WorldModelSpec, number: int, warmup: bool,
-          prior: tuple[CostModel, int | None] | None) -> Incarnation:
+          prior: tuple[CostModel, int | None, WarmupReport | None] | None) -> Incarnation:
     """Start one engine process (blocking: run it off the event loop).
 
     Args:
         number: the incarnation's number (1 for the first start).
-        prior: the step costs and thread count of the previous incarnation (a restart skips the warm-up).
+        prior: the step costs, thread count and warm-up report (its served dtype and compiled buckets) of
+            the previous incarnation (a restart skips the warm-up's measurements: `DeviceWorker.resume`).
     """
     la = launch
     ctx = mp.get_context("spawn")
@@ -117,6 +119,7 @@ def spawn(engine_id: int, launch: EngineLaunch, *, spec: WorldModelSpec, number:
         config=la.config, warmup=warmup, ring_name=ring.name, ring_slots=ring.slots,
         ring_slot_bytes=ring.slot_bytes, thread_share=la.thread_share,
         prior_cost=prior[0] if prior else None, prior_threads=prior[1] if prior else None,
+        prior_served=prior[2] if prior else None,
         status_interval_s=la.status_interval_s, log_level=la.log_level, family_modules=la.family_modules)
     ours, theirs = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=engine_main, args=(theirs, pspec), name=f"worldcast-engine-{engine_id}", daemon=True)

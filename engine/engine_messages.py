@@ -26,6 +26,7 @@ from worldcast.engine.engine_conditioner import ConditionerState, InputDelta
 from worldcast.engine.shm_frames import FrameMeta
 from worldcast.engine.step_output import StepKind
 from worldcast.engine.threads import ThreadChoice
+from worldcast.engine.warmup import WarmupReport
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class EngineProcessSpec:
         prior_cost: step costs the engine's previous process measured (a restart starts from them and
             skips the warm-up timing).
         prior_threads: the thread count its previous process chose (a restart reuses it).
+        prior_served: its previous process's warm-up report (a restart serves the same dtype and compiled
+            buckets without measuring: `DeviceWorker.resume`).
         status_interval_s: how often it reports its snapshot, s.
         log_level: `logging` level of the process.
         family_modules: extra modules to import before loading (each registers a model family).
@@ -66,6 +69,7 @@ class EngineProcessSpec:
     thread_share: int | None = None
     prior_cost: CostModel | None = None
     prior_threads: int | None = None
+    prior_served: WarmupReport | None = None
     status_interval_s: float = 0.1
     log_level: int = 20
     family_modules: tuple[str, ...] = ()

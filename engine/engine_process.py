@@ -172,6 +172,7 @@ class EngineServer:
             mirror = self.mirrors.get(m.session_id)
             if mirror is not None:
                 mirror.push(m.delta)
+                self.worker.wake()  # an idle device may start the session's next chunk at once
         elif isinstance(m, msg.UpdateSession):
             mirror = self.mirrors.get(m.session_id)
             if mirror is not None:
@@ -204,7 +205,7 @@ class EngineServer:
         w = self.worker
         self.out.send(msg.EngineHello(os.getpid(), w.pool.num_slots, w.pool.slot_bytes, self.model.spec.name))
         if self.spec.prior_cost is not None:
-            w.choose_threads()  # the predecessor's count (prior_threads): nothing timed
+            w.resume(self.spec.prior_served)  # the predecessor's threads, dtype, compiled buckets: nothing timed
         elif self.spec.warmup:
             w.warmup()
         w.start()

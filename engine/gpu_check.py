@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worldcast.engine.rollout import BatchCache, ChunkRollout, denoise_batch, finalize_batch
+from worldcast.engine.rollout import BatchCache, ChunkRollout, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
 from worldcast.engine.timing import DeviceTimer
@@ -79,15 +79,7 @@ def engine_rows(model: WorldModel, device: str, *, batches: list[int], chunks: i
         cache, timer = BatchCache(), DeviceTimer(torch.device(device))
         times: dict[str, list[float]] = {"denoise": [], "commit": []}
         for c in range(chunks + 1):  # the first chunk (first-chunk decode) is not timed
-            for r in rs:
-                r.begin_chunk(0.0, 0.0)
-            for _ in range(spec.denoising_steps):
-                tok = timer.start()
-                denoise_batch(rs, cache)
-                timer.stop(tok, "denoise", b)
-            tok = timer.start()
-            finalize_batch(rs, 0.0, cache=cache)
-            timer.stop(tok, "commit", b)
+            run_chunk_batch(rs, cache, timer=timer)
             samples = timer.drain()
             if c:
                 for kind, _, sec in samples:
@@ -127,10 +119,7 @@ def long_session(model: WorldModel, device: str, *, chunks: int, horizon_frames:
     cache, rows, prev = BatchCache(), [], None
     for c in range(chunks):
         first = r.next_latent
-        r.begin_chunk(0.0, 0.0)
-        for _ in range(spec.denoising_steps):
-            denoise_batch([r], cache)
-        frames = np.stack([f.image for f in finalize_batch([r], 0.0, cache=cache)]).astype(np.float32)
+        frames = np.stack([f.image for f in run_chunk_batch([r], cache)]).astype(np.float32)
         seq = frames if prev is None else np.concatenate([prev[None], frames])
         past = horizon_frames is not None and first + spec.latent_frames_per_chunk > horizon_frames
         rows.append({"chunk": c, "first_latent": first, "past_horizon": past, "pixel_std": float(frames.std()),

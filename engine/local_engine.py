@@ -108,6 +108,9 @@ class LocalEngine(EngineHandle):
     def session_changed(self, session_id: str, source: SessionSource) -> None:
         self.worker.wake()
 
+    def input_arrived(self, session_id: str) -> None:
+        self.worker.wake()
+
     def _future(self) -> tuple[asyncio.Future[object], Callable[[object, str | None], None]]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[object] = loop.create_future()

@@ -25,6 +25,10 @@ several sessions in one forward; `step` and `finalize` are the batch-of-one
 case. A `BatchCache` keeps per-chunk batch inputs (conditioning, slot
 indices, the batch's latents) across the steps of a chunk, so a step
 uploads nothing and stacks nothing while the batch is unchanged.
+
+The rollout keeps no step counter of its own: which denoising step a
+session runs is the step scheduler's (`StepSchedulerOutput.steps`), and the
+runner passes it in.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import torch
 from worldcast.engine.errors import StepFailed
 from worldcast.engine.state_pool import PoolView, StatePool
 from worldcast.engine.step_output import FrameOut
+from worldcast.engine.timing import DeviceTimer
 from worldcast.models.base import ChunkConditioning, StateUpdates, WorldModel, select_rows
 from worldcast.models.spec import Conditioning
 
@@ -59,6 +64,7 @@ class ChunkInputs:
         epoch: the session's flush epoch when sampled.
         context_version: bumped by the session on every conditioning change (a model with a
             prompt cache re-caches when it differs from the one committed).
+        input_version: the session's input counter when sampled (`Conditioner.input_version`).
     """
 
     actions: np.ndarray
@@ -66,6 +72,7 @@ class ChunkInputs:
     action_seq: int
     epoch: int
     context_version: int = 0
+    input_version: int = 0
 
 
 class Conditioner(Protocol):
@@ -86,6 +93,11 @@ class Conditioner(Protocol):
         """Whether the session should be generating now (active, not paused or cancelled)."""
         ...
 
+    def input_version(self) -> int:
+        """A counter bumped by every input the user sent (an action); a chunk sampled at an older
+        value has not seen the newest input (a chunk may then start early: `engine/step_scheduler.py`)."""
+        ...
+
 
 @dataclass
 class StagedChunk:
@@ -103,7 +115,6 @@ class StagedChunk:
     deadline_s: float  #: presentation time of the first pixel frame, s (monotonic)
     began_s: float  #: when the chunk began, s (monotonic)
     needs_prompt_switch: bool = False  #: re-cache for a new conditioning before the first step
-    step: int = 0  #: denoising steps done
     denoise_s: float = 0.0  #: time spent on its denoising steps, s
     frames: list[FrameOut] | None = None  #: decoded frames, once `finalize_batch` has decoded (and emitted) them
     decode_updates: StateUpdates = field(default_factory=dict)  #: the decoder's staged state changes
@@ -203,15 +214,11 @@ class ChunkRollout:
         self.pool.free(self.session_id)
         self.slot = -1
 
-    @property
-    def steps_done(self) -> int:
-        return self.staged.step if self.staged is not None else 0
-
     # -- single-session forms ----------------------------------------------------------
 
-    def step(self) -> None:
-        """Run one denoising step of the staged chunk."""
-        denoise_batch([self])
+    def step(self, index: int) -> None:
+        """Run denoising step `index` (0-based) of the staged chunk."""
+        denoise_batch([self], [index])
 
     def finalize(self, now_s: float) -> list[FrameOut]:
         """Commit the staged chunk and return its frames."""
@@ -318,13 +325,19 @@ def switch_prompt(r: ChunkRollout) -> None:
     s.needs_prompt_switch = False
 
 
-def denoise_batch(rollouts: list[ChunkRollout], cache: BatchCache | None = None) -> None:
+def denoise_batch(rollouts: list[ChunkRollout], steps: list[int], cache: BatchCache | None = None) -> None:
     """One denoising step for each rollout, in one batched forward (after any pending conditioning re-cache).
 
-    Each rollout's chunk may be at a different step (flow times are per sample).
+    Args:
+        rollouts: each with a staged chunk.
+        steps: the denoising step (0-based, < spec.denoising_steps) each rollout runs, as the
+            scheduler planned it; chunks may be at different steps (flow times are per sample).
+
     Nothing here syncs the host with the device; non-finite values are caught
     once per chunk, in `finalize_batch`.
     """
+    if len(steps) != len(rollouts):
+        raise ValueError(f"{len(steps)} step indices for {len(rollouts)} rollouts")
     for r in rollouts:
         if r.staged is not None and r.staged.needs_prompt_switch:
             switch_prompt(r)
@@ -333,7 +346,8 @@ def denoise_batch(rollouts: list[ChunkRollout], cache: BatchCache | None = None)
     st: list[StagedChunk] = [r.staged for r in rollouts]  # type: ignore[misc]
     batch = cache.get(rollouts)
     ts = cache.timesteps(m)
-    steps = [s.step for s in st]
+    if any(not 0 <= k < m.spec.denoising_steps for k in steps):
+        raise ValueError(f"denoising step indices {steps} outside 0..{m.spec.denoising_steps - 1}")
     if all(k == steps[0] for k in steps):  # lock step (the usual case): views of the uploaded table
         t, t_next = ts[steps[0]].expand(len(st)), ts[steps[0] + 1].expand(len(st))
     else:
@@ -347,7 +361,6 @@ def denoise_batch(rollouts: list[ChunkRollout], cache: BatchCache | None = None)
     batch.x = x_next
     for i, s in enumerate(st):
         s.x_t = x_next[i]
-        s.step += 1
         s.denoise_s += dt
 
 
@@ -355,7 +368,8 @@ def finalize_batch(
     rollouts: list[ChunkRollout], now_s: float, emit: Callable[[list[FrameOut]], None] | None = None,
     cache: BatchCache | None = None,
 ) -> list[FrameOut]:
-    """Finish each rollout's chunk: decode its frames, then commit (apply the chunk's state changes).
+    """Finish each rollout's chunk (its last denoising step done): decode its frames, then commit (apply the
+    chunk's state changes).
 
     Frames are decoded before the commit forward and handed to `emit` at
     once, so the state-writing forward is off the motion-to-photon path. A
@@ -380,7 +394,7 @@ def finalize_batch(
     m = rollouts[0].model
     spec = m.spec
     st: list[StagedChunk] = [r.staged for r in rollouts]  # type: ignore[misc]
-    assert all(s is not None and s.step == spec.denoising_steps for s in st), "finalize before last step"
+    assert all(s is not None for s in st), "finalize needs a staged chunk"
     batch = cache.get(rollouts)
     x0 = _latents(batch, st)  # (B, F, C, h, w): x_t at t=0 is x0
     todo = [i for i, s in enumerate(st) if s.frames is None]
@@ -433,3 +447,30 @@ def _rows_cond(cond: ChunkConditioning, rows: list[int]) -> ChunkConditioning:
     return ChunkConditioning(action=cond.action[rows], context={k: v[rows] for k, v in cond.context.items()},
                              frame_index=cond.frame_index[rows],
                              frame_index_host=tuple(cond.frame_index_host[i] for i in rows))
+
+
+def run_chunk_batch(rollouts: list[ChunkRollout], cache: BatchCache | None = None, *, now_s: float = 0.0,
+                    timer: DeviceTimer | None = None) -> list[FrameOut]:
+    """One whole chunk of `rollouts` as one batch, outside the scheduler (warm-up, benchmarks, checks):
+    begin, each denoising step in turn, finalize.
+
+    Args:
+        timer: records each denoise step and the commit step (decode + commit pass) as a
+            ("denoise" | "commit", batch, seconds) sample (None: not timed).
+
+    Returns:
+        the chunk's frames, in batch order.
+    """
+    cache = cache or BatchCache()
+    for r in rollouts:
+        r.begin_chunk(now_s, now_s)
+    for k in range(rollouts[0].model.spec.denoising_steps):
+        token = timer.start() if timer is not None else None
+        denoise_batch(rollouts, [k] * len(rollouts), cache)
+        if timer is not None:
+            timer.stop(token, "denoise", len(rollouts))
+    token = timer.start() if timer is not None else None
+    frames = finalize_batch(rollouts, now_s, cache=cache)
+    if timer is not None:
+        timer.stop(token, "commit", len(rollouts))
+    return frames

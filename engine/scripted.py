@@ -47,6 +47,7 @@ class ScriptedConditioner:
         seq: action seq reported with every chunk.
         fault: None, "raise" (sampling raises RuntimeError) or "nan" (a NaN conditioning poisons the step).
         samples: chunks sampled so far.
+        inputs: the input counter (`push_input` bumps it, as a user's action does).
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class ScriptedConditioner:
         self.seq = -1
         self.fault: str | None = None
         self.samples = 0
+        self.inputs = 0
         self.lock = threading.Lock()
 
     def sample_chunk(self, frames: int) -> ChunkInputs:
@@ -79,7 +81,8 @@ class ScriptedConditioner:
                 context = {k: np.full_like(v, np.nan) if np.issubdtype(v.dtype, np.floating) else v
                            for k, v in context.items()}
             return ChunkInputs(actions=np.repeat(np.asarray(a, np.float32)[None], frames, 0), context=context,
-                               action_seq=self.seq, epoch=self.epoch, context_version=self.context_version)
+                               action_seq=self.seq, epoch=self.epoch, context_version=self.context_version,
+                               input_version=self.inputs)
 
     def current_epoch(self) -> int:
         with self.lock:
@@ -90,6 +93,16 @@ class ScriptedConditioner:
             return self._wants()
         with self.lock:
             return self.active
+
+    def input_version(self) -> int:
+        with self.lock:
+            return self.inputs
+
+    def push_input(self) -> None:
+        """An input arrived (as a user's action does): the next seq, the input counter bumped."""
+        with self.lock:
+            self.inputs += 1
+            self.seq += 1
 
     def flush(self) -> None:
         """Make any staged chunk stale, as the `flush` RPC does."""

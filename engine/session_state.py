@@ -79,7 +79,7 @@ class CapturedSession:
         h = self.header["schedule"]
         return SessionSchedule(phase=Phase(h["phase"]), step=0, deadline_s=h["deadline_s"],
                                start_at_s=h["start_at_s"], frames=h["frames"], chunks=h["chunks"],
-                               late_frames=h["late_frames"])
+                               late_frames=h["late_frames"], early_starts=h.get("early_starts", 0))
 
     @property
     def conditioner(self) -> ConditionerState | None:
@@ -89,7 +89,8 @@ class CapturedSession:
         context = {name: np.frombuffer(self.parts[f"context/{name}"], dtype=np.dtype(dt)).reshape(shape).copy()
                    for name, dt, shape in c["context"]}
         return ConditionerState(epoch=c["epoch"], wants_frames=c["wants_frames"], context_version=c["context_version"],
-                                context=context, held=tuple(c["held"]), seq=c["seq"], mouse=tuple(c["mouse"]))
+                                context=context, held=tuple(c["held"]), seq=c["seq"], mouse=tuple(c["mouse"]),
+                                input_version=c.get("input_version", 0))
 
 
 def capture(r: ChunkRollout, schedule: SessionSchedule) -> bytes:
@@ -117,6 +118,7 @@ def capture(r: ChunkRollout, schedule: SessionSchedule) -> bytes:
             parts.append((f"context/{name}", np.ascontiguousarray(ctx[name]).tobytes()))
         cond_header = {"epoch": c.epoch, "wants_frames": c.wants_frames, "context_version": c.context_version,
                        "held": list(c.held), "seq": c.seq, "mouse": [float(c.mouse[0]), float(c.mouse[1])],
+                       "input_version": c.input_version,
                        "context": [[n, np.asarray(ctx[n]).dtype.str, list(np.shape(ctx[n]))] for n in names]}
     offset, index = 0, []
     for name, b in parts:

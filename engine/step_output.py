@@ -2,7 +2,10 @@
 
 The scheduler decides (`StepSchedulerOutput`), the runner executes on the
 device and reports (`StepRunnerOutput`). Session IDs and numbers only; no
-tensors cross this line.
+tensors cross this line. The scheduler is the one owner of every session's
+phase and denoising step: the runner carries a plan out literally (drops the
+chunks it names, begins the chunks it names, runs each session's named step)
+and keeps no count of its own.
 """
 
 from __future__ import annotations
@@ -24,13 +27,20 @@ class StepSchedulerOutput:
 
     kind: StepKind | None  #: the step kind of this batch; None when nothing is ready
     session_ids: list[str]  #: sessions in the batch, earliest deadline first
-    begin_chunk_ids: list[str]  #: sessions in the batch starting a new chunk with this step
+    begin_chunk_ids: list[str]  #: sessions in the batch starting a new chunk with this step (sample, draw noise)
     deadlines_s: dict[str, float]  #: session id -> presentation time of its chunk's first frame, s (monotonic)
     next_wake_s: float | None  #: when an idle runner should ask again, s (monotonic); None = on event
+    #: session id -> the denoising step it runs, 0-based (denoise steps only)
+    steps: dict[str, int] = field(default_factory=dict)
+    #: sessions whose staged chunk the runner drops before this step (flush, cancel, pause: their
+    #: persistent state is untouched); may be set on an otherwise empty plan
+    preempted_session_ids: list[str] = field(default_factory=list)
 
     @classmethod
-    def make_empty(cls, next_wake_s: float | None = None) -> StepSchedulerOutput:
-        return cls(kind=None, session_ids=[], begin_chunk_ids=[], deadlines_s={}, next_wake_s=next_wake_s)
+    def make_empty(cls, next_wake_s: float | None = None,
+                   preempted_session_ids: list[str] | None = None) -> StepSchedulerOutput:
+        return cls(kind=None, session_ids=[], begin_chunk_ids=[], deadlines_s={}, next_wake_s=next_wake_s,
+                   preempted_session_ids=list(preempted_session_ids or []))
 
     @property
     def is_empty(self) -> bool:
@@ -63,6 +73,14 @@ class FrameOut:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class BegunChunk:
+    """What a chunk that began in a step was sampled under (the scheduler tells a stale chunk by it)."""
+
+    epoch: int  #: the session's flush epoch when its conditioning was sampled
+    input_version: int  #: the session's input counter then (`Conditioner.input_version`)
+
+
 @dataclass
 class StepRunnerOutput:
     """What executing one `StepSchedulerOutput` produced."""
@@ -76,6 +94,8 @@ class StepRunnerOutput:
     cost_samples: list[tuple[StepKind, int, float]] = field(default_factory=list)
     #: pixel frames produced per session (init steps; commit steps may emit before returning)
     frames_by_session: dict[str, int] = field(default_factory=dict)
+    #: session id -> what its chunk was sampled under, for the chunks that began in this step
+    began: dict[str, BegunChunk] = field(default_factory=dict)
 
     @classmethod
     def make_empty(cls) -> StepRunnerOutput:

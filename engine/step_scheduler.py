@@ -26,6 +26,29 @@ Policy:
   rebased: its next deadline moves to now plus one chunk time, so lateness
   never accumulates into a backlog, and under overload every session slows
   by a similar share (EDF serves the most overdue first).
+- A chunk starts when an input arrives on an idle device (`early_start`).
+  The grid makes a key press wait for the next chunk start, half a frame
+  period on average. So when nothing is ready to run, a waiting session
+  with a fresh input (an action, or a flush such as a new direction, since
+  its last chunk began) starts its next chunk at once, provided (a) its
+  previous frame is already due, i.e. the new chunk's frames would not be
+  out before the previous frame's presentation time (now >= deadline -
+  frame period - predicted chunk time), and (b) it delays no other
+  session: every other waiting session's chunk starts after this one's
+  predicted end. The chunk keeps its deadline on the grid, so presentation
+  times (and the PTS the media clock derives from them) stay one frame
+  period apart and strictly increasing: the frame rate stays honest, only
+  the frame arrives sooner. A viewer sees the reaction to a key press up to
+  about a frame period earlier, and frames arriving a little irregularly in
+  wall time within their period. Under load (b) fails and the grid and
+  deadlines rule as before.
+
+One owner: the scheduler alone keeps each session's phase and denoising
+step. The device worker reports what it observes of a session (`observe`:
+active, flush epoch, input counter) and the runner carries out each plan
+literally (`StepSchedulerOutput.preempted_session_ids`, `begin_chunk_ids`,
+`steps`), reporting what each begun chunk was sampled under
+(`StepRunnerOutput.began`).
 """
 
 from __future__ import annotations
@@ -64,6 +87,7 @@ class SchedulerConfig:
     max_lateness_frames: float = 1.0  #: lateness (in frames) beyond which a session is rebased
     join_frames: float = 0.5  #: a waiting chunk due to start within this many frame periods joins a batch now
     align_to_grid: bool = True  #: put every session's chunk deadlines on one shared grid of chunk periods
+    early_start: bool = True  #: start a chunk at once when a fresh input arrives on an idle device (module doc)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -87,6 +111,12 @@ class _Entry:
     frames: int = 0  #: pixel frames emitted
     chunks: int = 0  #: chunks committed
     late_frames: int = 0  #: frames committed after their presentation time + one period
+    early_starts: int = 0  #: chunks started at once on a fresh input (`early_start`)
+    epoch: int = 0  #: the session's flush epoch, as last observed
+    input_version: int = 0  #: the session's input counter, as last observed
+    chunk_epoch: int = 0  #: the epoch the current (or last) chunk was sampled under
+    chunk_input: int = 0  #: the input counter the current (or last) chunk was sampled at
+    preempt: bool = False  #: the staged chunk must be dropped by the runner (next plan)
 
 
 @dataclass(frozen=True)
@@ -100,6 +130,7 @@ class SessionSchedule:
     frames: int  #: pixel frames emitted
     chunks: int  #: chunks committed
     late_frames: int  #: frames committed more than one frame period after their presentation time
+    early_starts: int = 0  #: chunks started at once on a fresh input
 
 
 @dataclass
@@ -113,15 +144,24 @@ class StepScheduler:
 
     # -- membership and events ---------------------------------------------------------
 
-    def add(self, session_id: str) -> None:
-        """Register a session; its first step is its initial frame."""
-        self._entries[session_id] = _Entry()
+    def add(self, session_id: str, *, epoch: int = 0, input_version: int = 0) -> None:
+        """Register a session; its first step is its initial frame.
 
-    def restore(self, session_id: str, schedule: SessionSchedule) -> None:
+        Args:
+            epoch, input_version: the session's flush epoch and input counter now (its first chunk
+                is not "fresh" for inputs that came before it existed).
+        """
+        self._entries[session_id] = _Entry(epoch=epoch, input_version=input_version, chunk_epoch=epoch,
+                                           chunk_input=input_version)
+
+    def restore(self, session_id: str, schedule: SessionSchedule, *, epoch: int = 0, input_version: int = 0) -> None:
         """Register a session moved from another engine, with the schedule it had there (`schedule_of`,
         taken at a chunk boundary): its next deadline, counters and phase carry on unchanged, so its
         frames keep their presentation times. A target with no grid yet takes the session's deadline
         as its grid origin.
+
+        Args:
+            epoch, input_version: the session's flush epoch and input counter now (as `add`).
 
         Raises:
             ValueError: the schedule is mid-chunk (RUNNING).
@@ -130,7 +170,10 @@ class StepScheduler:
             raise ValueError(f"session {session_id} is mid-chunk; sessions move at a chunk boundary")
         self._entries[session_id] = _Entry(phase=schedule.phase, step=0, deadline_s=schedule.deadline_s,
                                            start_at_s=schedule.start_at_s, frames=schedule.frames,
-                                           chunks=schedule.chunks, late_frames=schedule.late_frames)
+                                           chunks=schedule.chunks, late_frames=schedule.late_frames,
+                                           early_starts=schedule.early_starts, epoch=epoch,
+                                           input_version=input_version, chunk_epoch=epoch,
+                                           chunk_input=input_version)
         if self._grid_origin_s is None and schedule.phase == Phase.WAITING and self.config.align_to_grid:
             self._grid_origin_s = schedule.deadline_s
 
@@ -149,19 +192,41 @@ class StepScheduler:
     def schedule_of(self, session_id: str) -> SessionSchedule:
         """A copy of the session's schedule (raises KeyError for an unknown session)."""
         e = self._entries[session_id]
-        return SessionSchedule(e.phase, e.step, e.deadline_s, e.start_at_s, e.frames, e.chunks, e.late_frames)
+        return SessionSchedule(e.phase, e.step, e.deadline_s, e.start_at_s, e.frames, e.chunks, e.late_frames,
+                               e.early_starts)
+
+    def observe(self, session_id: str, now_s: float, *, active: bool, epoch: int, input_version: int) -> None:
+        """What the device worker sees of a session before each plan: whether it wants frames, its flush
+        epoch and its input counter (`Conditioner`).
+
+        An inactive session goes idle (its staged chunk is dropped); an idle one that becomes active
+        starts a chunk now; a running chunk sampled under an older epoch is dropped and restarted now
+        (a flush); a newer epoch or input counter on a waiting session is a fresh input (`early_start`).
+        """
+        e = self._entries[session_id]
+        e.input_version = input_version
+        if not active:
+            self.set_active(session_id, False, now_s)
+            e.epoch = epoch
+            return
+        self.set_active(session_id, True, now_s)
+        if e.phase == Phase.RUNNING and epoch != e.chunk_epoch:
+            self.restart_chunk(session_id, now_s)
+        e.epoch = epoch
 
     def set_active(self, session_id: str, active: bool, now_s: float) -> bool:
         """Start or stop generating for a session.
 
         Returns:
-            True if a staged chunk must be dropped (it was running and is now idle).
+            True if a staged chunk is to be dropped (it was running and is now idle); the next plan
+            names it in `preempted_session_ids`.
         """
         e = self._entries[session_id]
         if not active:
             was_running = e.phase == Phase.RUNNING
             if e.phase != Phase.NEW:
                 e.phase, e.step = Phase.IDLE, 0
+            e.preempt |= was_running
             return was_running
         if e.phase == Phase.IDLE:
             self._rebase(e, now_s, start_now=True)
@@ -171,21 +236,21 @@ class StepScheduler:
         """Flush: drop the running chunk (if any) and start a new one now.
 
         Returns:
-            True if a staged chunk must be dropped.
+            True if a staged chunk is to be dropped (named in the next plan's `preempted_session_ids`).
         """
         e = self._entries[session_id]
         if e.phase in (Phase.NEW, Phase.IDLE):
             return False
         was_running = e.phase == Phase.RUNNING
+        e.preempt |= was_running
         self._rebase(e, now_s, start_now=True)
         return was_running
 
     # -- planning ---------------------------------------------------------------------------
 
     def chunk_time_s(self, batch: int) -> float:
-        """Predicted device time of one chunk at batch size `batch`, s."""
-        c = self.config
-        return c.denoising_steps * self.cost.predict("denoise", batch) + self.cost.predict("commit", batch)
+        """Predicted device time of one chunk at batch size `batch`, s (`CostModel.chunk_time_s`)."""
+        return self.cost.chunk_time_s(batch, denoising_steps=self.config.denoising_steps)
 
     def _active_count(self) -> int:
         return max(1, sum(1 for e in self._entries.values() if e.phase in (Phase.WAITING, Phase.RUNNING)))
@@ -214,40 +279,86 @@ class StepScheduler:
             return "commit"
         return "denoise"
 
+    def _fresh(self, e: _Entry) -> bool:
+        """A waiting session has had an input (or a flush) since its last chunk began."""
+        return e.input_version != e.chunk_input or e.epoch != e.chunk_epoch
+
+    def _due_s(self, e: _Entry, batch: int) -> float:
+        """The earliest an early start may begin: the new chunk's frames are out no sooner than the previous
+        frame's presentation time (`early_start`, condition (a))."""
+        return e.deadline_s - self.config.frame_period_s - self.chunk_time_s(batch)
+
+    def _early_starts(self, now_s: float, waiting: list[tuple[str, _Entry]]) -> list[tuple[str, _Entry]]:
+        """Waiting sessions that start their chunk now on a fresh input (module doc, `early_start`)."""
+        cands = [(sid, e) for sid, e in waiting if self._fresh(e)]
+        cands = sorted(cands, key=lambda x: (x[1].deadline_s, x[0]))[: self.config.max_batch]
+        cands = [(sid, e) for sid, e in cands if now_s >= self._due_s(e, len(cands))]
+        if not cands:
+            return []
+        end = now_s + self.chunk_time_s(len(cands)) * self.config.safety + self.config.margin_s
+        chosen = {sid for sid, _ in cands}
+        if any(e.start_at_s < end for sid, e in waiting if sid not in chosen):
+            return []  # it would delay another session's chunk: the grid rules
+        return cands
+
     def schedule(self, now_s: float) -> StepSchedulerOutput:
         """Choose the next batch of steps.
 
         Returns:
-            a plan; empty (with `next_wake_s`) when no step is ready.
+            a plan; empty (with `next_wake_s`) when no step is ready. Either may name chunks the runner
+            must drop first (`preempted_session_ids`).
         """
         ready: list[tuple[float, str, _Entry]] = []
         joinable: list[tuple[float, str, _Entry]] = []
+        waiting: list[tuple[str, _Entry]] = []
         next_wake: float | None = None
         join_s = self.config.join_frames * self.config.frame_period_s if self.config.max_batch > 1 else 0.0
+        preempted = [sid for sid, e in self._entries.items() if e.preempt]
+        for sid in preempted:
+            self._entries[sid].preempt = False
         for sid, e in self._entries.items():
             if e.phase == Phase.IDLE:
                 continue
             if e.phase == Phase.WAITING and e.start_at_s > now_s:
-                next_wake = e.start_at_s if next_wake is None else min(next_wake, e.start_at_s)
+                waiting.append((sid, e))
+                wake = e.start_at_s
+                if self.config.early_start and self._fresh(e) and (due := self._due_s(e, 1)) > now_s:
+                    wake = min(wake, due)  # when its previous frame is due, it may start early
+                next_wake = wake if next_wake is None else min(next_wake, wake)
                 if e.start_at_s <= now_s + join_s:
                     joinable.append((e.deadline_s, sid, e))
                 continue
             key = now_s - 1e9 if e.phase == Phase.NEW else e.deadline_s
             ready.append((key, sid, e))
+        if not ready and self.config.early_start:
+            early = self._early_starts(now_s, waiting)
+            for sid, e in early:
+                e.early_starts += 1
+                if logger.isEnabledFor(logging.DEBUG):
+                    logger.debug("StepScheduler: Session(%s) starts its chunk %.1f ms early on a fresh input", sid,
+                                 (e.start_at_s - now_s) * 1e3)
+            ready = [(e.deadline_s, sid, e) for sid, e in early]
+            joinable = []
         if not ready:
-            return StepSchedulerOutput.make_empty(next_wake)
+            return StepSchedulerOutput.make_empty(next_wake, preempted)
         ready.sort(key=lambda x: (x[0], x[1]))
         kind = self._next_kind(ready[0][2])
         limit = 1 if kind == "init" else self.config.max_batch
         if kind == "denoise":
             ready += sorted(joinable, key=lambda x: (x[0], x[1]))
         batch = [(sid, e) for _, sid, e in ready if self._next_kind(e) == kind][:limit]
+        begin = [sid for sid, e in batch if e.phase == Phase.WAITING]
+        for sid, e in batch:
+            if sid in begin:  # what the chunk will be sampled under, until the runner says exactly
+                e.chunk_epoch, e.chunk_input = e.epoch, e.input_version
         return StepSchedulerOutput(
             kind=kind,
             session_ids=[sid for sid, _ in batch],
-            begin_chunk_ids=[sid for sid, e in batch if e.phase == Phase.WAITING],
+            begin_chunk_ids=begin,
             deadlines_s={sid: e.deadline_s for sid, e in batch},
             next_wake_s=None,
+            steps={sid: (0 if sid in begin else e.step) for sid, e in batch} if kind == "denoise" else {},
+            preempted_session_ids=preempted,
         )
 
     def update_from_output(self, plan: StepSchedulerOutput, result: StepRunnerOutput, now_s: float) -> None:
@@ -264,6 +375,10 @@ class StepScheduler:
                 e.frames += result.frames_by_session.get(sid, 0)
                 self._rebase(e, now_s, start_now=False)
             elif plan.kind == "denoise":
+                if sid in plan.begin_chunk_ids:
+                    e.step = 0
+                    if (b := result.began.get(sid)) is not None:
+                        e.chunk_epoch, e.chunk_input = b.epoch, b.input_version
                 e.phase = Phase.RUNNING
                 e.step += 1
             else:  # commit
@@ -286,9 +401,10 @@ class StepScheduler:
     # -- introspection ----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Per session: phase, frames emitted, frames late."""
+        """Per session: phase, frames emitted, frames late, chunks started early on a fresh input."""
         return {
-            sid: {"phase": float(e.phase), "frames": float(e.frames), "late_frames": float(e.late_frames)}
+            sid: {"phase": float(e.phase), "frames": float(e.frames), "late_frames": float(e.late_frames),
+                  "early_starts": float(e.early_starts)}
             for sid, e in self._entries.items()
         }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -68,3 +69,15 @@ class DeviceTimer:
         if self.cuda:
             torch.cuda.synchronize()
         return self.poll()
+
+
+def work_clock(device: torch.device) -> Callable[[], float]:
+    """The clock warm-up and the benchmarks time device work with, s.
+
+    On a CPU with one intra-op thread: the calling thread's CPU time (`time.thread_time`), so other
+    processes on a shared machine and the VM's steal time do not count against the model; with more
+    threads, or on an accelerator (where callers synchronise), wall time (`time.perf_counter`).
+    """
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter

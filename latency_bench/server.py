@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import httpx
 
 #: How long a server may take to load the model, warm up and report ready, s.
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 900.0  # a cold compile cache builds every step graph first (minutes on 2 vCPUs)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,13 @@ One session's life, as the engine drives it (`engine/rollout.py`):
       denoise + sampler_step, once per timestep
       decode              frames out (and the decoder's own state)
       commit              the pass at `spec.commit_timestep` that writes the chunk's KV
+
+Precision and compiled steps (chosen by the engine at warm-up, `engine/warmup.py`):
+`set_precision` switches the compute dtype among `spec.precisions.dtypes`
+(weights converted once per dtype, never cast per call); `compile_steps`
+routes the model's hot pure-tensor functions through the engine's compiler
+(`StepWrap`). Both are optional: a model that declares one dtype and no
+compilable steps runs as it is.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -155,6 +162,14 @@ class ChunkConditioning:
 #: Draws fresh Gaussian noise shaped like the batch's latents, each session from its own generator.
 NoiseFn = Callable[[], torch.Tensor]
 
+#: A pure-tensor step function a model may have compiled: every argument a tensor whose dim 0 is the
+#: batch, returning a tensor or a tuple of tensors whose dim 0 is the batch; no side effects, no host
+#: syncs, no Python state read that changes between calls (so a compiled graph may replace it and a
+#: batch may be padded to a compiled size by repeating its last row).
+StepFn = Callable[..., Any]
+#: The engine's compiler: (step name, function) -> a callable with the same contract (`engine/compiled.py`).
+StepWrap = Callable[[str, StepFn], StepFn]
+
 
 class WorldModel(abc.ABC):
     """A causal video world model: batched denoise, sampler step, decode, commit; no session state.
@@ -165,6 +180,43 @@ class WorldModel(abc.ABC):
 
     spec: WorldModelSpec
     device: torch.device
+
+    # -- precision and compiled steps (warm-up, before any session) -----------------------------
+
+    @property
+    def precision(self) -> torch.dtype:
+        """The dtype the model computes in now (the reference, `spec.precisions.dtypes[0]`, until
+        `set_precision`)."""
+        return getattr(self, "_precision", self.spec.precisions.reference)
+
+    def set_precision(self, dtype: torch.dtype) -> None:
+        """Compute in `dtype` from now on; the engine calls it at warm-up, before any session exists.
+
+        A model that declares more than one dtype overrides this: weights are converted once per
+        dtype (and kept), inputs cast at the entry of its step functions, latents returned in
+        float32; the state's declared dtypes may follow (`spec` is then replaced, and the engine
+        allocates its pool from the new one). The default supports the reference dtype only.
+
+        Raises:
+            ValueError: `dtype` is not one of `spec.precisions.dtypes`.
+        """
+        if dtype not in self.spec.precisions.dtypes:
+            raise ValueError(f"{self.spec.name} runs in {list(self.spec.precisions.dtypes)}, not {dtype}")
+        if dtype != self.spec.precisions.reference:
+            raise NotImplementedError(f"{type(self).__name__} declares {dtype} but does not implement set_precision")
+        self._precision = dtype
+
+    def compile_steps(self, wrap: StepWrap | None) -> tuple[str, ...]:
+        """Route the model's hot step functions through `wrap` (None: back to eager).
+
+        A model that has pure-tensor step functions (`StepFn`) calls `wrap(name, fn)` for each
+        and uses what it returns from then on, in the current and every later precision. The
+        default has none.
+
+        Returns:
+            the names of the wrapped step functions (() when there are none).
+        """
+        return ()
 
     # -- conditioning (event loop or device thread) ------------------------------------------
 

@@ -25,7 +25,9 @@ image a model accepts or requires, with limits, and the named tensors its
 `encode_conditioning` returns; a `ConditioningRequest` is what a user asked
 for, passed to the model without being interpreted on the way. Actions
 (`ActionSpace`): the keys, mouse axes and action layout clients build their
-inputs from.
+inputs from. Precision (`PrecisionSpec`): the compute dtypes a model can run
+in and how close to its reference dtype its frames must stay; the engine
+measures them at warm-up and serves the fastest one within that tolerance.
 """
 
 from __future__ import annotations
@@ -337,6 +339,56 @@ class ConditioningSpec:
                                  f"the spec declares {tuple(shape)}")
 
 
+@dataclass(frozen=True)
+class PrecisionSpec:
+    """The compute precisions a model can run in, and how close to the reference its frames must stay.
+
+    `dtypes[0]` is the reference (float32 for the models here). At warm-up the
+    engine runs `check_chunks` chunks of one session from the same initial
+    state, noise and actions in the reference and in each other dtype, and a
+    dtype qualifies only if the PSNR of its decoded frames against the
+    reference's frames (uint8, peak 255; the measure of `models/tinyworld/evaluate.py`)
+    is at least `min_psnr_db` for every frame. Among qualified dtypes the
+    fastest measured chunk is served (`engine/precision.py`). A model whose
+    state's dtypes follow its precision says so in its `spec.states` after
+    `WorldModel.set_precision`.
+    """
+
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)  #: supported compute dtypes, the reference first
+    min_psnr_db: float = 40.0  #: least PSNR of a frame against the reference's frame, dB
+    check_chunks: int = 4  #: chunks of the quality check (errors feed back through the state)
+
+    def __post_init__(self) -> None:
+        if not self.dtypes or len(set(self.dtypes)) != len(self.dtypes):
+            raise ValueError("PrecisionSpec.dtypes must be non-empty and unique")
+        if any(not dt.is_floating_point for dt in self.dtypes):
+            raise ValueError(f"PrecisionSpec.dtypes must be floating-point dtypes, got {self.dtypes}")
+        if not self.min_psnr_db > 0 or self.check_chunks < 1:
+            raise ValueError("PrecisionSpec needs min_psnr_db > 0 and check_chunks >= 1")
+
+    @property
+    def reference(self) -> torch.dtype:
+        """The dtype every other one is checked against."""
+        return self.dtypes[0]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float32", "bfloat16", ... (torch's name without the module prefix)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype called `name` ("float32", "bfloat16", "float16", "float64").
+
+    Raises:
+        ValueError: not a floating-point dtype name.
+    """
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise ValueError(f"{name!r} is not a floating-point dtype (float32, bfloat16, float16, float64)")
+    return dt
+
+
 @dataclass(frozen=True, eq=False)
 class ConditioningRequest:
     """What a user asked a session to be conditioned on; never interpreted outside its model.
@@ -391,6 +443,7 @@ class WorldModelSpec:
     #: the encoded conditioning is part of every chunk's input (False: only `init_state` and `set_prompt` read
     #: it; the model keeps what it derives, e.g. a cross-attention cache, in declared state)
     context_in_chunks: bool = True
+    precisions: PrecisionSpec = PrecisionSpec()  #: compute dtypes it can run in, and their tolerance
 
     def __post_init__(self) -> None:
         if self.fps <= 0 or self.latent_frames_per_chunk <= 0:

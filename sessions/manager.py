@@ -266,6 +266,7 @@ class SessionManager:
         session.engine_id = engine.id
         session.on("state", lambda s, st: self._changed(s))
         session.on("control", lambda s, op: self._changed(s))  # flush, cancel, resume act at the next step
+        session.on("input", lambda s, seq: self._input_arrived(s))  # an idle device starts the next chunk at once
         session.actions.on_change = lambda held, seq, dx, dy, clear: self._input(
             sid, InputDelta(tuple(sorted(held)), seq, (dx, dy), clear))
         logger.info("Session(%s): created on engine %d (prompt of %d chars, %s, seed %d)", sid, engine.id,
@@ -278,6 +279,12 @@ class SessionManager:
         e = self._placed.get(s.id)
         if e is not None and s.id not in self.moving:
             e.session_changed(s.id, s)
+
+    def _input_arrived(self, s: Session) -> None:
+        """An action was counted (`Session.input_version`): its engine may start the next chunk now."""
+        e = self._placed.get(s.id)
+        if e is not None and s.id not in self.moving:
+            e.input_arrived(s.id)
 
     def _input(self, session_id: str, delta: InputDelta) -> None:
         pending = self.moving.get(session_id)

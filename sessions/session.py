@@ -121,7 +121,7 @@ class FrameGate(Protocol):
 
 
 #: Session events; callbacks are synchronous and get (session, payload).
-SessionEvent = Literal["state", "frame", "error", "control"]
+SessionEvent = Literal["state", "frame", "error", "control", "input"]
 
 #: Codes of a session's device-side failure (`SessionFailure.code`), as transports send them in their
 #: `error` event: its own step failed ("session_failed") or the engine it ran on died ("engine_lost").
@@ -195,6 +195,7 @@ class Session:
         self._context = context
         self._context_version = 0  #: bumped on every conditioning change (models with a prompt cache re-cache)
         self._epoch = 0
+        self._inputs = 0  #: actions pushed (`input_version`)
         self._paused = False
         self._cancelled = False
         self._sinks: list[FrameSink] = []
@@ -217,7 +218,8 @@ class Session:
         Events: "state" (payload: SessionState), "frame" (payload: VideoFrame,
         after delivery to sinks), "error" (payload: `SessionFailure`), "control" (payload: the
         operation, "flush" | "cancel" | "pause" | "resume" | "set_prompt": the engine should
-        look at the session now).
+        look at the session now), "input" (payload: the action's seq; an idle device may start
+        the next chunk at once).
 
         Raises:
             TypeError: `callback` is a coroutine function (callbacks must be synchronous).
@@ -251,11 +253,13 @@ class Session:
     # -- conditioner (device thread) ----------------------------------------------------------
 
     def sample_chunk(self, frames: int) -> ChunkInputs:
+        with self._lock:
+            inputs = self._inputs  # read before the actions: a chunk never claims an input it did not see
         s = self.actions.sample(frames)
         vecs = np.stack([self.model.encode_action(k, m) for k, m in zip(s.keys, s.mouse, strict=True)])
         with self._lock:
             return ChunkInputs(actions=vecs, context=self._context, action_seq=s.seq, epoch=self._epoch,
-                               context_version=self._context_version)
+                               context_version=self._context_version, input_version=inputs)
 
     def current_epoch(self) -> int:
         with self._lock:
@@ -268,7 +272,13 @@ class Session:
         with self._lock:
             return ConditionerState(epoch=self._epoch, context_version=self._context_version, context=self._context,
                                     wants_frames=self.state == SessionState.ACTIVE and not self._paused
-                                    and not self._cancelled, held=tuple(sorted(held)), seq=seq, mouse=mouse)
+                                    and not self._cancelled, held=tuple(sorted(held)), seq=seq, mouse=mouse,
+                                    input_version=self._inputs)
+
+    def input_version(self) -> int:
+        """Actions pushed so far (each bumps it; the engine may start a chunk early on one)."""
+        with self._lock:
+            return self._inputs
 
     def wants_frames(self) -> bool:
         with self._lock:
@@ -306,7 +316,10 @@ class Session:
         """
         self._check_open()
         outcome = self.actions.push(seq, keys, mouse, now_s=self.clock())
+        with self._lock:
+            self._inputs += 1
         self.activate()
+        self._emit("input", seq)
         return outcome
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -18,6 +19,10 @@ from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import ServerConfig
 
 torch.set_num_threads(1)  # 2 cores: leave one for the event loop, aiortc and the browser
+# Engines in tests (and the servers they spawn) run float32, eager, unless a test asks otherwise: compiling
+# takes minutes on a cold cache, and the shared `model` fixture must stay in its reference precision.
+os.environ.setdefault("WORLDCAST_COMPILE", "0")
+os.environ.setdefault("WORLDCAST_PRECISION", "float32")
 
 
 @pytest.fixture(scope="session")

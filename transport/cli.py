@@ -16,6 +16,7 @@ from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.engine.engine_client import RestartPolicy
 from worldcast.models import registry
+from worldcast.models.spec import dtype_from_name
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
 from worldcast.transport.conn_limits import ConnectionLimits
@@ -77,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "--reserved-cores free, measured at start-up)")
     s.add_argument("--reserved-cores", type=int, default=1,
                    help="cores left to the event loop and video encoders when choosing threads (default 1)")
+    s.add_argument("--precision", default=None, metavar="DTYPE",
+                   help="compute dtype, e.g. float32 or bfloat16 (default: the fastest the model declares whose "
+                        "frames stay within its tolerance of float32, measured at start-up)")
+    s.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the model's steps at start-up (torch.compile; CUDA graphs on a GPU) and keep "
+                        "them where measured faster than eager (default: on; WORLDCAST_COMPILE=0 turns it off)")
+    s.add_argument("--compile-freeze", action="store_true",
+                   help="compile with frozen weights (oneDNN prepacked: faster steps on a CPU, but not cacheable, so "
+                        "every start rebuilds the graphs: minutes on a small VM)")
+    s.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
+                   help="where compiled steps are cached (default: $TORCHINDUCTOR_CACHE_DIR or "
+                        "~/.cache/worldcast/torch-compile)")
     s.add_argument("--max-sessions", type=int, default=16, help="hard cap on open sessions")
     s.add_argument("--admission", choices=[p.value for p in AdmissionPolicy], default="duty-cycle",
                    help="admission policy (default duty-cycle)")
@@ -292,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
                 raise ValueError(f"--engines {args.engines} disagrees with the {len(args.devices)} --devices given")
             if not args.restart_backoff > 0:
                 raise ValueError("--restart-backoff must be positive")
+            if args.precision is not None:
+                dtype_from_name(args.precision)
             config = _server_config(args, livekit, agent)
         except ValueError as e:
             parser.error(str(e))
@@ -347,7 +362,10 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
                               per_session=args.metrics_per_session, max_sessions=args.metrics_max_sessions),
         engine=EngineConfig(state_budget_bytes=state_budget_bytes(args), memory_fraction=args.memory_fraction,
                             max_slots=args.max_sessions, max_batch=args.max_batch,
-                            torch_threads=args.threads, reserved_cores=args.reserved_cores),
+                            torch_threads=args.threads, reserved_cores=args.reserved_cores,
+                            precision=args.precision, compile_cache_dir=args.compile_cache,
+                            compile_freeze=args.compile_freeze,
+                            **({} if args.compile is None else {"compile": args.compile})),
         engines=args.engines,
         devices=args.devices,
         engine_processes=args.engine_process,

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from worldcast.engine.step_output import StepRunnerOutput, StepSchedulerOutput
+from worldcast.engine.warmup import WarmupReport
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import SessionState
 
@@ -108,6 +109,8 @@ class _LiveCollector(Collector):
                 per.add_metric([str(n)], sec)
             yield per
         snap = first.snapshot
+        if snap.warmup is not None:
+            yield from _warmup_metrics(snap.warmup)
         adm = m.admission_decision()
         yield GaugeMetricFamily("worldcast_admission_active_capacity",
                                 "Sessions the device carries generating at once, by the cost model",
@@ -142,16 +145,60 @@ class _SessionCollector(Collector):
                                  labels=["session"])
         snaps = [e.snapshot for e in m.engines]
         stats = {sid: st for sn in snaps for sid, st in sn.sessions.items()}
+        early = CounterMetricFamily("worldcast_session_early_starts", "Chunks started at once because an input "
+                                    "arrived on an idle device, per session", labels=["session"])
         sessions = sorted(m.sessions.items(), key=lambda kv: kv[1].created_s, reverse=True)
         for sid, s in sessions[:self.max_sessions]:
             frames.add_metric([sid], s.frames_delivered)
             late.add_metric([sid], stats.get(sid, {}).get("late_frames", 0.0))
             duty.add_metric([sid], s.duty_cycle())
+            early.add_metric([sid], stats.get(sid, {}).get("early_starts", 0.0))
         yield frames
         yield late
         yield duty
+        yield early
         yield GaugeMetricFamily("worldcast_session_series_omitted", "Open sessions without per-session series "
                                 "(over --metrics-max-sessions)", value=max(0, len(sessions) - self.max_sessions))
+
+
+def _warmup_metrics(w: WarmupReport) -> Iterator[GaugeMetricFamily]:
+    """What the engine's warm-up measured and chose: the served precision, every dtype's chunk time and
+    quality, each batch bucket eager and compiled, and the phases' durations."""
+    p = w.precision
+    served = GaugeMetricFamily("worldcast_device_precision", "The served compute dtype and how its steps run at "
+                               "batch 1 (value 1)", labels=["dtype", "mode"])
+    served.add_metric([p.dtype, w.compile_mode if p.compiled else "eager"], 1.0)
+    yield served
+    chunk = GaugeMetricFamily("worldcast_device_precision_chunk_seconds", "Warm-up chunk time at batch 1 per "
+                              "dtype, eager and compiled (thread CPU time on a one-thread CPU)",
+                              labels=["dtype", "mode"])
+    psnr = GaugeMetricFamily("worldcast_device_precision_psnr_db", "Warm-up quality check: worst frame PSNR against "
+                             "the reference dtype's frames (+Inf: identical)", labels=["dtype", "mode"])
+    for t in p.trials:
+        for mode, sec, db in (("eager", t.eager_s, t.psnr_db), ("compiled", t.compiled_s, t.compiled_psnr_db)):
+            if sec is not None:
+                chunk.add_metric([t.dtype, mode], sec)
+                psnr.add_metric([t.dtype, mode], db)
+    yield chunk
+    yield psnr
+    tol = GaugeMetricFamily("worldcast_device_precision_min_psnr_db", "The model's quality tolerance, dB",
+                            value=p.min_psnr_db)
+    yield tol
+    bucket = GaugeMetricFamily("worldcast_device_bucket_chunk_seconds", "Warm-up chunk time per batch bucket, eager "
+                               "and compiled", labels=["batch", "mode"])
+    compiled = GaugeMetricFamily("worldcast_device_compiled_bucket", "1 if the batch bucket is served from compiled "
+                                 "graphs, else 0 (eager)", labels=["batch"])
+    for b in w.buckets:
+        bucket.add_metric([str(b.batch), "eager"], b.eager_s)
+        if b.compiled_s is not None:
+            bucket.add_metric([str(b.batch), "compiled"], b.compiled_s)
+        compiled.add_metric([str(b.batch)], 1.0 if b.compiled else 0.0)
+    yield bucket
+    yield compiled
+    phases = GaugeMetricFamily("worldcast_warmup_seconds", "Wall time of each warm-up phase", labels=["phase"])
+    for name, sec in w.phases_s.items():
+        phases.add_metric([name], sec)
+    yield phases
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ from worldcast.models.spec import (
     Conditioning,
     ConditioningRequest,
     FrameRingSpec,
+    PrecisionSpec,
     PromptCacheSpec,
     TensorStateSpec,
     WorldModelSpec,
@@ -137,6 +138,7 @@ class CausalWanModel(WorldModel):
             pixel_frames_per_latent=cfg.vae.temporal_stride, first_latent_pixel_frames=1,
             initial_latent_frames=0, commit_timestep=cfg.context_noise / cfg.num_train_timesteps,
             context_in_chunks=False,
+            precisions=PrecisionSpec(dtypes=(self.dtype,)),  # the DiT's own dtype (bfloat16 on CUDA), nothing to choose
         )
 
     # -- conditioning ----------------------------------------------------------------------------

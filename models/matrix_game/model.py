@@ -61,6 +61,7 @@ from worldcast.models.spec import (
     ConditioningRequest,
     ConditioningSpec,
     ImageConditioning,
+    PrecisionSpec,
     PromptCacheSpec,
     StateSpec,
     TensorStateSpec,
@@ -131,6 +132,7 @@ class MatrixGameModel(WorldModel):
             actions=self.action_space, conditioning=self.conditioning,
             pixel_frames_per_latent=cfg.vae.temporal_stride, first_latent_pixel_frames=1, initial_latent_frames=0,
             commit_timestep=cfg.context_noise / cfg.num_train_timesteps, context_in_chunks=False,
+            precisions=PrecisionSpec(dtypes=(self.dtype,)),  # the DiT's own dtype, nothing to choose; eager steps
         )  # fmt: skip
 
     # -- conditioning (event loop worker threads) ------------------------------------------------

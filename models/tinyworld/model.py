@@ -1,8 +1,19 @@
-"""TinyWorldModel: the `WorldModel` contract over TinyWorld's network and weights."""
+"""TinyWorldModel: the `WorldModel` contract over TinyWorld's network and weights.
+
+Serving runs three pure-tensor step functions (`denoise_step`, `commit_step`,
+`decode_step`), which the engine may compile (`compile_steps`), in float32 or
+bfloat16 (`set_precision`: the weights are converted once per dtype and
+kept; the state pool's KV ring and previous latent follow the dtype). Per
+chunk the model builds the batch's ring (a view of the pool when the slots
+are one contiguous run, else one gather) and the attention mask once; every
+step reuses them.
+"""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 import logging
 from pathlib import Path
@@ -11,12 +22,28 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from worldcast.kernels.ring_attention import RingBatch, ring_attention
-from worldcast.models.base import ChunkConditioning, Replace, RingWrite, StateUpdates, StateView, WorldModel
-from worldcast.models.spec import AttentionRingSpec, Conditioning, ConditioningRequest, TensorStateSpec, WorldModelSpec
+from worldcast.models.base import (
+    ChunkConditioning,
+    Replace,
+    RingWrite,
+    StateUpdates,
+    StateView,
+    StepFn,
+    StepWrap,
+    WorldModel,
+)
+from worldcast.models.spec import (
+    AttentionRingSpec,
+    Conditioning,
+    ConditioningRequest,
+    PrecisionSpec,
+    TensorStateSpec,
+    WorldModelSpec,
+)
 from worldcast.models.tinyworld import world
 from worldcast.models.tinyworld.family import ACTIONS, CONDITIONING
 from worldcast.models.tinyworld.network import (
+    ChunkRingAttention,
     FrameAutoencoder,
     TinyWorldConfig,
     TinyWorldDenoiser,
@@ -34,15 +61,20 @@ FPS = 20
 #: Denoising steps' flow times.
 TIMESTEPS = (1.0, 0.5)
 
+#: float32 (the reference) or bfloat16; bfloat16 qualifies when every frame of the warm-up check keeps
+#: at least 30 dB PSNR against float32's (measured: about 40 dB over four chunks from the shipped
+#: weights); its evaluation bars are in weights/eval/report.json.
+PRECISIONS = PrecisionSpec(dtypes=(torch.float32, torch.bfloat16), min_psnr_db=30.0, check_chunks=4)
+
 
 def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> WorldModelSpec:
-    """The declared geometry and per-session state of TinyWorld with config `cfg`.
+    """The declared geometry and per-session state of TinyWorld with config `cfg`, computing in `dtype`.
 
     State: "kv", the self-attention ring (sink + rolling window of frames), and
-    "prev", the last committed latent (each frame is predicted as a change to it).
-    One latent frame per pixel frame, one per chunk; the init step commits the
-    initial picture as latent frame 0. Conditioning: a text prompt, encoded as
-    "prompt" float32 (prompt_dim,), a sentence embedding, part of every chunk.
+    "prev", the last committed latent (each frame is predicted as a change to it),
+    both in `dtype`. One latent frame per pixel frame, one per chunk; the init step
+    commits the initial picture as latent frame 0. Conditioning: a text prompt,
+    encoded as "prompt" float32 (prompt_dim,), a sentence embedding, part of every chunk.
     """
     latent = (cfg.latent_channels, cfg.latent_size, cfg.latent_size)
     return WorldModelSpec(
@@ -62,7 +94,41 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
         actions=ACTIONS,
         conditioning=dataclasses.replace(CONDITIONING, tensors=(("prompt", (cfg.prompt_dim,), torch.float32),)),
         default_prompt="a green meadow",
+        precisions=PRECISIONS,
     )
+
+
+# -- the step functions (pure tensors: the engine may compile them, `models.base.StepFn`) -------------------
+
+
+def denoise_step(net: TinyWorldDenoiser, x_t: torch.Tensor, prev: torch.Tensor, t: torch.Tensor,
+                 action: torch.Tensor, prompt: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+    """One denoising pass: noisy latents (B, F, C, h, w) at flow times t (B, F) -> float32 x0 (B, F, C, h, w).
+
+    action (B, F, A), prompt (B, F, P); k_ring, v_ring (B, layers, L, H, hd), mask (B, H, 1, L + F*T)
+    as `ChunkRingAttention` takes them. Computes in the weights' dtype.
+    """
+    x0, _ = net(x_t, prev, t, action, prompt, ChunkRingAttention(k_ring, v_ring, mask))
+    assert x0 is not None
+    return x0.float()
+
+
+def commit_step(net: TinyWorldDenoiser, x0: torch.Tensor, prev: torch.Tensor, t: torch.Tensor,
+                action: torch.Tensor, prompt: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The commit pass over clean latents x0 (B, F, C, h, w) at flow time t (B, F) (0): the chunk's keys and
+    values, each (B, layers, F*T, H, hd) in the weights' dtype (the last block computes only its K/V)."""
+    _, kv = net(x0, prev, t, action, prompt, ChunkRingAttention(k_ring, v_ring, mask), kv_only=True)
+    return torch.stack([k for k, _ in kv], dim=1), torch.stack([v for _, v in kv], dim=1)
+
+
+def decode_step(ae: FrameAutoencoder, x0: torch.Tensor) -> torch.Tensor:
+    """Latents (B, F, C, h, w) -> uint8 (B, F, H, W, 3) RGB frames."""
+    B, Fr = x0.shape[:2]
+    img = ae.decode(x0.flatten(0, 1).contiguous(memory_format=torch.channels_last)).clamp(0, 1)
+    img = (img.float() * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1)
+    return img.reshape(B, Fr, *img.shape[1:])
 
 
 def save_weights(
@@ -81,10 +147,13 @@ class TinyWorldModel(WorldModel):
 
     Args:
         cfg: network config.
-        ae, net: the trained modules (moved to `device`, eval mode).
+        ae, net: the trained modules, float32 (moved to `device`, eval mode).
         theme_prompts: float32 (len(world.THEMES), prompt_dim) mean caption
             embedding per theme; picks the initial frame's theme for a prompt.
         prompt_encoder: shared sentence encoder (created if None).
+
+    Attributes:
+        ae, net: the modules of the current precision (`set_precision`).
     """
 
     def __init__(
@@ -99,17 +168,30 @@ class TinyWorldModel(WorldModel):
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
-        # channels-last convolutions: the MLP's depthwise conv reads the token grid (B*F, g, g, hidden)
-        # as an NHWC view with no copy, and oneDNN runs NHWC convs without reordering their input
-        self.ae = ae.to(self.device).eval().to(memory_format=torch.channels_last)
-        self.net = net.to(self.device).eval()
-        for blk in self.net.blocks:
-            blk.dw.to(memory_format=torch.channels_last)
+        #: dtype -> (autoencoder, denoiser), converted once each
+        self._modules: dict[torch.dtype, tuple[FrameAutoencoder, TinyWorldDenoiser]] = {
+            torch.float32: self._prepare(ae.float(), net.float())}
+        self.ae, self.net = self._modules[torch.float32]
+        self._precision = torch.float32
         self.theme_prompts = theme_prompts.float().cpu().numpy()
         self.spec = make_spec(cfg)
         self.prompts = prompt_encoder or PromptEncoder()
         self._maps: dict[int, world.WorldMap] = {}
         self._slopes: torch.Tensor | None = None  #: ALiBi slopes on the device (a constant)
+        self._wrap: StepWrap | None = None
+        self._tables: dict[torch.dtype, dict[str, StepFn]] = {}  #: per dtype, its steps as `_wrap` wrapped them
+        self._steps: dict[str, StepFn] = self._step_table()
+
+    def _prepare(self, ae: FrameAutoencoder, net: TinyWorldDenoiser) -> tuple[FrameAutoencoder, TinyWorldDenoiser]:
+        # channels-last convolutions: the MLP's depthwise conv reads the token grid (B*F, g, g, hidden)
+        # as an NHWC view with no copy, and oneDNN runs NHWC convs without reordering their input
+        ae = ae.to(self.device).eval().to(memory_format=torch.channels_last)
+        net = net.to(self.device).eval()
+        for blk in net.blocks:
+            blk.dw.to(memory_format=torch.channels_last)
+        for p in [*ae.parameters(), *net.parameters()]:
+            p.requires_grad_(False)
+        return ae, net
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, device: str | torch.device = "cpu") -> TinyWorldModel:
@@ -132,6 +214,45 @@ class TinyWorldModel(WorldModel):
         net.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith("net.")})
         logger.info("TinyWorldModel: loaded %s (%d params)", path, net.num_params())
         return cls(cfg, ae, net, sd["theme_prompts"], device=device)
+
+    # -- precision and compiled steps ------------------------------------------------------
+
+    def set_precision(self, dtype: torch.dtype) -> None:
+        """Compute in float32 or bfloat16: weights converted once per dtype (kept), the state's KV ring and
+        previous latent declared in `dtype` (`spec` is replaced).
+
+        Raises:
+            ValueError: `dtype` is neither.
+        """
+        if dtype not in self.spec.precisions.dtypes:
+            raise ValueError(f"{self.spec.name} runs in {list(self.spec.precisions.dtypes)}, not {dtype}")
+        if dtype not in self._modules:
+            ae32, net32 = self._modules[torch.float32]
+            self._modules[dtype] = self._prepare(copy.deepcopy(ae32).to(dtype), copy.deepcopy(net32).to(dtype))
+            logger.info("TinyWorldModel: weights converted to %s", dtype)
+        self.ae, self.net = self._modules[dtype]
+        self._precision = dtype
+        self.spec = make_spec(self.cfg, dtype=dtype)
+        self._steps = self._step_table()
+
+    def compile_steps(self, wrap: StepWrap | None) -> tuple[str, ...]:
+        """Route "denoise", "commit" and "decode" through `wrap` (None: eager), in every precision (each
+        precision's steps are wrapped once per `wrap`)."""
+        if wrap != self._wrap:  # (bound methods compare equal, never identical)
+            self._wrap, self._tables = wrap, {}
+        self._steps = self._step_table()
+        return tuple(self._steps)
+
+    def _step_table(self) -> dict[str, StepFn]:
+        table = self._tables.get(self._precision)
+        if table is None:
+            table = {"denoise": functools.partial(denoise_step, self.net),
+                     "commit": functools.partial(commit_step, self.net),
+                     "decode": functools.partial(decode_step, self.ae)}
+            if self._wrap is not None:
+                table = {name: self._wrap(name, fn) for name, fn in table.items()}
+            self._tables[self._precision] = table
+        return table
 
     # -- conditioning --------------------------------------------------------------
 
@@ -163,66 +284,83 @@ class TinyWorldModel(WorldModel):
 
     @torch.no_grad()
     def encode_frames(self, frames: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, F, H, W, 3) RGB frames -> float32 latents (B, F, C, h, w)."""
         B, Fr = frames.shape[:2]
         img = frames.to(self.device).flatten(0, 1).permute(0, 3, 1, 2).float() / 255.0
-        return self.ae.encode(img).reshape(B, Fr, *self.spec.latent_shape)
+        return self.ae.encode(img).float().reshape(B, Fr, *self.spec.latent_shape)
 
     @torch.no_grad()
     def decode_latents(self, x0: torch.Tensor) -> torch.Tensor:
-        """Latents (B, F, C, h, w) -> uint8 (B, F, H, W, 3) RGB frames."""
-        B, Fr = x0.shape[:2]
-        img = self.ae.decode(x0.flatten(0, 1).contiguous(memory_format=torch.channels_last)).clamp(0, 1)
-        img = (img * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1)
-        return img.reshape(B, Fr, *img.shape[1:])
+        """Latents (B, F, C, h, w) -> uint8 (B, F, H, W, 3) RGB frames (eager; offline evaluation)."""
+        return decode_step(self.ae, x0)
 
     @torch.no_grad()
     def decode(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> tuple[list[torch.Tensor],
                                                                                          StateUpdates]:
         """Decode each latent frame to one pixel frame; the autoencoder keeps no state."""
-        return list(self.decode_latents(x0).unbind(0)), {}
+        return list(self._steps["decode"](x0).unbind(0)), {}
 
     # -- denoise / commit ------------------------------------------------------------------
 
-    def _attend(self, cond: ChunkConditioning, state: StateView):  # type: ignore[no-untyped-def]
-        """The pass's self-attention over the sessions' rings, read in place (built once per chunk)."""
-        attend = cond.memo.get("attend")
-        if attend is None:
+    def _ring(self, cond: ChunkConditioning, state: StateView) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's ring keys and values (B, layers, L, H, hd) and the attention mask (B, H, 1, L + T),
+        built once per chunk (`cond.memo`) and reused by its every pass.
+
+        The ring is a view of the pool for one contiguous run of slots, else gathered once. The mask
+        is the rule of `kernels/ring_attention.py` for a one-frame chunk starting at c0: a ring frame
+        j is visible iff it holds data and c0 - window <= j < c0 or j < sinks; its bias is -slope * age
+        with age = c0 - j, capped at window + 1 for sinks; the chunk's own keys are all visible (bias 0).
+        """
+        memo = cond.memo.get("ring")
+        if memo is None:
+            cfg = self.cfg
             k_pool, v_pool, ring_frame = state.ring("kv")
+            s = state.slots_host
+            if s == tuple(range(s[0], s[0] + len(s))):
+                k, v, kf = k_pool[s[0]:s[0] + len(s)], v_pool[s[0]:s[0] + len(s)], ring_frame[s[0]:s[0] + len(s)]
+            else:
+                k, v, kf = (x.index_select(0, state.slots) for x in (k_pool, v_pool, ring_frame))
             if self._slopes is None or self._slopes.device != k_pool.device:
-                self._slopes = alibi_slopes(self.cfg.heads).to(k_pool.device)
-            batch = RingBatch(ring_frame, state.slots, state.slots_host, cond.frame_index,
-                              self.cfg.tokens_per_frame, self.cfg.window_frames, self.cfg.sink_frames, self._slopes)
-
-            def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                return ring_attention(q, k, v, k_pool[:, layer], v_pool[:, layer], batch)
-
-            cond.memo["attend"] = attend
-        return attend
+                self._slopes = alibi_slopes(cfg.heads).to(k_pool.device)
+            c0 = cond.frame_index[:, :1]  # (B, 1)
+            visible = (kf >= 0) & (((kf >= c0 - cfg.window_frames) & (kf < c0)) | ((kf < cfg.sink_frames) & (kf < c0)))
+            age = (c0 - kf).float()  # (B, P)
+            age = torch.where((kf < cfg.sink_frames) & (age > cfg.window_frames + 1),
+                              torch.full_like(age, cfg.window_frames + 1), age)
+            bias = (-self._slopes[None, :, None] * age[:, None, :]).masked_fill(~visible[:, None, :], float("-inf"))
+            bias = bias.repeat_interleave(cfg.tokens_per_frame, dim=-1)  # (B, H, L)
+            own = torch.zeros((*bias.shape[:2], cfg.tokens_per_frame), device=bias.device)  # (B, H, T)
+            mask = torch.cat([bias, own], dim=-1)[:, :, None].to(self.precision)  # (B, H, 1, L + T)
+            memo = cond.memo["ring"] = (k, v, mask)
+        return memo  # type: ignore[return-value]
 
     def _prompt(self, cond: ChunkConditioning, frames: int) -> torch.Tensor:
         return cond.context["prompt"][:, None].expand(-1, frames, -1)  # (B, F, P)
+
+    def _commit(self, x0: torch.Tensor, prev: torch.Tensor, cond: ChunkConditioning,
+                state: StateView) -> StateUpdates:
+        zeros = torch.zeros(x0.shape[:2], device=x0.device)
+        k, v = self._steps["commit"](x0, prev, zeros, cond.action, self._prompt(cond, x0.shape[1]),
+                                     *self._ring(cond, state))
+        layers = range(self.cfg.layers)
+        return {"kv": RingWrite(cond.frame_index, [k[:, i] for i in layers], [v[:, i] for i in layers]),
+                "prev": Replace(x0[:, -1])}
 
     @torch.no_grad()
     def init_state(self, frames: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
         """Commit the initial picture as latent frame 0: its keys and values, and it as `prev`."""
         z = self.encode_frames(frames)  # (B, 1, C, h, w)
-        zeros = torch.zeros(z.shape[:2], device=z.device)
-        _, kv = self.net(z, z, zeros, cond.action, self._prompt(cond, 1), self._attend(cond, state), kv_only=True)
-        return {"kv": RingWrite(cond.frame_index, [k for k, _ in kv], [v for _, v in kv]), "prev": Replace(z[:, -1])}
+        return self._commit(z, z, cond, state)
 
     @torch.no_grad()
     def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
         assert x_t.shape[1] == 1, "TinyWorld generates one frame per chunk"
         prev = state.tensor("prev")[:, None]  # (B, 1, C, h, w)
-        tt = t[:, None].expand(-1, x_t.shape[1])
-        x0, _ = self.net(x_t, prev, tt, cond.action, self._prompt(cond, x_t.shape[1]), self._attend(cond, state))
-        return x0
+        tt = t[:, None].expand(-1, x_t.shape[1]).contiguous()
+        return self._steps["denoise"](x_t, prev, tt, cond.action, self._prompt(cond, x_t.shape[1]),
+                                      *self._ring(cond, state))
 
     @torch.no_grad()
     def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
         """The clean pass at flow time 0: the chunk's keys and values, and its last latent as `prev`."""
-        prev = state.tensor("prev")[:, None]
-        zeros = torch.zeros(x0.shape[:2], device=x0.device)
-        _, kv = self.net(x0, prev, zeros, cond.action, self._prompt(cond, x0.shape[1]), self._attend(cond, state),
-                         kv_only=True)
-        return {"kv": RingWrite(cond.frame_index, [k for k, _ in kv], [v for _, v in kv]), "prev": Replace(x0[:, -1])}
+        return self._commit(x0, state.tensor("prev")[:, None], cond, state)

@@ -119,11 +119,14 @@ class FrameAutoencoder(nn.Module):
         self.register_buffer("latent_std", torch.ones(1, c, 1, 1))
 
     def encode(self, img: torch.Tensor) -> torch.Tensor:
-        """(B, 3, S, S) float in [0, 1] -> normalised latents (B, C, S/4, S/4)."""
+        """(B, 3, S, S) float in [0, 1] -> normalised latents (B, C, S/4, S/4), in the weights' dtype."""
+        img = img.to(self.latent_mean.dtype)
         return (self.enc(img * 2 - 1) - self.latent_mean) / self.latent_std
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        """Normalised latents (B, C, S/4, S/4) -> (B, 3, S, S) float, roughly [0, 1] (not clamped)."""
+        """Normalised latents (B, C, S/4, S/4) -> (B, 3, S, S) float, roughly [0, 1] (not clamped), in the
+        weights' dtype."""
+        z = z.to(self.latent_std.dtype)
         return (self.dec(z * self.latent_std + self.latent_mean) + 1) / 2
 
 
@@ -205,6 +208,30 @@ class DenseAttention:
             pk, pv = self.past_kv[layer]
             k, v = torch.cat([pk, k], dim=1), torch.cat([pv, v], dim=1)
         y = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.bias)  # (B, H, N, hd)
+        return y.transpose(1, 2)
+
+
+class ChunkRingAttention:
+    """Self-attention of a chunk over its batch's ring of cached keys plus its own keys: one SDPA per layer.
+
+    Pure tensors, so a compiled step can take it whole. The ring is what the engine's pool holds
+    for the batch's slots (a view of it when the slots are one contiguous run); the mask carries
+    the ring's visibility rule and the frame-age ALiBi (`kernels/ring_attention.py` states the
+    rule), built once per chunk.
+
+    Args:
+        k_ring, v_ring: (B, layers, L, H, hd) the batch's ring keys and values, L = P * T.
+        mask: (B, H, 1 or N, L + N) additive logits bias over ring keys then the chunk's own N keys
+            (0 or negative where visible, -inf elsewhere), in the compute dtype.
+    """
+
+    def __init__(self, k_ring: torch.Tensor, v_ring: torch.Tensor, mask: torch.Tensor) -> None:
+        self.k_ring, self.v_ring, self.mask = k_ring, v_ring, mask
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kk = torch.cat([self.k_ring[:, layer], k], dim=1).transpose(1, 2)  # (B, H, L + N, hd)
+        vv = torch.cat([self.v_ring[:, layer], v], dim=1).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=self.mask)  # (B, H, N, hd)
         return y.transpose(1, 2)
 
 
@@ -360,16 +387,19 @@ class TinyWorldDenoiser(nn.Module):
 
         Returns:
             x0: (B, F, C, h, w) predicted clean latents (None when `kv_only`), and per
-            layer the (K, V) of these F frames, each (B, F*T, H, hd).
+            layer the (K, V) of these F frames, each (B, F*T, H, hd); all in the weights'
+            dtype (inputs of any float dtype are cast to it on entry).
         """
         cfg = self.cfg
         B, Fr = x_t.shape[:2]
         assert x_t.shape == prev.shape, f"x_t {tuple(x_t.shape)} vs prev {tuple(prev.shape)}"
+        dt = self.inp.weight.dtype
+        x_t, prev, action, prompt = x_t.to(dt), prev.to(dt), action.to(dt), prompt.to(dt)
         xt_tok = self.patchify(x_t.flatten(0, 1)).reshape(B, Fr, cfg.tokens_per_frame, -1)
         pv_tok = self.patchify(prev.flatten(0, 1)).reshape(B, Fr, cfg.tokens_per_frame, -1)
         x = self.inp(torch.cat([xt_tok, pv_tok], dim=-1)) + self.pos  # (B, F, T, D)
         cond = (
-            self.t_mlp(timestep_embedding(t.flatten(), cfg.width)).reshape(B, Fr, -1)
+            self.t_mlp(timestep_embedding(t.flatten(), cfg.width).to(dt)).reshape(B, Fr, -1)
             + self.a_mlp(action)
             + self.p_proj(prompt)
         )  # (B, F, D)

@@ -36,8 +36,8 @@ def run(model: PaletteWorld, keys_at: list[dict[str, bool]], **kw) -> list[np.nd
     for keys in keys_at:
         held[0] = keys
         r.begin_chunk(0.0, 0.0)
-        for _ in range(model.spec.denoising_steps):
-            r.step()
+        for k in range(model.spec.denoising_steps):
+            r.step(k)
         frames += [f.image for f in r.finalize(0.0)]
     return frames
 
@@ -75,7 +75,7 @@ def test_an_aborted_chunk_leaves_the_declared_state_byte_identical(model: Palett
     held[0] = {"e": True}
     before = r.pool.snapshot(r.slot)
     r.begin_chunk(0.0, 0.0)
-    r.step()
+    r.step(0)
     r.abort_chunk()
     after = r.pool.snapshot(r.slot)
     for name, tensors in before.items():

@@ -189,7 +189,7 @@ def test_a_session_whose_conditioning_overruns_the_timeout_ends_alone(strict_wor
 
 
 def test_an_overrunning_batch_isolates_its_sessions_and_ends_the_slow_one(strict_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import worldcast.engine.device_worker as dw
+    import worldcast.engine.step_runner as dw
 
     w, rec = strict_worker, strict_worker.rec
     w.add_session("good", ScriptedConditioner(), seed=0)
@@ -198,12 +198,12 @@ def test_an_overrunning_batch_isolates_its_sessions_and_ends_the_slow_one(strict
     real = dw.denoise_batch
     batches: list[list[str]] = []
 
-    def slow_when_heavy(rs, cache=None):  # type: ignore[no-untyped-def]
+    def slow_when_heavy(rs, steps, cache=None):  # type: ignore[no-untyped-def]
         ids = [r.session_id for r in rs]
         batches.append(ids)
         if "heavy" in ids:
             w.steer.jump(TIMEOUT_S * 1.2)  # the forward "overruns" whenever this session is in it
-        return real(rs, cache)
+        return real(rs, steps, cache)
 
     monkeypatch.setattr(dw, "denoise_batch", slow_when_heavy)
     wait_for(lambda: any(sid == "heavy" for sid, _ in rec.errors))
@@ -216,7 +216,7 @@ def test_an_overrunning_batch_isolates_its_sessions_and_ends_the_slow_one(strict
 
 
 def test_a_step_stuck_on_the_device_marks_the_worker_stalled(strict_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import worldcast.engine.device_worker as dw
+    import worldcast.engine.step_runner as dw
 
     w = strict_worker
     w.add_session("a", ScriptedConditioner(), seed=0)
@@ -225,10 +225,10 @@ def test_a_step_stuck_on_the_device_marks_the_worker_stalled(strict_worker, monk
     entered, release = threading.Event(), threading.Event()
     real = dw.denoise_batch
 
-    def hang(rs, cache=None):  # type: ignore[no-untyped-def]
+    def hang(rs, steps, cache=None):  # type: ignore[no-untyped-def]
         entered.set()
         release.wait(30)
-        return real(rs, cache)
+        return real(rs, steps, cache)
 
     monkeypatch.setattr(dw, "denoise_batch", hang)
     assert entered.wait(30)
@@ -271,3 +271,32 @@ def test_configured_threads_are_used_without_timing(model) -> None:  # type: ign
         assert (choice.threads, choice.measured, choice.chunk_s) == (1, False, {})
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_runner_carries_out_a_plan_literally(model) -> None:  # type: ignore[no-untyped-def]
+    """It drops the chunks a plan preempts, begins the chunks it names, runs the step it names, and reports what
+    each begun chunk was sampled under; it keeps no step count of its own."""
+    from worldcast.engine.device_worker import StepRunner
+    from worldcast.engine.rollout import ChunkRollout
+    from worldcast.engine.state_pool import StatePool
+    from worldcast.engine.step_output import StepSchedulerOutput
+
+    pool = StatePool(model.spec.states, budget_bytes=model.spec.state_bytes_per_session() * 2)
+    cond = ScriptedConditioner()
+    cond.push_input()
+    r = ChunkRollout("a", model, pool, cond, seed=0)
+    r.init(0.0)
+    runner = StepRunner({"a": r})
+    plan = StepSchedulerOutput(kind="denoise", session_ids=["a"], begin_chunk_ids=["a"], deadlines_s={"a": 1.0},
+                               next_wake_s=None, steps={"a": 0})
+    out = runner.execute(plan, 0.5)
+    assert r.staged is not None and r.staged.deadline_s == 1.0 and not out.failed
+    assert out.began["a"].input_version == 1 and out.began["a"].epoch == 0
+    first = r.staged.serial
+    # the same session at its second step: not begun again, the named step runs
+    runner.execute(StepSchedulerOutput(kind="denoise", session_ids=["a"], begin_chunk_ids=[], deadlines_s={"a": 1.0},
+                                       next_wake_s=None, steps={"a": 1}), 0.51)
+    assert r.staged.serial == first
+    # a plan that preempts it (a flush), even with nothing to run
+    runner.execute(StepSchedulerOutput.make_empty(None, ["a"]), 0.52)
+    assert r.staged is None and r.next_latent == 1, "dropped; the session's state did not advance"

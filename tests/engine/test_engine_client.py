@@ -4,6 +4,7 @@ death noticed at once and restarted, sessions moved between processes byte for b
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -42,6 +43,9 @@ class Source:
 
     def wants_frames(self) -> bool:
         return self.state.wants_frames
+
+    def input_version(self) -> int:
+        return self.state.input_version
 
 
 def state(model, held: tuple[str, ...] = ("d",)) -> ConditionerState:  # type: ignore[no-untyped-def]
@@ -197,3 +201,18 @@ async def test_an_engine_that_cannot_start_says_why(model, tmp_path: Path) -> No
     with pytest.raises(EngineUnavailable, match="missing.safetensors"):
         await c.start(warmup=False)
     await c.aclose()
+
+
+def test_a_mirror_counts_the_inputs_it_is_pushed(model) -> None:  # type: ignore[no-untyped-def]
+    """An engine process's conditioner answers `input_version` as the session's does: one per action message
+    (a `clear` is not an input), read together with the actions a chunk samples; a state update keeps it."""
+    mirror = MirrorConditioner(model, dataclasses.replace(state(model, held=()), input_version=5))
+    assert mirror.input_version() == 5
+    mirror.push(InputDelta(held=("d",), seq=0))
+    mirror.push(InputDelta(held=("d",), seq=1, mouse=(2.0, 0.0)))
+    mirror.push(InputDelta(held=(), seq=1, clear=True))  # the client left: keys released, not an input
+    assert mirror.input_version() == 7
+    assert mirror.sample_chunk(model.spec.frames_per_chunk).input_version == 7
+    mirror.update(dataclasses.replace(state(model), epoch=1, context=None))
+    assert mirror.input_version() == 7 and mirror.current_epoch() == 1
+    assert mirror.conditioner_state().input_version == 7, "a move carries the count"

@@ -155,3 +155,18 @@ def test_the_scheduler_restores_a_moved_schedule_unchanged() -> None:
     assert abs(k - round(k)) < 1e-6, k
     with pytest.raises(ValueError, match="mid-chunk"):
         s.restore("r", SessionSchedule(Phase.RUNNING, 1, 1.0, 1.0, 0, 0, 0))
+
+
+def test_a_restored_session_is_not_fresh_for_inputs_from_before_its_move() -> None:
+    """A moved session starts its next chunk early only on an input that came after the move (`early_start`)."""
+    s = StepScheduler(SchedulerConfig(frame_period_s=0.05, frames_per_chunk=1, denoising_steps=2))
+    s.cost.observe("denoise", 1, 0.001)
+    s.cost.observe("commit", 1, 0.001)
+    sched = SessionSchedule(Phase.WAITING, 0, deadline_s=10.0, start_at_s=9.99, frames=40, chunks=39, late_frames=2,
+                            early_starts=3)
+    s.restore("m", sched, epoch=2, input_version=7)
+    assert s.schedule_of("m").early_starts == 3
+    assert s.schedule(9.96).is_empty, "inputs counted before the move are not fresh"
+    s.observe("m", 9.96, active=True, epoch=2, input_version=8)
+    plan = s.schedule(9.96)
+    assert plan.session_ids == ["m"] and plan.begin_chunk_ids == ["m"], "an input after the move starts it early"

@@ -239,3 +239,159 @@ def test_cost_samples_are_recorded_as_the_batches_actually_ran() -> None:
     after = s.cost.snapshot()
     assert after[("denoise", 2)] == before[("denoise", 2)]
     assert after[("denoise", 1)][1] == before[("denoise", 1)][1] + 2
+
+
+# -- one owner of phase and step; chunks that start when an input arrives (fake clock) ---------------------
+
+
+def drive(s: StepScheduler, now: float, step_s: float = 0.005) -> tuple[float, list]:  # type: ignore[type-arg]
+    """Run every ready step, each taking `step_s` of fake time; returns the time after and the plans."""
+    plans = []
+    while not (p := s.schedule(now)).is_empty:
+        plans.append(p)
+        now += step_s
+        s.update_from_output(p, ok(step_s), now)
+    return now, plans
+
+
+def committed_one_chunk(s: StepScheduler, sid: str = "a") -> float:
+    """Init `sid` and run its first chunk at its regular start; returns the time after its commit."""
+    s.add(sid)
+    now, _ = drive(s, 0.0)
+    now, plans = drive(s, s.schedule_of(sid).start_at_s)
+    assert [p.kind for p in plans] == ["denoise", "denoise", "commit"]
+    return now
+
+
+def test_the_plan_names_each_sessions_step_and_the_runner_keeps_no_count() -> None:
+    s = make(steps=2)
+    s.add("a")
+    drive(s, 0.0)
+    start = s.schedule_of("a").start_at_s
+    p1 = s.schedule(start)
+    assert p1.begin_chunk_ids == ["a"] and p1.steps == {"a": 0}
+    s.update_from_output(p1, ok(), start)
+    p2 = s.schedule(start)
+    assert p2.begin_chunk_ids == [] and p2.steps == {"a": 1}
+    s.update_from_output(p2, ok(), start)
+    assert s.schedule(start).kind == "commit"
+
+
+def test_a_flush_while_running_preempts_the_chunk_in_the_next_plan_and_starts_a_new_one() -> None:
+    s = make()
+    s.add("a")
+    drive(s, 0.0)
+    start = s.schedule_of("a").start_at_s
+    p = s.schedule(start)
+    s.update_from_output(p, ok(), start)
+    assert s.phase("a") == Phase.RUNNING
+    s.observe("a", start + 0.001, active=True, epoch=1, input_version=0)  # flush: the epoch moved
+    p = s.schedule(start + 0.001)
+    assert p.preempted_session_ids == ["a"]
+    assert p.kind == "denoise" and p.begin_chunk_ids == ["a"] and p.steps == {"a": 0}
+    s.update_from_output(p, ok(), start + 0.002)
+    s.observe("a", start + 0.002, active=True, epoch=1, input_version=0)  # the new chunk saw epoch 1
+    assert s.schedule(start + 0.002).preempted_session_ids == []
+
+
+def test_a_pause_while_running_preempts_even_when_nothing_else_runs() -> None:
+    s = make()
+    s.add("a")
+    drive(s, 0.0)
+    start = s.schedule_of("a").start_at_s
+    s.update_from_output(s.schedule(start), ok(), start)
+    s.observe("a", start, active=False, epoch=0, input_version=0)
+    p = s.schedule(start)
+    assert p.is_empty and p.preempted_session_ids == ["a"] and s.phase("a") == Phase.IDLE
+    assert s.schedule(start).preempted_session_ids == []  # named once
+
+
+def test_an_input_on_an_idle_device_starts_the_next_chunk_at_once_on_its_grid_deadline() -> None:
+    s = make(steps=2)
+    after = committed_one_chunk(s)
+    e = s.schedule_of("a")
+    due = e.deadline_s - PERIOD - s.chunk_time_s(1)  # the previous frame is due from here on
+    now = max(after, due) + 0.001
+    assert now < e.start_at_s - 0.01, "the regular start is later"
+    assert s.schedule(now).is_empty  # no input: it waits for its regular start
+    s.observe("a", now, active=True, epoch=0, input_version=1)  # a key press
+    p = s.schedule(now)
+    assert p.kind == "denoise" and p.begin_chunk_ids == ["a"]
+    assert p.deadlines_s["a"] == e.deadline_s, "the deadline stays on the grid: PTS one frame period apart"
+    assert s.schedule_of("a").early_starts == 1
+
+
+def test_an_input_before_the_previous_frame_is_due_waits_until_it_is() -> None:
+    s = make(steps=2, frames_per_chunk=4)  # a long chunk period: the commit lands well before the next frame
+    after = committed_one_chunk(s)
+    e = s.schedule_of("a")
+    due = e.deadline_s - PERIOD - s.chunk_time_s(1)
+    assert after < due
+    s.observe("a", after, active=True, epoch=0, input_version=1)
+    early = s.schedule(after)
+    assert early.is_empty and early.next_wake_s == pytest.approx(due), "it wakes when the previous frame is due"
+    assert early.next_wake_s < e.start_at_s
+    p = s.schedule(due)
+    assert p.begin_chunk_ids == ["a"] and p.deadlines_s["a"] == e.deadline_s
+
+
+def test_a_flush_of_a_waiting_session_is_a_fresh_input() -> None:
+    s = make(steps=2)
+    after = committed_one_chunk(s)
+    e = s.schedule_of("a")
+    now = max(after, e.deadline_s - PERIOD - s.chunk_time_s(1)) + 0.001
+    s.observe("a", now, active=True, epoch=1, input_version=0)  # a direction: set_prompt + flush
+    assert s.schedule(now).begin_chunk_ids == ["a"]
+
+
+def test_under_load_an_input_does_not_move_a_chunk_ahead_of_another_sessions() -> None:
+    s = make(max_batch=4, steps=2)
+    s.add("a"), s.add("b")
+    now, _ = drive(s, 0.0)
+    now, plans = drive(s, s.schedule_of("a").start_at_s)
+    assert all(p.session_ids == ["a", "b"] for p in plans)  # in lock step on one grid
+    ea, eb = s.schedule_of("a"), s.schedule_of("b")
+    assert ea.deadline_s == eb.deadline_s
+    now = eb.start_at_s - 0.01  # a's chunk alone would still run when b's is due to start
+    assert now >= ea.deadline_s - PERIOD - s.chunk_time_s(1)
+    s.observe("a", now, active=True, epoch=0, input_version=1)
+    assert s.schedule(now).is_empty, "it would delay b's chunk: the grid rules"
+    p = s.schedule(eb.start_at_s)
+    assert p.session_ids == ["a", "b"] and p.begin_chunk_ids == ["a", "b"]  # and they stay one batch
+    off = make(steps=2, early_start=False)
+    committed_one_chunk(off)
+    e = off.schedule_of("a")
+    off.observe("a", e.start_at_s - 0.002, active=True, epoch=0, input_version=1)
+    assert off.schedule(e.start_at_s - 0.002).is_empty  # early start off: the grid alone
+
+
+def test_inputs_at_any_time_keep_presentation_times_a_frame_period_apart_and_never_run_ahead() -> None:
+    """However inputs arrive, each chunk's deadline is the previous one plus its frames, so PTS (derived from
+    presentation times by the media clock) strictly increase at the frame rate; no chunk's frames come out
+    before the previous frame is due, and early starts happen."""
+    import random
+
+    rng = random.Random(7)
+    s = make(steps=2)
+    s.add("a")
+    now, _ = drive(s, 0.0)
+    deadlines, version, t_input = [], 0, 0.0
+    while len(deadlines) < 60:
+        if now >= t_input:  # the next key press, 0-120 ms after the last
+            version += 1
+            t_input = now + rng.uniform(0.0, 0.12)
+        s.observe("a", now, active=True, epoch=0, input_version=version)
+        p = s.schedule(now)
+        if p.is_empty:
+            now = min(p.next_wake_s if p.next_wake_s is not None else t_input, t_input) + 1e-6
+            continue
+        if p.kind == "denoise" and p.begin_chunk_ids:
+            deadlines.append(p.deadlines_s["a"])
+            due = p.deadlines_s["a"] - PERIOD
+            assert now + s.chunk_time_s(1) >= due - 1e-9, "frames out before the previous one is due"
+        now += 0.005
+        s.update_from_output(p, ok(), now)
+    gaps = [b - a for a, b in zip(deadlines, deadlines[1:])]
+    assert all(g == pytest.approx(PERIOD) or g > PERIOD for g in gaps)
+    assert sum(1 for g in gaps if g == pytest.approx(PERIOD)) > 50  # on time: one period apart
+    assert s.schedule_of("a").early_starts > 10

@@ -51,11 +51,11 @@ def test_batched_and_solo_rollouts_agree_on_cuda() -> None:
     for _ in range(5):
         for r in (a, b):
             r.begin_chunk(0.0, 0.0)
-        for _ in range(m.spec.denoising_steps):
-            denoise_batch([a, b], cache)
+        for k in range(m.spec.denoising_steps):
+            denoise_batch([a, b], [k, k], cache)
         fa = finalize_batch([a, b], 0.0, cache=cache)[0]
         solo.begin_chunk(0.0, 0.0)
-        for _ in range(m.spec.denoising_steps):
-            denoise_batch([solo], cache)
+        for k in range(m.spec.denoising_steps):
+            denoise_batch([solo], [k], cache)
         fs = finalize_batch([solo], 0.0, cache=cache)[0]
         assert np.abs(fa.image.astype(int) - fs.image.astype(int)).max() <= 2

@@ -125,3 +125,19 @@ def test_last_viewer_leaving_idles_the_session(model) -> None:  # type: ignore[n
     s.detach_sink(b)
     assert s.state == SessionState.IDLE and not s.wants_frames()
     assert not s.sample_chunk(1).actions[0, :4].any()  # held keys released
+
+
+def test_each_action_bumps_the_input_counter_the_engine_reads(model) -> None:  # type: ignore[no-untyped-def]
+    """An idle device starts the next chunk when an input arrives: the session counts its actions, says so at
+    once ("input" event: the manager wakes the device worker), and a chunk reports the count it sampled at."""
+    s = make(model)
+    inputs = []
+    s.on("input", lambda sess, seq: inputs.append(seq))
+    assert s.input_version() == 0 and s.sample_chunk(1).input_version == 0
+    s.push_action(0, ["w"], (0.0, 0.0))
+    s.push_action(1, [], (3.0, 0.0))
+    assert s.input_version() == 2 and inputs == [0, 1]
+    assert s.sample_chunk(1).input_version == 2
+    with pytest.raises(InvalidAction):
+        s.push_action(-1, ["w"], (0.0, 0.0))
+    assert s.input_version() == 2, "a refused message is not an input"

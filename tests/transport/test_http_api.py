@@ -206,10 +206,14 @@ def test_metrics_in_prometheus_text_format(client: httpx.Client, live_server) ->
     fams = {f.name: f for f in text_string_to_metric_families(r.text)}
     for name in ("worldcast_step_seconds", "worldcast_step_batch_size", "worldcast_frame_lateness_seconds",
                  "worldcast_kv_pool_bytes", "worldcast_scheduler_queue_depth", "worldcast_admission_decisions",
-                 "worldcast_sessions"):
+                 "worldcast_sessions", "worldcast_device_precision", "worldcast_warmup_seconds"):
         assert name in fams, name
     # no session id on the API port, in any series (per-session series live on --metrics-port only)
     assert s["session_id"] not in r.text and "worldcast_session_frames" not in fams
+    assert "worldcast_session_early_starts" not in fams
+    served = fams["worldcast_device_precision"].samples
+    assert [(x.labels["dtype"], x.value) for x in served] == [("float32", 1.0)]  # the suite fixes float32
+    assert {x.labels["phase"] for x in fams["worldcast_warmup_seconds"].samples} >= {"precision", "total"}
     kv = {smp.labels["kind"]: smp.value for smp in fams["worldcast_kv_pool_bytes"].samples}
     assert 0 < kv["used"] <= kv["budget"]
     steps = [smp for smp in fams["worldcast_step_seconds"].samples if smp.name.endswith("_count")]

@@ -42,8 +42,8 @@ def session(m: CausalWanModel, pool: StatePool, sid: str, *, seed: int, text: st
 def chunk(rs: list[ChunkRollout], cache: BatchCache) -> list:  # type: ignore[type-arg]
     for r in rs:
         r.begin_chunk(0.0, 0.0)
-    for _ in range(rs[0].model.spec.denoising_steps):
-        denoise_batch(rs, cache)
+    for k in range(rs[0].model.spec.denoising_steps):
+        denoise_batch(rs, [k] * len(rs), cache)
     return finalize_batch(rs, 0.0, cache=cache)
 
 
@@ -126,7 +126,7 @@ def test_a_prompt_switch_recaches_as_longlive_in_its_own_transaction(wan: Causal
     cond: ScriptedConditioner = r.conditioner  # type: ignore[assignment]
     cond.context, cond.context_version = new, 1
     r.begin_chunk(0.0, 0.0)
-    denoise_batch([r], cache)  # the re-cache runs before the chunk's first step
+    denoise_batch([r], [0], cache)  # the re-cache runs before the chunk's first step
     r.abort_chunk()  # ... and survives the chunk's abort: it was its own transaction
     after = pool.snapshot(r.slot)
     assert r.context_version == 1

@@ -117,8 +117,8 @@ def test_matrix_an_aborted_chunk_leaves_every_state_unchanged(mg: MatrixGameMode
     run_chunk([r], cache)
     before = pool.snapshot(r.slot)
     r.begin_chunk(0.0, 0.0)
-    for _ in range(mg.spec.denoising_steps):
-        denoise_batch([r], cache)
+    for k in range(mg.spec.denoising_steps):
+        denoise_batch([r], [k], cache)
     r.abort_chunk()
     after = pool.snapshot(r.slot)
     for name, ts in before.items():

@@ -50,6 +50,9 @@ class ScriptConditioner:
     def wants_frames(self) -> bool:
         return True
 
+    def input_version(self) -> int:
+        return 0
+
 
 def session(model: MatrixGameModel, pool: StatePool, sid: str, rows: np.ndarray, *, seed: int,
             image: np.ndarray | None = None) -> ChunkRollout:
@@ -63,8 +66,8 @@ def run_chunk(rs: list[ChunkRollout], cache: BatchCache) -> list:  # type: ignor
     """One chunk of every rollout in one batch: its frames (FrameOut)."""
     for r in rs:
         r.begin_chunk(0.0, 0.0)
-    for _ in range(rs[0].model.spec.denoising_steps):
-        denoise_batch(rs, cache)
+    for k in range(rs[0].model.spec.denoising_steps):
+        denoise_batch(rs, [k] * len(rs), cache)
     return finalize_batch(rs, 0.0, cache=cache)
 
 
