@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
+SERVE_FLAGS ?=
 # livekit-server for the LiveKit tests, built from its Go module and cached outside the tree.
 # v1.13.6 and later carry `replace` directives that `go install` refuses.
 LIVEKIT_VERSION := v1.13.5
@@ -39,7 +40,7 @@ $(LIVEKIT_SERVER):
 	test -x $@
 
 serve: $(VENV)/.installed web_demo/dist/index.html
-	$(VENV)/bin/worldcast serve --host $(HOST) --port $(PORT)
+	$(VENV)/bin/worldcast serve --host $(HOST) --port $(PORT) $(SERVE_FLAGS)
 
 test: $(VENV)/.installed web_demo/dist/index.html /usr/bin/chromium $(LIVEKIT_SERVER)
 	$(PY) -m pytest

@@ -97,8 +97,10 @@ async def prompt_system_config() -> dict[str, Any]:
     }
 
 
-@router.post("/prompt-system-config")
+@router.post("/prompt-system-config", status_code=501, responses={
+    501: {"description": "worldcast's prompt rules are fixed (no language model): saving is not implemented"}})
 async def save_prompt_system_config() -> JSONResponse:
+    """Dreamverse's prompt-config save (its settings panel): always 501 Not Implemented (RFC 9110 §15.6.2)."""
     return JSONResponse({"detail": "worldcast has no language model; its prompt rules are fixed and cannot be "
                                    "edited (docs/streaming.md)"}, status_code=501)
 
