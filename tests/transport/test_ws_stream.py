@@ -12,7 +12,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from worldcast.transport.client import StreamClient, StreamError
+from worldcast.transport.clients import StreamClient, StreamError
 from worldcast.transport.mp4box import parse_init, sps_from_avcc
 
 pytestmark = pytest.mark.timeout(180)
