@@ -7,6 +7,8 @@ client sends and reads, with its field names; the shapes were read from that cod
 The project's state and rules (seeds, rollouts, the segment cap, the rule-based rewrite) are the directing
 layer's (`sessions/projects.py`, over `sessions/directing.py`); prompt parsing is `dreamverse_prompts.py`,
 message checks `dreamverse_messages.py`, the client's HTTP reads `dreamverse_http.py`. docs/streaming.md has the tables.
+`DreamverseConnection` is a protocol translation only: it composes the connection core (`connection.py`) and the
+fMP4 socket it shares with the worldcast stream (`stream_socket.py`), and overrides nothing.
 
 Client -> server (JSON text): `session_init_v2` (first) and `project_init_v1` {curated_prompts,
 initial_rollout_prompt, preset_id, preset_label, enhancement_enabled, auto_extension_enabled,
