@@ -32,7 +32,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from worldcast.sessions.session import Session, SessionState, VideoFrame
 from worldcast.transport.connection import Connection, frame_event
-from worldcast.transport.connection import retrieve as _retrieve  # noqa: F401 - peers.py uses it
+from worldcast.transport.connection import retrieve as _retrieve
 from worldcast.transport.ice import (  # noqa: F401 - configure_ice, quiet_closed_transport_errors re-exported
     close_peer_connection,
     configure_ice,

@@ -213,6 +213,7 @@ class StreamConnection:
         self.out = StreamSocket(ws, session, self, self.conn, video_scale=video_scale, max_text_bytes=MAX_TEXT_BYTES,
                                 on_frames=on_frames)
         self.director, self.guard = self.out.director, self.conn.guard
+        #: the socket's video pipeline (`out`: also `transport`, `write_buffer_bytes`, `bytes_out`, `messages_in`)
         self.sink, self.queue, self.frames = self.out.sink, self.out.queue, self.out.frames
         self._fragmenter: Fmp4Fragmenter | None = None
         self._init_sent_for: Fmp4Encoder | None = None
@@ -220,26 +221,6 @@ class StreamConnection:
 
     def __repr__(self) -> str:
         return f"StreamConnection({self.session.id})"
-
-    @property
-    def transport(self) -> Any:
-        """The asyncio transport under the socket (None: unknown server)."""
-        return self.out.transport
-
-    @property
-    def write_buffer_bytes(self) -> int:
-        """Bytes accepted for sending but not yet handed to the kernel (the transport's buffer)."""
-        return self.out.write_buffer_bytes
-
-    @property
-    def bytes_out(self) -> int:
-        """Bytes sent on the socket so far."""
-        return self.out.bytes_out
-
-    @property
-    def messages_in(self) -> int:
-        """Client messages received so far."""
-        return self.out.messages_in
 
     async def run(self) -> None:
         """Serve the stream until the client leaves, the session closes or the reader stalls for good."""
