@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from worldcast.transport.ws_client import StreamClient
+from worldcast.transport.clients.stream import StreamClient
 
 #: Frames are paced one period apart: a media gap over this many periods counts as the move's cost.
 WINDOW_S = 4.0

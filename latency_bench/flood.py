@@ -161,7 +161,7 @@ async def run(url: str, *, seconds: float, rate: float, kind: str = "actions",
 
 async def stream_flooder(url: str, *, rate: float, seconds: float) -> dict[str, Any]:
     """A flooding stream client: `rate` junk text messages/s on its session's WebSocket stream."""
-    from worldcast.transport.client import StreamClient
+    from worldcast.transport.clients import StreamClient
 
     c = await StreamClient.connect(url, seed=2)
     await c.next_frame(60)
@@ -193,7 +193,7 @@ async def stream_flooder(url: str, *, rate: float, seconds: float) -> dict[str, 
 
 async def flooder(url: str, *, rate: float, seconds: float) -> dict[str, Any]:
     """The flooding client (its own process): `rate` messages/s, half junk, for `seconds`."""
-    from worldcast.transport.client import WebRTCClient
+    from worldcast.transport.clients.webrtc import WebRTCClient
     from worldcast.transport.webrtc import configure_ice
 
     configure_ice(["127.0.0.1"])

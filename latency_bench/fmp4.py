@@ -26,8 +26,8 @@ from typing import Any
 
 from worldcast.latency_bench import stats
 from worldcast.latency_bench.probe import CLOSE_TIMEOUT_S, FrameRecord, SessionMetrics, SessionProbe, model_fps
+from worldcast.transport.clients.stream import StreamClient
 from worldcast.transport.stamp import cell_px_for_width, read_stamp
-from worldcast.transport.ws_client import StreamClient
 
 #: Directions cycled by the direction run (TinyWorld's themes).
 PROMPTS = ("a snowy landscape", "rivers of glowing molten lava", "a green meadow", "a sandy desert at noon")

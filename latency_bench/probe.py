@@ -30,8 +30,8 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError
 
 from worldcast.latency_bench import stats
-from worldcast.transport.client import WebRTCClient
-from worldcast.transport.session_api import action_cycle
+from worldcast.transport.clients.session_api import action_cycle
+from worldcast.transport.clients.webrtc import WebRTCClient
 from worldcast.transport.stamp import cell_px_for_width, read_stamp
 
 #: The 90 kHz RTP video clock of frame PTS (RFC 3551).
@@ -127,7 +127,7 @@ class SessionProbe:
         """
         client: Any
         if transport == "livekit":
-            from worldcast.transport.livekit.client import LiveKitUser
+            from worldcast.transport.clients.livekit import LiveKitUser
 
             client = await LiveKitUser.create(url, room=f"bench-{seed}-{secrets.token_hex(4)}", seed=seed,
                                               stamp_frames=stamped)

@@ -39,7 +39,7 @@ async def rss_bytes(url: str) -> float:
 async def peak(url: str, *, sessions: int, hold_s: float, seed: int, kinds: str = "both") -> dict[str, Any]:
     """One peak: open `sessions` sessions (half WebRTC, half stream; or all of one `kinds`), stream `hold_s`,
     delete them all."""
-    from worldcast.transport.client import StreamClient, WebRTCClient
+    from worldcast.transport.clients import StreamClient, WebRTCClient
 
     t0 = time.monotonic()
     n_rtc = {"both": sessions // 2, "webrtc": sessions, "stream": 0}[kinds]

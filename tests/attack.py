@@ -196,7 +196,7 @@ async def case_ids(url: str, mport: int) -> list[Case]:
 
 
 async def case_stream_floods(url: str) -> list[Case]:
-    from worldcast.transport.client import StreamClient
+    from worldcast.transport.clients import StreamClient
 
     junk = Case("flood: bad JSON on the stream, 2,000 msg/s",
                 f"summaries, cut off (1008) within ~{FLOOD_SUSTAINED_S:g} s")
@@ -258,7 +258,7 @@ async def case_webrtc_flood(url: str, seconds: float) -> Case:
 
 
 async def case_prompts(url: str) -> Case:
-    from worldcast.transport.client import StreamClient
+    from worldcast.transport.clients import StreamClient
 
     c = Case('prompts: "\\u200b" (and other invisible ones) on every surface', "refused everywhere")
     refused: dict[str, bool] = {}
@@ -369,8 +369,8 @@ async def case_slow_heads(url: str) -> list[Case]:
 
 
 async def case_client(url: str) -> Case:
-    from worldcast.transport.client import WebRTCClient
-    from worldcast.transport.session_api import SEQ_MAX
+    from worldcast.transport.clients.session_api import SEQ_MAX
+    from worldcast.transport.clients.webrtc import WebRTCClient
 
     c = Case("the Python client: seq near 2**53, a notification, a batch",
              "seq restarts and keys apply; notification returns None at once; batch refused clearly")
@@ -412,7 +412,7 @@ async def case_rss(url: str, peaks: int) -> Case:
 async def case_livekit(url: str, lk: Any) -> list[Case]:
     from livekit import rtc
 
-    from worldcast.transport.livekit.client import LiveKitUser
+    from worldcast.transport.clients.livekit import LiveKitUser
 
     made = Case("LiveKit: create with README's flags (no --video-scale)", "201, and the video streams")
     ttl = Case(f"LiveKit: the user's token {TOKEN_TTL_S + 2:g} s after a {TOKEN_TTL_S:g} s TTL", "the join is refused")

@@ -151,7 +151,7 @@ async def _offering_pc() -> Any:
 
 async def one_cycle(kind: str, url: str, http: httpx.AsyncClient, rng: random.Random) -> tuple[str, str, float]:
     """Run one cycle; returns (session id, outcome, time the client left, monotonic s)."""
-    from worldcast.transport.client import WebRTCClient
+    from worldcast.transport.clients.webrtc import WebRTCClient
 
     if kind in ("clean", "no_delete"):
         c = await WebRTCClient.connect(url, seed=rng.randrange(1000))
@@ -292,7 +292,7 @@ def serve_and_run(cycles: int, seed: int = 0) -> CycleReport:
 
 async def _client(url: str) -> None:
     """The `killed` kind's client process: connect, get a frame, say so, then wait to be killed."""
-    from worldcast.transport.client import WebRTCClient
+    from worldcast.transport.clients.webrtc import WebRTCClient
     from worldcast.transport.webrtc import configure_ice
 
     configure_ice(["127.0.0.1"])

@@ -20,7 +20,7 @@ import urllib.request
 from typing import Any
 
 from tests.conftest import _serve, server_config
-from worldcast.transport.client import StreamClient
+from worldcast.transport.clients import StreamClient
 
 
 def _burn() -> None:  # pragma: no cover - a child process

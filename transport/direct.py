@@ -31,8 +31,8 @@ from typing import IO, Any
 import av
 from tqdm import tqdm
 
+from worldcast.transport.clients.stream import StreamClient
 from worldcast.transport.schemas import MAX_PROMPT_CHARS, MAX_SEGMENT_S, check_prompt
-from worldcast.transport.ws_client import StreamClient
 
 #: Segment length of a direction that names none, s (the server's default).
 DEFAULT_DURATION_S = 5.0

@@ -7,6 +7,8 @@ client sends and reads, with its field names; the shapes were read from that cod
 The project's state and rules (seeds, rollouts, the segment cap, the rule-based rewrite) are the directing
 layer's (`sessions/projects.py`, over `sessions/directing.py`); prompt parsing is `dreamverse_prompts.py`,
 message checks `dreamverse_messages.py`, the client's HTTP reads `dreamverse_http.py`. docs/streaming.md has the tables.
+`DreamverseConnection` is a protocol translation only: it composes the connection core (`connection.py`) and the
+fMP4 socket it shares with the worldcast stream (`stream_socket.py`), and overrides nothing.
 
 Client -> server (JSON text): `session_init_v2` (first) and `project_init_v1` {curated_prompts,
 initial_rollout_prompt, preset_id, preset_label, enhancement_enabled, auto_extension_enabled,
@@ -44,14 +46,14 @@ from worldcast.sessions.directing import Segment, SegmentEnd
 from worldcast.sessions.errors import SessionError
 from worldcast.sessions.projects import DEFAULT_SEGMENT_CAP, Project, rewrite_window
 from worldcast.sessions.session import Session, SessionState
+from worldcast.transport.connection import Connection
 from worldcast.transport.dreamverse_messages import TOGGLES, Refused, check_message
 from worldcast.transport.dreamverse_prompts import REWRITE_MODEL, ProjectInit
 from worldcast.transport.fmp4 import Fmp4Fragmenter
 from worldcast.transport.limits import InputGuard
-from worldcast.transport.rpc import RpcError, parse_json
 from worldcast.transport.schemas import MAX_PROMPT_CHARS
+from worldcast.transport.stream_socket import CLOSE_NORMAL, CLOSE_POLICY, REFUSED, StreamSocket, dumps
 from worldcast.transport.ws_queue import MediaItem, QueueOverflow, Render
-from worldcast.transport.ws_stream import CLOSE_NORMAL, StreamConnection, dumps
 
 logger = logging.getLogger(__name__)
 
@@ -74,23 +76,36 @@ class DvSegment:
     media_started: bool = False
 
 
-class DreamverseConnection(StreamConnection):
-    """One Dreamverse client on a directing session of its own.
+class DreamverseConnection:
+    """One Dreamverse client on a directing session of its own: Dreamverse's protocol on a `StreamSocket`.
+
+    A protocol translation (its messages to the directing layer's calls, the layer's segment events and the
+    stream's media to Dreamverse's messages) over the connection core and the stream socket, by composition.
 
     Args:
-        ws, session, video_scale, guard: as `StreamConnection`.
+        ws, session, video_scale, guard: as `ws_stream.StreamConnection`.
         init: the `session_init_v2` request (the first project).
         segment_s: segment length, s.
         segment_cap: segments per rollout before `ltx2_stream_complete` (0: no cap).
         session_timeout_s: the session ends after this long (sent in `gpu_assigned`).
-        on_frames: as `StreamConnection`.
+        on_frames: as `ws_stream.StreamConnection`.
     """
 
     def __init__(self, ws: WebSocket, session: Session, *, video_scale: int, init: ProjectInit,
                  segment_s: float, session_timeout_s: float, segment_cap: int = DEFAULT_SEGMENT_CAP,
                  guard: InputGuard | None = None, on_frames: Callable[[str, int], None] | None = None) -> None:
-        super().__init__(ws, session, video_scale=video_scale, guard=guard, on_frames=on_frames)
+        self.session = session
+        self.conn = Connection(session, send=self.send_feedback, on_flood=lambda v: self.out.close(CLOSE_POLICY),
+                               guard=guard, name="dv")
+        self.out = StreamSocket(ws, session, self, self.conn, video_scale=video_scale,
+                                max_text_bytes=MAX_DREAMVERSE_BYTES, on_frames=on_frames)
+        self.director = self.out.director
         assert self.director is not None, "Dreamverse clients drive a directing session"
+        self.guard, self.sink, self.queue, self.frames = self.conn.guard, self.out.sink, self.out.queue, self.out.frames
+        self.send_json, self.close = self.out.send_json, self.out.close
+        self._queue_control = self.out.queue_control
+        self.errors_sent = 0
+        self._init_sent_for: object | None = None
         self.init, self.segment_s, self.session_timeout_s = init, segment_s, session_timeout_s
         self.project = Project(cap=segment_cap)
         self.user_paused = False
@@ -104,6 +119,14 @@ class DreamverseConnection(StreamConnection):
 
     def __repr__(self) -> str:
         return f"DreamverseConnection({self.session.id})"
+
+    async def run(self) -> None:
+        """Serve the client until it leaves, the session closes or the reader stalls for good."""
+        await self.out.run()
+
+    async def aclose(self) -> None:
+        """Detach from the session and stop every task (idempotent)."""
+        await self.out.aclose()
 
     # -- outgoing ------------------------------------------------------------------------------------
 
@@ -140,8 +163,7 @@ class DreamverseConnection(StreamConnection):
 
     def opening(self) -> None:
         self._begin(self.init, first=True)
-        timer = asyncio.get_running_loop().create_task(self._timeout(), name=f"dv-timeout-{self.session.id}")
-        self._tasks.append(timer)
+        self.conn.spawn(self._timeout(), name=f"dv-timeout-{self.session.id}")
 
     def _begin(self, init: ProjectInit, *, first: bool) -> None:
         """Start a project: Dreamverse's start-up events, then its first segment (through the control loop).
@@ -223,8 +245,6 @@ class DreamverseConnection(StreamConnection):
 
     # -- incoming --------------------------------------------------------------------------------------
 
-    max_text_bytes = MAX_DREAMVERSE_BYTES
-
     def send_feedback(self, event: dict[str, Any]) -> None:
         """The guard's events in Dreamverse's shape: `error` {message, error_code, ...}; the flood verdict
         is an `error` with error_code "flood" (the socket then closes 1008)."""
@@ -238,22 +258,18 @@ class DreamverseConnection(StreamConnection):
 
     def on_text(self, text: str) -> None:
         """Check and dispatch one client message; a bad one gets a precise `error` and changes nothing."""
-        now = time.monotonic()
-        if not self._admit(text, now):
-            return
-        try:
-            data = parse_json(text, what="Dreamverse", max_bytes=MAX_DREAMVERSE_BYTES)
-        except RpcError as e:
-            self.refuse("bad_json", e.message, "parse_error", now)
+        now, refuse = time.monotonic(), self.out.refuse
+        data = self.out.read(text, now, what="Dreamverse")
+        if data is REFUSED:
             return
         kind = data.get("type") if isinstance(data, dict) else None
         if not isinstance(kind, str):
-            self.refuse("bad_message", "expected a JSON object with a string 'type'", "invalid", now)
+            refuse("bad_message", "expected a JSON object with a string 'type'", "invalid", now)
             return
         try:
             obj = check_message(kind, data, self.project)
         except Refused as e:
-            self.refuse(e.code, e.message, "invalid", now, request=kind[:64])
+            refuse(e.code, e.message, "invalid", now, request=kind[:64])
             return
         if kind == "set_rewrite_model":
             self.send("rewrite_model_updated", rewrite_model=REWRITE_MODEL,
@@ -265,7 +281,7 @@ class DreamverseConnection(StreamConnection):
             return
         if kind in TOGGLES or kind == "set_generation_paused":
             if not self.guard.take("control", now):
-                self.refuse("rate_limited", f"too many {kind} messages", "rate_limited", now, request=kind)
+                refuse("rate_limited", f"too many {kind} messages", "rate_limited", now, request=kind)
                 return
             self.guard.accepted("control", now)
             self._toggle(kind, obj["enabled"])
@@ -406,7 +422,7 @@ class DreamverseConnection(StreamConnection):
 
     # -- segment events ----------------------------------------------------------------------------------
 
-    def _segment_start(self, seg: Segment) -> None:
+    def segment_start(self, seg: Segment) -> None:
         p = self.project
         dv = self._pending or DvSegment(p.started, "user_raw", None, None)
         self._segments[seg.index] = dv
@@ -426,7 +442,7 @@ class DreamverseConnection(StreamConnection):
     def _total(self, dv: DvSegment) -> int:
         return max(dv.segment_idx, len(self.project.seeds))
 
-    def _segment_complete(self, seg: Segment) -> None:
+    def segment_complete(self, seg: Segment) -> None:
         dv = self._segments.get(seg.index)
         if dv is None:
             return
@@ -466,9 +482,9 @@ class DreamverseConnection(StreamConnection):
         else:
             enqueue()
 
-    def _on_state(self, session: Session, state: object) -> None:
+    def on_state(self, session: Session, state: object) -> None:
         if state == SessionState.CLOSED:
             self.close(CLOSE_NORMAL)
 
-    def _on_error(self, session: Session, reason: object) -> None:
+    def on_error(self, session: Session, reason: object) -> None:
         self.error(getattr(reason, "code", "session_failed"), f"AV streaming failed: {reason}")

@@ -18,7 +18,7 @@ import logging
 import secrets
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from worldcast.engine.engine_client import EngineClient, EngineLaunch
@@ -86,33 +86,37 @@ def _admin(request: Request, authorization: Annotated[str | None, Header()] = No
 Manager = Annotated[SessionManager, Depends(_manager)]
 
 
-def add_engine_routes(app: FastAPI, config: ServerConfig) -> None:
-    """Add the engine routes (module docstring) to `app`; its `state.manager` is the `SessionManager`."""
-    app.state.admin_token = config.admin_token
-    admin_dep = _admin
+#: The engine routes (module docstring); `app.state.manager` is the `SessionManager`, `app.state.admin_token`
+#: the operator token (None: operator routes answer 403).
+router = APIRouter()
 
-    @app.get("/v1/engines")
-    async def list_engines(manager: Manager) -> dict[str, Any]:
-        return {"engines": [e.info() for e in manager.engines], "up": manager.engines_up,
-                "total": len(manager.engines)}
 
-    @app.get("/v1/engines/{engine_id}")
-    async def get_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
-        return manager.engine(engine_id).info()  # EngineNotFound -> 404
+@router.get("/v1/engines")
+async def list_engines(manager: Manager) -> dict[str, Any]:
+    return {"engines": [e.info() for e in manager.engines], "up": manager.engines_up,
+            "total": len(manager.engines)}
 
-    @app.post("/v1/engines/{engine_id}/drain", dependencies=[Depends(admin_dep)])
-    async def drain_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
-        report = await moves.drain(manager, engine_id)
-        return {"engine": manager.engine(engine_id).info(), "moved": [r.info() for r in report.moved],
-                "stayed": report.stayed}
 
-    @app.post("/v1/engines/{engine_id}/undrain", dependencies=[Depends(admin_dep)])
-    async def undrain_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
-        moves.undrain(manager, engine_id)
-        return manager.engine(engine_id).info()
+@router.get("/v1/engines/{engine_id}")
+async def get_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
+    return manager.engine(engine_id).info()  # EngineNotFound -> 404
 
-    @app.post("/v1/sessions/{session_id}/move", dependencies=[Depends(admin_dep)])
-    async def move_session(session_id: str, manager: Manager, body: MoveRequest | None = None) -> dict[str, Any]:
-        body = body or MoveRequest()
-        report = await moves.move_session(manager, session_id, to=body.engine, verify=body.verify)
-        return report.info()
+
+@router.post("/v1/engines/{engine_id}/drain", dependencies=[Depends(_admin)])
+async def drain_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
+    report = await moves.drain(manager, engine_id)
+    return {"engine": manager.engine(engine_id).info(), "moved": [r.info() for r in report.moved],
+            "stayed": report.stayed}
+
+
+@router.post("/v1/engines/{engine_id}/undrain", dependencies=[Depends(_admin)])
+async def undrain_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
+    moves.undrain(manager, engine_id)
+    return manager.engine(engine_id).info()
+
+
+@router.post("/v1/sessions/{session_id}/move", dependencies=[Depends(_admin)])
+async def move_session(session_id: str, manager: Manager, body: MoveRequest | None = None) -> dict[str, Any]:
+    body = body or MoveRequest()
+    report = await moves.move_session(manager, session_id, to=body.engine, verify=body.verify)
+    return report.info()

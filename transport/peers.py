@@ -26,8 +26,9 @@ from aiortc import RTCSessionDescription
 
 from worldcast.sessions.errors import SessionClosedError
 from worldcast.sessions.session import Session, SessionState
+from worldcast.transport.connection import retrieve as _retrieve
 from worldcast.transport.sdp import validate_offer
-from worldcast.transport.webrtc import WebRTCPeer, _retrieve
+from worldcast.transport.webrtc import WebRTCPeer
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,8 @@
-"""WebRTC edge (aiortc): a session's video track and its data channels.
+"""WebRTC adapter (aiortc): a session's video track and its data channels.
+
+A protocol translation over the connection core (`connection.Connection`: guard, feedback, action and
+RPC dispatch, the frame event, the close): data channel messages in, control-channel JSON out, and the
+RTCPeerConnection's own teardown.
 
 - `SessionVideoTrack` is a `FrameSink`: it holds at most two frames (the
   oldest is dropped, never delayed) and hands them to aiortc's encoder with
@@ -27,15 +31,15 @@ from typing import Any
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from worldcast.sessions.session import Session, SessionState, VideoFrame
-from worldcast.transport.errors import INTERNAL_ERROR
-from worldcast.transport.feedback import InputFeedback
+from worldcast.transport.connection import Connection, frame_event
+from worldcast.transport.connection import retrieve as _retrieve
 from worldcast.transport.ice import (  # noqa: F401 - configure_ice, quiet_closed_transport_errors re-exported
     close_peer_connection,
     configure_ice,
     quiet_closed_transport_errors,
 )
 from worldcast.transport.limits import InputGuard, InputLimits, head_id
-from worldcast.transport.rpc import ActionHandler, RpcHandler, Settle
+from worldcast.transport.rpc import Settle
 from worldcast.transport.video_track import SessionVideoTrack
 
 logger = logging.getLogger(__name__)
@@ -48,12 +52,6 @@ CONTROL_BURST = InputLimits().control_burst
 NEGOTIATION_TIMEOUT_S = 15.0
 #: Longest a disconnect waits for its reason event to leave the control channel, s.
 DISCONNECT_FLUSH_S = 1.0
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """Done-callback for aiortc's own tasks: retrieve their exception so it is logged once, not lost."""
-    if not task.cancelled() and task.exception() is not None:
-        logger.info("aiortc task %s ended: %r", task.get_name(), task.exception())
 
 
 class WebRTCPeer:
@@ -85,20 +83,17 @@ class WebRTCPeer:
         self.session = session
         self.negotiation_timeout_s = negotiation_timeout_s
         self.track = SessionVideoTrack(session.current_epoch, scale=video_scale, stamp=session.stamp_frames)
-        self.guard = InputGuard(limits, on_count=on_count)
-        self.rpc = RpcHandler(session, settle=settle or self.track.settle)
-        self.actions = ActionHandler(session, guard=self.guard)
-        self.feedback = InputFeedback(self.guard, send=self.send_event, on_flood=self._flood)
+        #: the connection core: guard, feedback, action and RPC dispatch, tasks, the close
+        self.conn = Connection(session, send=self.send_event, on_flood=self._flood,
+                               guard=InputGuard(limits, on_count=on_count), settle=settle or self.track.settle,
+                               name="webrtc")
+        self.guard = self.conn.guard
         self.close_reason: str | None = None
-        self.closed = asyncio.Event()
+        self.closed = self.conn.closed  #: set once the peer is closed
         self.connected = asyncio.Event()
         self._control: Any = None
         self._on_closed = on_closed
         self._on_connected = on_connected
-        self._closing = False
-        self._closing_soon = False  #: a disconnect is under way
-        self._unsubscribe: list[Callable[[], None]] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # from here on, every path ends in aclose()
         self.pc.addTrack(self.track)
 
@@ -119,7 +114,7 @@ class WebRTCPeer:
             if state == "connected" and not self.connected.is_set():
                 self.connected.set()
                 self.session.sink_connected(self.track)  # a viewer now: it holds the session's slot
-                if self._on_connected is not None and not self._closing:
+                if self._on_connected is not None and not self.conn.closing:
                     self._on_connected(self)
             elif state in ("failed", "closed"):
                 self._spawn(self.aclose(state))
@@ -128,10 +123,7 @@ class WebRTCPeer:
         return f"WebRTCPeer({self.session.id}, {self.pc.connectionState})"
 
     def _spawn(self, coro: Any) -> None:
-        t = asyncio.get_running_loop().create_task(coro, name=f"webrtc-{self.session.id}")
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-        t.add_done_callback(_retrieve)
+        self.conn.spawn(coro)
 
     def send_event(self, event: dict[str, Any]) -> None:
         """Send a server event (or reply) on the control channel, if open."""
@@ -139,13 +131,9 @@ class WebRTCPeer:
         if ch is not None and ch.readyState == "open":
             ch.send(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
 
-    def _send_all(self, events: list[dict[str, Any]]) -> None:
-        self.feedback.send_all(events)
-
     def _flood(self, verdict: dict[str, Any]) -> None:
         """The guard's verdict was sent: close once the control channel has sent it."""
         logger.warning("%r: disconnecting: %s", self.session, verdict["message"])
-        self._closing_soon = True
         self._spawn(self._disconnect("flood"))
 
     async def _disconnect(self, reason: str) -> None:
@@ -156,47 +144,27 @@ class WebRTCPeer:
         await self.aclose(reason)
 
     def _on_action(self, message: str | bytes) -> None:
-        if self._closing_soon:
-            self.guard.dropped("actions", time.monotonic())
-            return
-        try:
-            events = self.actions.receive(message, time.monotonic())
-        except Exception:  # noqa: BLE001 - never let a message break aiortc's receive loop
-            logger.exception("%r: action handler failed", self.session)
-            events = [{"event": "action_rejected", "seq": None, "code": INTERNAL_ERROR, "message": "internal error"}]
-        if events or self.guard.next_drain_s is not None:
-            self._send_all(events)
+        now = time.monotonic()
+        if not self.conn.silenced("actions", now):
+            self.conn.take_action(message, now)
 
     def _on_control(self, message: str | bytes) -> None:
         now = time.monotonic()
         rej = self.guard.admit("control", message, now)
         if rej is not None:  # refused before parsing: answered (or summarised) without a task
-            self._send_all(self.guard.rejected_control(head_id(message), rej, now))
+            self.conn.feedback.send_all(self.guard.rejected_control(head_id(message), rej, now))
             return
         self._spawn(self._run_control(message, now))
 
     async def _run_control(self, message: str | bytes, now_s: float) -> None:
-        try:
-            reply = await self.rpc.handle_raw(message, max_bytes=self.guard.limits.max_control_bytes)
-        except Exception:  # noqa: BLE001
-            logger.exception("%r: control handler failed", self.session)
-            reply = {"id": head_id(message), "error": {"code": INTERNAL_ERROR, "message": "internal error"}}
+        reply = await self.conn.call(message, now_s, raw=True, max_bytes=self.guard.limits.max_control_bytes)
         if reply is not None:
-            self.guard.control_result(reply, now_s)
             self.send_event(reply)
-        self._send_all([])
+        self.conn.feedback.send_all([])
 
     def _on_frame(self, session: Session, frame: object) -> None:
         assert isinstance(frame, VideoFrame)
-        self.send_event({
-            "event": "frame",
-            "frame_index": frame.frame_index,
-            "pts": frame.pts,
-            "action_seq": frame.action_seq,
-            "epoch": frame.epoch,
-            "lateness_ms": round((session.clock() - frame.present_at_s) * 1e3, 2),
-            "timings_ms": {k: round(v, 2) for k, v in frame.timings_ms.items()},
-        })
+        self.send_event(frame_event(frame, session.clock()))
 
     def _on_session_state(self, session: Session, state: object) -> None:
         self.send_event({"event": "state", "state": state.name.lower()})  # type: ignore[attr-defined]
@@ -226,10 +194,11 @@ class WebRTCPeer:
             # a connecting viewer: it holds the session until its negotiation timeout, no longer
             self.session.attach_sink(self.track, connect_by_s=self.session.clock() + self.negotiation_timeout_s)
             # (SessionClosedError if a DELETE won the race)
-            self._unsubscribe.append(self.session.on("frame", self._on_frame))
-            self._unsubscribe.append(self.session.on("error", lambda s, r: self.send_event(
-                {"event": "error", "code": getattr(r, "code", "session_failed"), "message": str(r)})))
-            self._unsubscribe.append(self.session.on("state", self._on_session_state))
+            self.conn.subscribe(
+                self.session.on("frame", self._on_frame),
+                self.session.on("error", lambda s, r: self.send_event(
+                    {"event": "error", "code": getattr(r, "code", "session_failed"), "message": str(r)})),
+                self.session.on("state", self._on_session_state))
             self._spawn(self._negotiation_timer())
         except BaseException:
             await self.aclose("answer_failed")
@@ -246,23 +215,16 @@ class WebRTCPeer:
 
     async def aclose(self, reason: str = "closed") -> None:
         """Close the connection and detach from the session (idempotent); `closed` is set when done."""
-        if self._closing:
-            await self.closed.wait()
-            return
-        self._closing = True
-        self.close_reason = reason
-        self.feedback.close()
+        first = not self.conn.closing
+        if first:
+            self.close_reason = reason
         try:
-            for u in self._unsubscribe:
-                u()
-            self.session.detach_sink(self.track)
-            self.track.stop()
-            current = asyncio.current_task()
-            for t in list(self._tasks):
-                if t is not current:
-                    t.cancel()
-            await close_peer_connection(self.pc)
+            await self.conn.aclose(sink=self.track, after=self._release)
         finally:
-            self.closed.set()
-            if self._on_closed is not None:
+            if first and self._on_closed is not None:
                 self._on_closed(self)
+
+    async def _release(self) -> None:
+        """The WebRTC part of the close: stop the track, close the RTCPeerConnection."""
+        self.track.stop()
+        await close_peer_connection(self.pc)

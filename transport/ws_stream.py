@@ -1,5 +1,10 @@
 """The WebSocket stream of a session: fMP4 video out; actions, RPCs and directions in (one socket).
 
+`StreamConnection` is this protocol's translation only; it composes the connection core
+(`connection.Connection`: guard, feedback, action and RPC dispatch, the close) and the protocol-neutral
+socket (`stream_socket.StreamSocket`: fMP4 sink, outbound queue, control loop), as Dreamverse's `/ws`
+(`dreamverse.py`) does. Authentication and admission (`authenticate`, `serve_stream`) are here.
+
     GET /v1/sessions/{id}/stream   (WebSocket; the protocol is in docs/streaming.md)
 
 Authentication: `Authorization: Bearer <token>` on the upgrade request, or
@@ -30,7 +35,6 @@ reader that stopped reading, 1000 the session closed.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import secrets
@@ -42,17 +46,26 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from worldcast.sessions.directing import Segment, SegmentEnd, director_of
+from worldcast.sessions.directing import Segment, SegmentEnd
 from worldcast.sessions.errors import SessionError
 from worldcast.sessions.manager import SessionManager
-from worldcast.sessions.session import Session, SessionState, VideoFrame
-from worldcast.transport import errors
-from worldcast.transport.feedback import InputFeedback
-from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter, Fmp4Sink
-from worldcast.transport.limits import InputGuard, Rejection
-from worldcast.transport.rpc import ActionHandler, RpcError, RpcHandler, parse_json
+from worldcast.sessions.session import Session, SessionState
+from worldcast.transport.connection import Connection
+from worldcast.transport.fmp4 import Fmp4Encoder, Fmp4Fragmenter
+from worldcast.transport.limits import InputGuard
+from worldcast.transport.rpc import RpcError, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
-from worldcast.transport.ws_queue import Close, FrameAccount, MediaItem, OutboundQueue, QueueOverflow, Render
+from worldcast.transport.stream_socket import (  # noqa: F401 - CLOSE_INTERNAL, MAX_PENDING_CONTROL re-exported
+    CLOSE_INTERNAL,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    MAX_PENDING_CONTROL,
+    REFUSED,
+    StreamSocket,
+    dumps,
+    request_ref,
+)
+from worldcast.transport.ws_queue import MediaItem
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +73,6 @@ logger = logging.getLogger(__name__)
 MAX_TEXT_BYTES = MAX_CONTROL_BYTES
 #: How long a client without an Authorization header has to send its auth message, s.
 AUTH_TIMEOUT_S = 10.0
-#: Control requests (RPCs, directions) waiting to run, at most.
-MAX_PENDING_CONTROL = 32
 #: How long a new stream waits for the session's previous stream to finish closing before it is refused
 #: as busy, s (a client that closes and reconnects at once should not be refused).
 BUSY_GRACE_S = 0.5
@@ -75,7 +86,6 @@ WRITE_BUFFER_HIGH_BYTES = 16 * 1024
 #: Version of the stream protocol (docs/streaming.md), in `stream_start`.
 PROTOCOL_VERSION = 1
 
-CLOSE_NORMAL, CLOSE_POLICY, CLOSE_INTERNAL = 1000, 1008, 1011
 CLOSE_TOKEN_IN_URL, CLOSE_UNAUTHORIZED = 4400, 4401
 CLOSE_NOT_FOUND, CLOSE_AUTH_TIMEOUT, CLOSE_BUSY = 4404, 4408, 4409
 #: Compared against when the id is unknown, so that an unknown id and a wrong token take the same time.
@@ -85,27 +95,11 @@ _NO_TOKEN = secrets.token_urlsafe(24)
 MESSAGE_TYPES = ("auth", "direction", "ping")
 
 
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
-
-
 def validation_message(e: ValidationError) -> str:
     """'field: what is wrong' for the first error (the offending value is never echoed)."""
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"]) or "message"
     return f"{loc}: {err['msg']}"
-
-
-def frame_meta(frame: VideoFrame, now_s: float) -> dict[str, Any]:
-    """A frame's metadata as sent in media events (times in ms)."""
-    return {
-        "frame_index": frame.frame_index,
-        "pts": frame.pts,
-        "action_seq": frame.action_seq,
-        "epoch": frame.epoch,
-        "lateness_ms": round((now_s - frame.present_at_s) * 1e3, 2),
-        "timings_ms": {k: round(v, 2) for k, v in frame.timings_ms.items()},
-    }
 
 
 def limit_unsent(transport: Any, nbytes: int = NOTSENT_LOWAT_BYTES,
@@ -193,15 +187,17 @@ async def authenticate(ws: WebSocket, manager: SessionManager, session_id: str) 
 
 
 class StreamConnection:
-    """One client's WebSocket stream of one session.
+    """The worldcast stream protocol on one session's `StreamSocket` (docs/streaming.md).
+
+    A protocol translation: client text to actions, RPCs and directions (through the connection core), and
+    media items and session/segment events to this protocol's JSON events and fMP4 messages.
 
     Args:
         ws: the accepted, authenticated socket.
         session: its session.
         video_scale: integer upscale of the video.
         guard: the connection's limits and counters (`InputGuard`; default limits, uncounted, if None).
-        on_frames: called with (outcome, frames) for every frame handed to the stream: "sent" or
-            "dropped_<reason>" (`FrameAccount`; the metrics' `on_stream_frames`).
+        on_frames: called with (outcome, frames) for every frame handed to the stream (`StreamSocket`).
 
     Attributes:
         frames: what became of every frame handed to the stream (`FrameAccount`).
@@ -209,106 +205,49 @@ class StreamConnection:
 
     def __init__(self, ws: WebSocket, session: Session, *, video_scale: int = 1,
                  guard: InputGuard | None = None, on_frames: Callable[[str, int], None] | None = None) -> None:
-        self.ws, self.session = ws, session
-        self.director = director_of(session)  #: the directing layer over the session (None: interactive)
-        self.frames = FrameAccount(on_count=on_frames)
-        self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample, epoch_fn=session.current_epoch,
-                             on_clear=self._on_clear, scale=video_scale, stamp=session.stamp_frames,
-                             depth=max(2, session.model.spec.frames_per_chunk), name=session.id,
-                             on_drop=self.frames.count_dropped)
-        self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe, on_drop=self.frames.count_dropped)
-        self._tap = _CountingSink(self.sink, self._count_handed)  #: what the session delivers to
-        self.rpc = RpcHandler(session)
-        self.guard = guard or InputGuard()
-        self.actions = ActionHandler(session, guard=self.guard)
-        #: rejected and stale actions are answered with coalesced summaries; a flooder is told and closed
-        self.feedback = InputFeedback(self.guard, send=self.send_feedback, on_flood=lambda v: self.close(CLOSE_POLICY))
-        self._control: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING_CONTROL)
+        self.session = session
+        #: the connection core; rejected and stale actions are answered with coalesced summaries, a flooder
+        #: is told and closed
+        self.conn = Connection(session, send=self.send_feedback, on_flood=lambda v: self.out.close(CLOSE_POLICY),
+                               guard=guard, name="ws")
+        self.out = StreamSocket(ws, session, self, self.conn, video_scale=video_scale, max_text_bytes=MAX_TEXT_BYTES,
+                                on_frames=on_frames)
+        self.director, self.guard = self.out.director, self.conn.guard
+        #: the socket's video pipeline (`out`: also `transport`, `write_buffer_bytes`, `bytes_out`, `messages_in`)
+        self.sink, self.queue, self.frames = self.out.sink, self.out.queue, self.out.frames
         self._fragmenter: Fmp4Fragmenter | None = None
         self._init_sent_for: Fmp4Encoder | None = None
-        self._held: list[str | Render] | None = None  #: events held back while a direction is applied
-        self._unsubscribe: list[Callable[[], None]] = []
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._close_code: int | None = None
-        self._aborted = False  #: the connection was dropped (a reader that stopped reading)
-        self._closed = False
-        self.messages_in = 0
         self.errors_sent = 0
-        self.bytes_out = 0
-        #: the asyncio transport under the socket (None: unknown server), for `write_buffer_bytes`
-        self.transport = (ws.scope.get("extensions") or {}).get("worldcast.transport")
 
     def __repr__(self) -> str:
         return f"StreamConnection({self.session.id})"
 
-    @property
-    def write_buffer_bytes(self) -> int:
-        """Bytes accepted for sending but not yet handed to the kernel (the transport's buffer)."""
-        return int(self.transport.get_write_buffer_size()) if self.transport is not None else 0
+    async def run(self) -> None:
+        """Serve the stream until the client leaves, the session closes or the reader stalls for good."""
+        await self.out.run()
+
+    async def aclose(self) -> None:
+        """Detach from the session and stop every task (idempotent)."""
+        await self.out.aclose()
+
+    def close(self, code: int = CLOSE_NORMAL) -> None:
+        """Close after the messages already queued have gone out (idempotent)."""
+        self.out.close(code)
 
     # -- outgoing -----------------------------------------------------------------------------------
 
     def event(self, name: str, **fields: Any) -> None:
         """Queue a JSON event `{"event": name, **fields}` (never dropped)."""
-        self.send_json({"event": name, **fields})
-
-    def send_json(self, obj: dict[str, Any]) -> None:
-        text = dumps(obj)
-        if self._held is not None and "event" in obj:
-            self._held.append(text)
-            return
-        self._put(text)
+        self.out.send_json({"event": name, **fields})
 
     def send_feedback(self, event: dict[str, Any]) -> None:
         """Send one of the guard's events (refusals, summaries, the flood verdict) in this protocol's shape."""
-        self.send_json(event)
-
-    def send_rendered(self, fn: Callable[[], list[str | bytes]]) -> None:
-        """Queue messages rendered when they are sent (held like events while a direction is applied)."""
-        if self._held is not None:
-            self._held.append(Render(fn))
-            return
-        self._put(Render(fn))
-
-    def _put(self, text: str | Render) -> None:
-        if self._aborted:
-            return
-        try:
-            self.queue.put_control(text)
-        except QueueOverflow as e:
-            # the reader is not reading: a close frame would wait behind what it never reads, so drop
-            # the connection now (its run loop then detaches the sink and ends)
-            logger.warning("%r: %s; dropping the connection", self, e)
-            self._aborted = True
-            self.close(CLOSE_POLICY)
-            if self.transport is not None:
-                self.transport.abort()
+        self.out.send_json(event)
 
     def error(self, code: str, message: str, **fields: Any) -> None:
         """Queue an error event: a stable `code`, a precise `message` and what it refers to."""
         self.errors_sent += 1
         self.event("error", code=code, message=message, **fields)
-
-    def close(self, code: int = CLOSE_NORMAL) -> None:
-        """Close after the messages already queued have gone out (idempotent)."""
-        if self._close_code is None:
-            self._close_code = code
-            self.queue.close()
-
-    def _count_handed(self, frame: VideoFrame) -> None:
-        seg = self.director.segment_for_epoch(frame.epoch) if self.director is not None else None
-        self.frames.count_handed(None if seg is None else seg.index)
-
-    def _on_sample(self, frame: VideoFrame, encoder: Fmp4Encoder, sample: EncodedSample) -> None:
-        seg = self.director.segment_for_epoch(frame.epoch) if self.director is not None else None
-        meta = frame_meta(frame, self.session.clock())
-        meta["segment"] = None if seg is None else seg.index
-        meta["encode_ms"] = round(sample.encode_ms, 2)
-        self.queue.put_media(MediaItem(sample, sample.keyframe, len(sample.data),
-                                       {"encoder": encoder, "event": meta}))
-
-    def _on_clear(self) -> None:
-        self.queue.purge_media()
 
     def render(self, item: MediaItem) -> list[str | bytes]:
         """The messages of one media item: (media_init + init segment when new), its event, its segment."""
@@ -326,67 +265,7 @@ class StreamConnection:
         ev = item.meta["event"] | {"keyframe": item.keyframe, "decode_time": decode_time, "bytes": len(data)}
         return out + [dumps({"event": "media", **ev}), data]
 
-    async def _send_loop(self) -> None:
-        while True:
-            item = await self.queue.get()
-            if isinstance(item, Close):
-                await self.ws.close(self._close_code or CLOSE_NORMAL)
-                return
-            if isinstance(item, MediaItem):
-                msgs = self.render(item)
-                if msgs:
-                    self.frames.count_sent(item.meta["event"].get("segment"))
-                else:
-                    self.frames.count_dropped("unrouted")
-            else:
-                msgs = item.fn() if isinstance(item, Render) else [item]
-            for m in msgs:
-                if isinstance(m, bytes):
-                    await self.ws.send_bytes(m)
-                else:
-                    await self.ws.send_text(m)
-                self.bytes_out += len(m)
-
     # -- incoming -----------------------------------------------------------------------------------
-
-    async def _receive_loop(self) -> None:
-        while True:
-            msg = await self.ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                return
-            self.messages_in += 1
-            if msg.get("bytes") is not None:
-                self.on_binary(msg["bytes"])
-                continue
-            self.on_text(msg.get("text") or "")
-
-    #: largest client text message, bytes (Dreamverse's is larger)
-    max_text_bytes = MAX_TEXT_BYTES
-
-    def refuse(self, code: str, message: str, outcome: str, now_s: float, *, rid: Any = None,
-               **ref: Any) -> None:
-        """Refuse one client message through the guard: counted toward the flood verdict, answered by a
-        coalesced `error` event (the first of a quiet interval at once, the rest as one summary)."""
-        self.feedback.send_all(self.guard.rejected_message("stream", code, message, now_s, outcome=outcome,
-                                                            ref=ref, rid=rid))
-
-    def _admit(self, raw: str | bytes, now_s: float) -> bool:
-        """Size and rate of any client message, before it is parsed (refused ones are answered)."""
-        if self.feedback.closed:
-            self.guard.dropped("stream", now_s)
-            return False
-        rej = self.guard.admit("stream", raw, now_s, max_bytes=self.max_text_bytes)
-        if rej is None:
-            return True
-        self.refuse("message_too_large" if rej.outcome == "too_large" else "rate_limited", rej.message,
-                    rej.outcome, now_s)
-        return False
-
-    def on_binary(self, data: bytes) -> None:
-        now = time.monotonic()
-        if self._admit(data, now):
-            self.refuse("binary_not_accepted", f"binary messages are not accepted from clients (got {len(data)} "
-                        "bytes); send JSON text", "invalid", now)
 
     def on_text(self, text: str) -> None:
         """Dispatch one client text message (never raises for bad input).
@@ -394,99 +273,55 @@ class StreamConnection:
         Every message is size- and rate-checked before it is parsed (`InputGuard.admit`, "stream"), and
         every refusal goes through the guard: one flood verdict whatever the client sends.
         """
-        now = time.monotonic()
-        if not self._admit(text, now):
-            return
-        try:
-            obj = parse_json(text, what="stream", max_bytes=self.max_text_bytes)
-        except RpcError as e:
-            self.refuse("bad_json", e.message, "parse_error", now)
+        now, refuse = time.monotonic(), self.out.refuse
+        obj = self.out.read(text, now, what="stream")
+        if obj is REFUSED:
             return
         if not isinstance(obj, dict):
-            self.refuse("bad_message", f"expected a JSON object, got {type(obj).__name__}", "invalid", now)
+            refuse("bad_message", f"expected a JSON object, got {type(obj).__name__}", "invalid", now)
             return
         if "method" in obj:
-            self._queue_control(obj)
+            self.out.queue_control(obj)
         elif "type" in obj:
             kind = obj["type"]
             if kind == "direction":
-                self._queue_control(obj)
+                self.out.queue_control(obj)
             elif kind == "ping":
                 t = obj.get("t")
                 ok = isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) and abs(t) < 1e15
                 self.guard.accepted("stream", now)
                 self.event("pong", t=t if ok else None)  # NaN/inf (which json.loads accepts) are not echoed
             elif kind == "auth":
-                self.refuse("already_authenticated", "this stream is already authenticated", "invalid", now,
-                            type="auth")
+                refuse("already_authenticated", "this stream is already authenticated", "invalid", now, type="auth")
             else:
                 shown = kind[:64] if isinstance(kind, str) else type(kind).__name__
-                self.refuse("unknown_type", f"unknown message type {shown!r}; types are {list(MESSAGE_TYPES)} "
-                            "(actions and RPCs carry no type)", "invalid", now, type=shown)
+                refuse("unknown_type", f"unknown message type {shown!r}; types are {list(MESSAGE_TYPES)} "
+                       "(actions and RPCs carry no type)", "invalid", now, type=shown)
         elif "seq" in obj:
-            try:
-                events = self.actions.receive(text, now, parsed=obj)
-            except Exception:  # noqa: BLE001 - a handler bug must not end the stream
-                logger.exception("%r: action handler failed", self)
-                events = [{"event": "action_rejected", "seq": None, "code": errors.INTERNAL_ERROR,
-                           "message": "internal error"}]
-            self.feedback.send_all(events)
+            self.conn.take_action(text, now, parsed=obj)
         else:
-            self.refuse("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
-                        f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}", "invalid", now)
-
-    def _queue_control(self, obj: dict[str, Any], *, limited: bool = True) -> bool:
-        """Queue a request for the control loop (in order; `limited`: counts against the control rate).
-
-        Returns:
-            whether it was queued (else the client was told why, through the guard).
-        """
-        ref, now = _ref(obj), time.monotonic()
-        if limited and not self.guard.take("control", now):
-            why = f"more than {self.guard.limits.control_rate_hz:g} directions/RPCs per second"
-            if "method" in obj:  # an RPC: its error reply within the reply budget, else an rpc_rejected summary
-                self.feedback.send_all(self.guard.rejected_control(
-                    ref, Rejection(errors.RATE_LIMITED, why, "rate_limited"), now))
-            else:
-                self.refuse("rate_limited", why, "rate_limited", now, rid=ref, id=ref)
-            return False
-        try:
-            self._control.put_nowait(obj)
-        except asyncio.QueueFull:
-            self.refuse("rate_limited", f"{MAX_PENDING_CONTROL} requests are still waiting", "rate_limited", now,
-                        rid=ref, id=ref)
-            return False
-        return True
-
-    async def _control_loop(self) -> None:
-        while True:
-            obj = await self._control.get()
-            try:
-                await self.handle_control(obj)
-            except Exception:  # noqa: BLE001
-                logger.exception("%r: control request failed", self)
-                self.error("internal_error", "internal error", id=_ref(obj))
+            refuse("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
+                   f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}", "invalid", now)
 
     async def handle_control(self, obj: dict[str, Any]) -> None:
         """Run one queued request (RPCs and directions here), one at a time, in arrival order."""
         if "method" in obj:
-            reply = await self.rpc.handle(obj)
+            reply = await self.conn.call(obj, time.monotonic())
             if reply is not None:  # None: a JSON-RPC 2.0 notification, never answered
-                self.guard.control_result(reply, time.monotonic())
-                self.send_json(reply)
+                self.out.send_json(reply)
         else:
             await self._direct(obj)
 
     async def _direct(self, obj: dict[str, Any]) -> None:
-        ref, now = _ref(obj), time.monotonic()
+        ref, now, refuse = request_ref(obj), time.monotonic(), self.out.refuse
         if self.director is None:
-            self.refuse("not_directing", "directions need a directing session (POST /v1/sessions with "
-                        '{"mode": "directing"}); this one is interactive', "invalid", now, rid=ref, id=ref)
+            refuse("not_directing", "directions need a directing session (POST /v1/sessions with "
+                   '{"mode": "directing"}); this one is interactive', "invalid", now, rid=ref, id=ref)
             return
         try:
             d = DirectionMessage.model_validate(obj)
         except ValidationError as e:
-            self.refuse("bad_direction", validation_message(e), "invalid", now, rid=ref, id=ref)
+            refuse("bad_direction", validation_message(e), "invalid", now, rid=ref, id=ref)
             return
         self.guard.accepted("control", now)
         try:
@@ -494,24 +329,24 @@ class StreamConnection:
         except SessionError as e:
             self.error("bad_direction", str(e), id=ref)
             return
-        self._held = []  # the ack goes first, then the segment events it caused
+        self.out.hold()  # the ack goes first, then the segment events it caused
         try:
             ack = self.director.direct(str(d.id), d.prompt, context, duration_s=d.duration_s,
                                        open_ended=d.open_ended)
         except SessionError as e:
-            self._held = None
+            self.out.release()
             self.error("session_closed", str(e), id=ref)
             return
-        held, self._held = self._held, None
+        held = self.out.release()
         cut, seg_index = ack.cut, ack.segment.index
-        self.send_rendered(lambda: [dumps({"event": "direction_ack", "id": d.id, "segment": seg_index,
-                                           "cut": None if cut is None else self.segment_summary(cut)})])
+        self.out.send_rendered(lambda: [dumps({"event": "direction_ack", "id": d.id, "segment": seg_index,
+                                               "cut": None if cut is None else self.segment_summary(cut)})])
         for text in held:
-            self._put(text)
+            self.out.put(text)
 
     # -- session and segment events --------------------------------------------------------------------
 
-    def _segment_start(self, seg: Segment) -> None:
+    def segment_start(self, seg: Segment) -> None:
         self.event("segment_start", segment=seg.index, direction_id=seg.direction_id, prompt=seg.prompt,
                    epoch=seg.epoch, target_frames=seg.target_frames)
 
@@ -524,98 +359,29 @@ class StreamConnection:
         summary["frames"], summary["dropped"] = self.frames.segment(seg.index)
         return summary
 
-    def _segment_complete(self, seg: Segment) -> None:
+    def segment_complete(self, seg: Segment) -> None:
         def enqueue() -> None:  # rendered when sent: after every media segment of it queued before
-            self.send_rendered(lambda: [dumps({"event": "segment_complete", **self.segment_summary(seg)})])
+            self.out.send_rendered(lambda: [dumps({"event": "segment_complete", **self.segment_summary(seg)})])
 
         if seg.end == SegmentEnd.FINISHED:  # its last frames may still be in the encoder: after them
             self.sink.when_done(enqueue)
         else:  # cut or stopped: its queued frames were dropped
             enqueue()
 
-    def _on_state(self, session: Session, state: object) -> None:
+    def on_state(self, session: Session, state: object) -> None:
         assert isinstance(state, SessionState)
         self.event("state", state=state.name.lower())
         if state == SessionState.CLOSED:
-            self.close(CLOSE_NORMAL)
+            self.out.close(CLOSE_NORMAL)
 
-    def _on_error(self, session: Session, reason: object) -> None:
+    def on_error(self, session: Session, reason: object) -> None:
         self.error(getattr(reason, "code", "session_failed"), str(reason))
-
-    # -- lifecycle ---------------------------------------------------------------------------------------
 
     def opening(self) -> None:
         """The stream's first messages (`stream_start`)."""
         s, m = self.session, self.session.model.spec
         self.event("stream_start", protocol=PROTOCOL_VERSION, session_id=s.id, mode=s.mode, fps=m.fps,
                    frames_per_chunk=m.frames_per_chunk, model=m.name, prompt=s.prompt)
-
-    async def run(self) -> None:
-        """Serve the stream until the client leaves, the session closes or the reader stalls for good."""
-        s = self.session
-        self._unsubscribe += [s.on("state", self._on_state), s.on("error", self._on_error)]
-        if self.director is not None:
-            self._unsubscribe += [self.director.on("segment_start", self._segment_start),
-                                  self.director.on("segment_complete", self._segment_complete)]
-        self.opening()
-        self.sink.start()
-        loop = asyncio.get_running_loop()
-        sender = loop.create_task(self._send_loop(), name=f"ws-send-{s.id}")
-        receiver = loop.create_task(self._receive_loop(), name=f"ws-recv-{s.id}")
-        self._tasks += [sender, receiver, loop.create_task(self._control_loop(), name=f"ws-control-{s.id}")]
-        try:
-            s.actions.new_client()
-            s.attach_sink(self._tap)  # a directed session's gate lets through only its open segment's frames
-            await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
-            for t in (sender, receiver):
-                if t.done() and not t.cancelled() and t.exception() is not None:
-                    exc = t.exception()
-                    if not isinstance(exc, WebSocketDisconnect | RuntimeError | OSError):
-                        logger.error("%r: %s failed", self, t.get_name(), exc_info=exc)
-        except SessionError:
-            pass  # closed while we attached
-        finally:
-            await self.aclose()
-
-    async def aclose(self) -> None:
-        """Detach from the session and stop every task (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self.feedback.close()
-        for u in self._unsubscribe:
-            u()
-        self.session.detach_sink(self._tap)
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except BaseException:  # noqa: BLE001 - cancelled or already reported
-                pass
-        await self.sink.aclose()
-        logger.info("%r: closed (%d bytes out, %d frames in, %d sent, dropped %s; queue %s)", self, self.bytes_out,
-                    self.sink.frames_in, self.frames.sent, self.frames.dropped, self.queue.stats)
-
-
-class _CountingSink:
-    """A `FrameSink` that counts each frame (`on_put`) before its sink takes it."""
-
-    def __init__(self, sink: Fmp4Sink, on_put: Callable[[VideoFrame], None]) -> None:
-        self.sink, self.on_put = sink, on_put
-
-    def put(self, frame: VideoFrame) -> None:
-        self.on_put(frame)
-        self.sink.put(frame)
-
-    def clear(self) -> None:
-        self.sink.clear()
-
-
-def _ref(obj: dict[str, Any]) -> Any:
-    """The id of a request, echoed in errors when it is a plain value."""
-    rid = obj.get("id", obj.get("prompt_id"))
-    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) and len(str(rid)) <= 128 else None
 
 
 async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManager,

@@ -48,7 +48,7 @@ def real_offers() -> list[str]:
 
 async def live(url: str, drawn: dict[str, list[Any]], *, surfaces: set[str]) -> list[harness.SurfaceResult]:
     """The live surfaces, with cases drawn beforehand (`drawn`), so the run itself only sends."""
-    from worldcast.transport.client import WebRTCClient
+    from worldcast.transport.clients.webrtc import WebRTCClient
 
     out = []
     watcher = await WebRTCClient.connect(url, seed=1)

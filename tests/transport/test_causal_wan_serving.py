@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import _serve, server_config
-from worldcast.transport.client import WebRTCClient
+from worldcast.transport.clients.webrtc import WebRTCClient
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worldcast.transport.session_api import UnknownKey, action_cycle, check_keys, check_mouse
+from worldcast.transport.clients.session_api import UnknownKey, action_cycle, check_keys, check_mouse
 
 MODEL = {"name": "m", "actions": {"keys": ["q", "e"]}, "keys": ["q", "e"]}
 

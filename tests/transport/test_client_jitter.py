@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
-from worldcast.transport.client import MarkerJitterBuffer
+from worldcast.transport.clients.webrtc import MarkerJitterBuffer
 
 
 def pkt(seq: int, ts: int, data: bytes, marker: bool = False) -> RtpPacket:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import _serve, server_config
 from tests.fake_models import PaletteWorld, png, register_fake_family
-from worldcast.transport.client import UnknownKey, WebRTCClient
+from worldcast.transport.clients import UnknownKey, WebRTCClient
 
 register_fake_family()
 pytestmark = pytest.mark.timeout(240)

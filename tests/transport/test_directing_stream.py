@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from worldcast.transport.client import StreamClient
+from worldcast.transport.clients import StreamClient
 from worldcast.transport.stamp import cell_px_for_width, read_stamp
 
 pytestmark = pytest.mark.timeout(180)

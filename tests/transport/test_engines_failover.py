@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from worldcast.transport.ws_client import StreamClient
+from worldcast.transport.clients.stream import StreamClient
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -7,9 +7,9 @@ import asyncio
 import json
 
 from tests.conftest import _serve, server_config  # noqa: F401 - live_server comes from conftest
+from worldcast.transport.clients.stream import StreamClient
 from worldcast.transport.feedback import InputFeedback
 from worldcast.transport.limits import InputGuard, InputLimits
-from worldcast.transport.ws_client import StreamClient
 
 
 async def test_rejections_are_summarised_by_the_timer_and_a_flood_gets_one_verdict() -> None:

@@ -159,7 +159,7 @@ async def test_silent_sockets_and_unconnected_offers_hold_no_slot_and_retry_afte
             assert await info(http, sid, h) is None
         await stream.close()
         # a session with a connected viewer is kept far past the grace
-        from worldcast.transport.client import StreamClient
+        from worldcast.transport.clients import StreamClient
 
         async with await StreamClient.connect(server.url, seed=3) as c:
             await c.next_frame()
@@ -220,7 +220,7 @@ async def test_unknown_and_real_ids_answer_alike_on_every_surface(server, monkey
 
 
 async def test_bad_json_and_direction_floods_on_the_stream_are_summarised_and_cut_off(server) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport.client import StreamClient
+    from worldcast.transport.clients import StreamClient
 
     await drain(server)
     async with await StreamClient.connect(server.url, mode="directing", seed=4) as c:
@@ -295,7 +295,7 @@ INVISIBLE = ["\u200b", "\ufeff", "\u200f\u200e", "\u200d", "\U000e0041\U000e0042
 
 
 async def test_invisible_prompts_are_refused_and_format_characters_stripped_everywhere(server) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport.client import StreamClient
+    from worldcast.transport.clients import StreamClient
     from worldcast.transport.livekit.worker import DispatchMetadata
 
     await drain(server)
@@ -451,8 +451,8 @@ def test_slow_request_heads_are_closed_and_one_client_cannot_hold_many_connectio
 
 
 async def test_clients_restart_seq_before_the_limit_and_handle_notifications_and_batches(server) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport.client import StreamClient, WebRTCClient
-    from worldcast.transport.session_api import SEQ_MAX
+    from worldcast.transport.clients import StreamClient, WebRTCClient
+    from worldcast.transport.clients.session_api import SEQ_MAX
 
     await drain(server)
     async with await WebRTCClient.connect(server.url, seed=7) as c:
@@ -494,7 +494,7 @@ async def test_closed_sessions_are_collected_and_the_heap_trimmed_after_closes(s
     collects them and gives the freed heap back once closes settle. (`make rss` measures the RSS.)"""
     import weakref
 
-    from worldcast.transport.client import StreamClient, WebRTCClient
+    from worldcast.transport.clients import StreamClient, WebRTCClient
 
     trimmer = server.app.state.heap_trimmer  # type: ignore[attr-defined]
     await drain(server)

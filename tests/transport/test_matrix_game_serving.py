@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import _serve, server_config
 from tests.fake_models import png
 from worldcast.models import registry
-from worldcast.transport.client import StreamClient, WebRTCClient
+from worldcast.transport.clients import StreamClient, WebRTCClient
 
 pytestmark = pytest.mark.timeout(300)
 

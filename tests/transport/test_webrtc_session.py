@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from worldcast.transport.client import RpcFailed, WebRTCClient
+from worldcast.transport.clients.webrtc import RpcFailed, WebRTCClient
 
 pytestmark = pytest.mark.timeout(180)
 

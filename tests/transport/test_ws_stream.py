@@ -12,7 +12,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from worldcast.transport.client import StreamClient, StreamError
+from worldcast.transport.clients import StreamClient, StreamError
 from worldcast.transport.mp4box import parse_init, sps_from_avcc
 
 pytestmark = pytest.mark.timeout(180)
@@ -214,18 +214,18 @@ async def test_a_reader_stalled_10_s_costs_bounded_memory_and_resumes_at_a_fresh
         while sum(isinstance(m, bytes) for m in msgs) < 10:
             msgs.append(await asyncio.wait_for(ws.recv(), 15))
         conn = live_server.app.state.streams[sid]
-        assert conn.transport is not None, "the stream's socket was not tuned (StreamSocketTuning)"
+        assert conn.out.transport is not None, "the stream's socket was not tuned (StreamSocketTuning)"
         peak_queue, peak_transport, t_end = 0, 0, time.monotonic() + 10.0
         while time.monotonic() < t_end:  # the stall: nothing is read for 10 s
             peak_queue = max(peak_queue, conn.queue.media_bytes)
-            peak_transport = max(peak_transport, conn.write_buffer_bytes)
+            peak_transport = max(peak_transport, conn.out.write_buffer_bytes)
             await asyncio.sleep(0.05)
         stats = conn.queue.stats
         assert stats.media_dropped > 0 and stats.slow_reader_drops >= 1, stats
         assert stats.max_media_bytes <= MAX_MEDIA_BYTES and conn.queue.control_items < 16
         print(f"\nstalled 10 s: queue peak {stats.max_media_bytes / 1024:.1f} KiB (sampled {peak_queue / 1024:.1f}), "
               f"transport buffer peak {peak_transport / 1024:.1f} KiB, {stats.media_dropped} media dropped, "
-              f"{conn.bytes_out / 1024:.0f} KiB sent")
+              f"{conn.out.bytes_out / 1024:.0f} KiB sent")
         assert peak_transport < 2 * MAX_MEDIA_BYTES
         # resume: read the backlog the socket buffers held, then the fresh keyframe after the gap
         events: list[dict] = []  # type: ignore[type-arg]

@@ -1,5 +1,9 @@
 """LiveKitWorld: one session's world, a participant in a LiveKit room.
 
+A protocol translation over the connection core (`transport/connection.py`: guard, feedback, action
+dispatch, the frame event, the close): data packets and LiveKit RPCs in, data packets out, and the room's
+own teardown.
+
 The world joins the room with identity `worldcast-<session id>`, publishes
 one video track (the session's frames, see `source.py`) and serves the
 session's *user*, one participant named up front (or, when none is named,
@@ -43,14 +47,12 @@ from livekit.rtc._proto import participant_pb2
 
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session, SessionState, VideoFrame
-from worldcast.transport.errors import INTERNAL_ERROR
-from worldcast.transport.feedback import InputFeedback
+from worldcast.transport.connection import Connection, frame_event
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.livekit.config import LiveKitConfig
 from worldcast.transport.livekit.rpc import LiveKitRpc
 from worldcast.transport.livekit.source import LiveKitVideoSink, make_publisher
 from worldcast.transport.livekit.tokens import user_identity, user_token, world_identity, world_token
-from worldcast.transport.rpc import ActionHandler
 from worldcast.transport.schemas import LiveKitAccess
 
 logger = logging.getLogger(__name__)
@@ -93,11 +95,11 @@ class LiveKitWorld:
         self.user_identity = user_identity
         self.config = config
         self.room = rtc.Room()
-        self.guard = guard or InputGuard()
-        self.actions = ActionHandler(session, guard=self.guard)
-        #: coalesced feedback; a flooding user is told, removed from the room through the room service, and
-        #: its packets are dropped for the rest of the session
-        self.feedback = InputFeedback(self.guard, send=self.send_event, on_flood=self._on_flood)
+        #: the connection core (guard, feedback, action dispatch, tasks, the close); a flooding user is told,
+        #: removed from the room through the room service, and its packets are dropped for the rest of the session
+        self.conn = Connection(session, send=self.send_event, on_flood=self._on_flood, guard=guard,
+                               name="livekit-world")
+        self.guard, self.feedback = self.conn.guard, self.conn.feedback
         self.rpc = LiveKitRpc(session, user_identity=lambda: self.user_identity, guard=self.guard,
                               feedback=self.feedback)
         spec = session.model.spec
@@ -113,10 +115,7 @@ class LiveKitWorld:
         self.join_deadline_s: float | None = None
         self.removed: list[tuple[str, str]] = []  #: (identity, why) of participants removed from the room
         self._attached = False
-        self._closed = False
         self._left_called = False
-        self._unsubscribe: list[Callable[[], None]] = []
-        self._sends: set[asyncio.Task[Any]] = set()
         self.dropped: dict[str, int] = {"topic": 0, "sender": 0, "flood": 0}  #: data packets dropped, by reason
         self.frame_events_dropped = 0  #: frame metadata not sent (too many sends in flight)
         self.room.on("participant_connected", self._on_participant_connected)
@@ -155,9 +154,9 @@ class LiveKitWorld:
             raise LiveKitJoinError(f"could not join LiveKit room {self.room_name!r} at "
                                    f"{url or self.config.ws_url}: {type(e).__name__}: {e}") from e
         self.sink.start()
-        self._unsubscribe.append(self.session.on("state", self._on_state))
-        self._unsubscribe.append(self.session.on("error", lambda s, r: self.send_event(
-            {"event": "error", "code": getattr(r, "code", "session_failed"), "message": str(r)})))
+        self.conn.subscribe(self.session.on("state", self._on_state),
+                            self.session.on("error", lambda s, r: self.send_event(
+                                {"event": "error", "code": getattr(r, "code", "session_failed"), "message": str(r)})))
         logger.info("%r: joined as %s (%s source), user %s", self, self.identity, self.config.source.value,
                     self.user_identity or "(first to join)")
         for p in list(self.room.remote_participants.values()):
@@ -171,7 +170,7 @@ class LiveKitWorld:
         return p.identity == self.user_identity
 
     def _on_participant_connected(self, p: rtc.RemoteParticipant) -> None:
-        if self._closed or self._attached or not self._is_user(p):
+        if self.conn.closing or self._attached or not self._is_user(p):
             return
         if self.join_deadline_s is not None and time.time() > self.join_deadline_s + LATE_JOIN_SLACK_S:
             # the server's leeway would let a stale token in; user tokens are cut short by it
@@ -195,7 +194,7 @@ class LiveKitWorld:
             self._user_left()
 
     def _on_disconnected(self, reason: Any = None) -> None:
-        if not self._closed:
+        if not self.conn.closing:
             logger.info("%r: room connection lost (%s)", self, reason)
             self._user_left()
 
@@ -216,14 +215,13 @@ class LiveKitWorld:
     def _on_data(self, packet: rtc.DataPacket) -> None:
         sender = packet.participant.identity if packet.participant is not None else None
         from_user = bool(sender) and sender == self.user_identity
-        if from_user and self.feedback.closed:
+        now = time.monotonic()
+        if from_user and self.conn.silenced("actions", now):
             self._drop("flood", f"packet from {sender!r} after its flood verdict")
-            self.guard.dropped("actions", time.monotonic())
             return
         if packet.topic != ACTIONS_TOPIC:
             self._drop("topic", f"data packet on topic {packet.topic!r} from {sender!r} ({len(packet.data)} bytes)")
             if from_user:  # the user's packets of every topic count toward its flood verdict
-                now = time.monotonic()
                 self.feedback.send_all(self.guard.rejected_message(
                     "actions", "unknown_topic", f"data topic {packet.topic[:64]!r} is not served; actions go on "
                     f"{ACTIONS_TOPIC!r}", now, outcome="invalid"))
@@ -231,12 +229,7 @@ class LiveKitWorld:
         if not from_user:
             self._drop("sender", f"action packet from {sender!r}, not the session's user")
             return
-        try:
-            events = self.actions.receive(packet.data, time.monotonic())
-        except Exception:  # noqa: BLE001 - never let a packet break the SDK's event loop
-            logger.exception("%r: action handler failed", self)
-            events = [{"event": "action_rejected", "seq": None, "code": INTERNAL_ERROR, "message": "internal error"}]
-        self.feedback.send_all(events)
+        self.conn.take_action(packet.data, now)
 
     def _on_flood(self, verdict: dict[str, Any]) -> None:
         logger.warning("%r: %s; removing the user from the room", self, verdict["message"])
@@ -277,9 +270,9 @@ class LiveKitWorld:
                 order with RPC replies, so metadata of a frame made stale by a flush never follows the
                 flush reply; also dropped when MAX_FRAME_SENDS sends are in flight.
         """
-        if self._closed or self.user_identity is None or not self.room.isconnected():
+        if self.conn.closing or self.user_identity is None or not self.room.isconnected():
             return
-        if valid is not None and len(self._sends) >= MAX_FRAME_SENDS:
+        if valid is not None and len(self.conn.tasks) >= MAX_FRAME_SENDS:
             self.frame_events_dropped += 1
             return
         self._spawn(self._send(json.dumps(event, separators=(",", ":")), topic, [self.user_identity], valid))
@@ -292,42 +285,20 @@ class LiveKitWorld:
         await self.room.local_participant.publish_data(payload, reliable=True, destination_identities=to, topic=topic)
 
     def _on_published(self, frame: VideoFrame) -> None:
-        self.send_event({
-            "event": "frame",
-            "frame_index": frame.frame_index,
-            "pts": frame.pts,
-            "action_seq": frame.action_seq,
-            "epoch": frame.epoch,
-            "lateness_ms": round((self.session.clock() - frame.present_at_s) * 1e3, 2),
-            "timings_ms": {k: round(v, 2) for k, v in frame.timings_ms.items()},
-        }, topic=FRAMES_TOPIC, valid=lambda: frame.epoch >= self.session.current_epoch())
+        self.send_event(frame_event(frame, self.session.clock()), topic=FRAMES_TOPIC,
+                        valid=lambda: frame.epoch >= self.session.current_epoch())
 
     def _spawn(self, coro: Any) -> None:
-        t = asyncio.get_running_loop().create_task(coro, name=f"livekit-world-{self.session.id}")
-        self._sends.add(t)
-        t.add_done_callback(self._sent)
-
-    def _sent(self, t: asyncio.Task[Any]) -> None:
-        self._sends.discard(t)
-        if not t.cancelled() and t.exception() is not None:
-            logger.debug("%r: send failed: %r", self, t.exception())
+        self.conn.spawn(coro)
 
     # -- teardown -----------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Leave the room and detach from the session (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self.feedback.close()
-        for u in self._unsubscribe:
-            u()
-        self.session.detach_sink(self.sink)
+        """Leave the room and detach from the session (idempotent; the core's close, then `_leave`)."""
+        await self.conn.aclose(sink=self.sink, after=self._leave)
+
+    async def _leave(self) -> None:
         await self.sink.aclose()
-        current = asyncio.current_task()
-        for t in list(self._sends):
-            if t is not current:
-                t.cancel()
         try:
             await asyncio.wait_for(self.room.disconnect(), 10.0)
         except Exception as e:  # noqa: BLE001 - leaving is best effort

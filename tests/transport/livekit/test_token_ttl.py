@@ -56,7 +56,7 @@ async def joins(url: str, token: str) -> bool:
 
 
 async def test_readme_flags_create_answers_201_and_streams_at_the_common_scale(readme_server) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport.livekit.client import LiveKitUser
+    from worldcast.transport.clients.livekit import LiveKitUser
 
     u = await LiveKitUser.create(readme_server.url, room="readme-1", seed=1)
     try:
@@ -118,7 +118,7 @@ async def test_a_late_joiner_with_a_full_length_token_is_removed(readme_server, 
 
 
 async def test_a_flooding_livekit_user_is_told_and_removed_from_the_room(readme_server) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport.livekit.client import LiveKitUser
+    from worldcast.transport.clients.livekit import LiveKitUser
 
     u = await LiveKitUser.create(readme_server.url, room="flood-1", seed=3)
     gone = asyncio.Event()

@@ -96,7 +96,7 @@ def user_token(livekit_server, room: str, identity: str) -> str:  # type: ignore
 async def test_dispatch_fills_workers_by_load_and_declines_when_all_are_full(livekit_server) -> None:  # type: ignore[no-untyped-def]
     from livekit import api
 
-    from worldcast.transport.livekit.client import LiveKitUser
+    from worldcast.transport.clients.livekit import LiveKitUser
 
     with worker_processes(livekit_server, 2) as workers:
         ids = {w.worker_id: w for w in workers}

@@ -45,7 +45,7 @@ async def stranger(livekit_server, room: str):  # type: ignore[no-untyped-def]
 
 
 async def test_join_stream_act_and_leave(lk_server) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport.livekit.client import LiveKitUser
+    from worldcast.transport.clients.livekit import LiveKitUser
 
     manager = lk_server.manager
     free_before = manager.worker.pool.free_slots
@@ -116,7 +116,7 @@ async def test_join_stream_act_and_leave(lk_server) -> None:  # type: ignore[no-
 
 async def test_each_rpc_has_its_effect(lk_server) -> None:  # type: ignore[no-untyped-def]
     from worldcast.models.tinyworld import world
-    from worldcast.transport.livekit.client import LiveKitUser
+    from worldcast.transport.clients.livekit import LiveKitUser
 
     cents = world.theme_centroids()
     async with await LiveKitUser.create(lk_server.url, room="rpc-1", prompt="a green meadow", seed=3) as u:
@@ -166,7 +166,7 @@ async def test_each_rpc_has_its_effect(lk_server) -> None:  # type: ignore[no-un
 async def test_bad_input_is_refused_and_the_session_keeps_streaming(lk_server, livekit_server) -> None:  # type: ignore[no-untyped-def]
     from livekit import rtc
 
-    from worldcast.transport.livekit.client import LiveKitUser
+    from worldcast.transport.clients.livekit import LiveKitUser
 
     async with await LiveKitUser.create(lk_server.url, room="bad-1", seed=4) as u, \
             await LiveKitUser.create(lk_server.url, room="bad-2", seed=5) as other:
@@ -234,7 +234,7 @@ async def test_bad_input_is_refused_and_the_session_keeps_streaming(lk_server, l
 async def test_delete_makes_the_world_leave(lk_server) -> None:  # type: ignore[no-untyped-def]
     import httpx
 
-    from worldcast.transport.livekit.client import LiveKitUser
+    from worldcast.transport.clients.livekit import LiveKitUser
 
     async with await LiveKitUser.create(lk_server.url, room="del-1", seed=6) as u:
         await u.next_frame(20)

@@ -1,14 +1,15 @@
 """The HTTP calls every worldcast client makes around a session: create it, delete it.
 
-Shared by the WebRTC client (`client.py`), the WebSocket stream client
-(`ws_client.py`) and the LiveKit user (`livekit/client.py`).
+Shared by the WebRTC client (`webrtc.py`), the WebSocket stream client
+(`stream.py`) and the LiveKit user (`livekit.py`) of this package.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -132,3 +133,30 @@ def check_rpc_payload(raw: Any) -> bool:
     if isinstance(obj, list):
         raise ValueError("JSON-RPC batches are not supported by worldcast: send one request per message")
     return isinstance(obj, dict) and obj.get("jsonrpc") == "2.0" and "id" not in obj
+
+
+class EventWaiters:
+    """A client's waits for the next server message matching a predicate (event-loop only)."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Callable[[dict[str, Any]], bool], asyncio.Future[dict[str, Any]]]] = []
+
+    def notify(self, msg: dict[str, Any]) -> None:
+        """Resolve every wait whose predicate `msg` matches."""
+        for pred, fut in list(self._items):
+            if not fut.done() and pred(msg):
+                fut.set_result(msg)
+
+    async def wait(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float) -> dict[str, Any]:
+        """The next message matching `predicate`.
+
+        Raises:
+            TimeoutError: none within `timeout_s` (s).
+        """
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        item = (predicate, fut)
+        self._items.append(item)
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._items.remove(item)

@@ -1,6 +1,6 @@
 """A Python client for worldcast sessions over WebRTC (aiortc), for tests and benchmarks.
 
-(The WebSocket stream client, `StreamClient`, is in `ws_client.py` and importable from here.)
+(The WebSocket stream client, `StreamClient`, is in `stream.py`; both are exported by `worldcast.transport.clients`.)
 
     async with await WebRTCClient.connect("http://127.0.0.1:8000", prompt="a snowy landscape") as c:
         frame = await c.next_frame()          # av.VideoFrame
@@ -41,10 +41,8 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.utils import uint16_add
 
-from worldcast.transport.limits import head_id
-from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
-from worldcast.transport.session_api import (  # noqa: F401
-    UnknownKey,
+from worldcast.transport.clients.session_api import (
+    EventWaiters,
     check_keys,
     check_mouse,
     check_rpc_payload,
@@ -52,9 +50,8 @@ from worldcast.transport.session_api import (  # noqa: F401
     next_seq,
     remember_sent,
 )
-
-# the WebSocket (fMP4) stream client lives beside this module; both are importable from here
-from worldcast.transport.ws_client import StreamClient, StreamError, StreamFrame  # noqa: F401
+from worldcast.transport.limits import head_id
+from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
 
 #: How long to wait for a control reply, s.
 RPC_TIMEOUT_S = 10.0
@@ -161,7 +158,7 @@ class WebRTCClient:
         self._track_ready = asyncio.Event()
         self._rpc_id = 0
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._event_waiters: list[tuple[Any, asyncio.Future[dict[str, Any]]]] = []
+        self._event_waiters = EventWaiters()
         self.control.on("message", self._on_control)
         self.control.on("close", lambda: self._fail_pending("the control channel closed"))
 
@@ -240,9 +237,7 @@ class WebRTCClient:
                     self._resolve(rid, {"id": rid, "error": {"code": msg["code"], "message": msg["message"]}})
             elif msg["event"] == "disconnect":
                 self._fail_pending(f"the server disconnected this client: {msg.get('message')}")
-            for pred, fut in list(self._event_waiters):
-                if not fut.done() and pred(msg):
-                    fut.set_result(msg)
+            self._event_waiters.notify(msg)
             return
         self._resolve(msg.get("id"), msg)
 
@@ -290,13 +285,7 @@ class WebRTCClient:
 
     async def wait_event(self, predicate: Any, timeout_s: float = 10.0) -> dict[str, Any]:
         """Wait for the next server event (or frame event) matching `predicate`."""
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        item = (predicate, fut)
-        self._event_waiters.append(item)
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        finally:
-            self._event_waiters.remove(item)
+        return await self._event_waiters.wait(predicate, timeout_s)
 
     # -- actions and frames -------------------------------------------------------------
 

@@ -9,7 +9,7 @@
 with the token the reply carries; `join` joins a room with a token of the
 caller's own (the dispatch path), and the world is whichever participant
 publishes the `worldcast-` identity. The same attributes as
-`transport.client.WebRTCClient` (`seq`, `sent_at`, `frame_events`,
+`clients.webrtc.WebRTCClient` (`seq`, `sent_at`, `frame_events`,
 `answered_at`, `send_action`, `next_frame`), so the benchmark's probe
 drives either.
 """
@@ -28,9 +28,9 @@ import numpy as np
 from livekit import rtc
 
 from worldcast.sessions.clock import VIDEO_CLOCK_RATE
+from worldcast.transport.clients.session_api import EventWaiters, create_session, next_seq, remember_sent
 from worldcast.transport.livekit.tokens import WORLD_PREFIX
 from worldcast.transport.livekit.world import ACTIONS_TOPIC, EVENTS_TOPIC, FRAMES_TOPIC, USER_ATTRIBUTE
-from worldcast.transport.session_api import create_session, next_seq, remember_sent
 
 #: Longest wait for the world to join and its track to arrive, s.
 WORLD_TIMEOUT_S = 20.0
@@ -91,7 +91,7 @@ class LiveKitUser:
         self._world_seen = asyncio.Event()
         self._stream: rtc.VideoStream | None = None
         self._sends: set[asyncio.Task[Any]] = set()
-        self._waiters: list[tuple[Any, asyncio.Future[dict[str, Any]]]] = []
+        self._waiters = EventWaiters()
         self.room.on("track_subscribed", self._on_track)
         self.room.on("data_received", self._on_data)
         self.room.on("participant_connected", self._on_participant)
@@ -173,19 +173,11 @@ class LiveKitUser:
             self.dispatch_events.append(msg)
         else:
             return
-        for pred, fut in list(self._waiters):
-            if not fut.done() and pred(msg):
-                fut.set_result(msg)
+        self._waiters.notify(msg)
 
     async def wait_event(self, predicate: Any, timeout_s: float = 10.0) -> dict[str, Any]:
         """Wait for the next message on `frames`, `events` or `worldcast.dispatch` matching `predicate`."""
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        item = (predicate, fut)
-        self._waiters.append(item)
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        finally:
-            self._waiters.remove(item)
+        return await self._waiters.wait(predicate, timeout_s)
 
     def _publish(self, payload: bytes | str, *, topic: str, destination: list[str] | None = None) -> None:
         dest = destination if destination is not None else ([self.world_identity] if self.world_identity else [])

@@ -30,9 +30,8 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from worldcast.transport.limits import head_id
-from worldcast.transport.mp4box import parse_init, parse_media_segment
-from worldcast.transport.session_api import (
+from worldcast.transport.clients.session_api import (
+    EventWaiters,
     check_keys,
     check_mouse,
     check_rpc_payload,
@@ -41,6 +40,8 @@ from worldcast.transport.session_api import (
     next_seq,
     remember_sent,
 )
+from worldcast.transport.limits import head_id
+from worldcast.transport.mp4box import parse_init, parse_media_segment
 
 #: How long to wait for an RPC reply or a direction's ack, s.
 REPLY_TIMEOUT_S = 10.0
@@ -127,7 +128,7 @@ class StreamClient:
         self._rpc_id = 0
         self._direction_id = 0
         self._pending: dict[Any, asyncio.Future[dict[str, Any]]] = {}
-        self._waiters: list[tuple[Callable[[dict[str, Any]], bool], asyncio.Future[dict[str, Any]]]] = []
+        self._waiters = EventWaiters()
         self._opened = asyncio.Event()
         self._reader = asyncio.get_running_loop().create_task(self._read(), name=f"stream-client-{session_id}")
         self.closed_code: int | None = None
@@ -236,9 +237,7 @@ class StreamClient:
                 fut = self._pending.pop(("rpc", rid), None)
                 if fut is not None and not fut.done():
                     fut.set_result({"id": rid, "error": {"code": msg["code"], "message": msg["message"]}})
-        for pred, fut in list(self._waiters):
-            if not fut.done() and pred(msg):
-                fut.set_result(msg)
+        self._waiters.notify(msg)
 
     def _on_binary(self, data: bytes, now: float) -> None:
         self.bytes_in += len(data)
@@ -300,13 +299,7 @@ class StreamClient:
             for e in self.events:
                 if predicate(e):
                     return e
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        item = (predicate, fut)
-        self._waiters.append(item)
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        finally:
-            self._waiters.remove(item)
+        return await self._waiters.wait(predicate, timeout_s)
 
     # -- sending ---------------------------------------------------------------------------------------
 
