@@ -171,22 +171,37 @@ def spawn(profile: ServerProfile, *, log_dir: str | None = None, extra_flags: li
     Raises:
         RuntimeError: the server exited or was not ready within READY_TIMEOUT_S (its log is quoted).
     """
+    with serve_process([*profile.flags(), *(extra_flags or [])], name=profile.name, log_dir=log_dir,
+                       python_args=python_args) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_process(flags: list[str], *, name: str = "server", log_dir: str | None = None,
+                  python_args: list[str] | None = None, ready_timeout_s: float = READY_TIMEOUT_S) -> Iterator[str]:
+    """`worldcast serve --host 127.0.0.1 --port FREE --ice-host 127.0.0.1 --log-level warning FLAGS` in a child
+    process; yields its base URL once `/readyz` answers 200, and stops it with SIGINT (then SIGKILL after 20 s).
+
+    The log of a server that failed is kept (its path is in the error).
+
+    Raises:
+        RuntimeError: the server exited or was not ready within `ready_timeout_s` (its log is quoted).
+    """
     port = _free_port()
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the child's lifetime
-        "w+", prefix=f"worldcast-bench-{profile.name}-", suffix=".log", dir=log_dir, delete=False)
+        "w+", prefix=f"worldcast-bench-{name}-", suffix=".log", dir=log_dir, delete=False)
     cmd = [sys.executable, *(python_args or []), "-m", "worldcast.transport.cli", "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--ice-host", "127.0.0.1", "--log-level", "warning", *profile.flags(),
-           *(extra_flags or [])]
+           "--port", str(port), "--ice-host", "127.0.0.1", "--log-level", "warning", *flags]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + ready_timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server {profile.name} exited ({proc.returncode}), log {log.name}: "
+                raise RuntimeError(f"server {name} exited ({proc.returncode}), log {log.name}: "
                                    f"{_tail(log.name)}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"server {profile.name} not ready after {READY_TIMEOUT_S:.0f} s: {_tail(log.name)}")
+                raise RuntimeError(f"server {name} not ready after {ready_timeout_s:.0f} s: {_tail(log.name)}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
                     break

@@ -18,11 +18,8 @@ import contextlib
 import io
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +29,8 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
+
+from worldcast.latency_bench.server import serve_process
 
 #: README's defaults that bound the waits below, s.
 CONNECT_GRACE_S, NEGOTIATION_S, HEAD_TIMEOUT_S, INIT_TIMEOUT_S, FLOOD_SUSTAINED_S = 15.0, 15.0, 10.0, 10.0, 5.0
@@ -65,35 +64,10 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def serve(*flags: str) -> Iterator[tuple[str, int]]:
     """`worldcast serve` with README's flags plus `flags`, in a child process; yields (URL, metrics port)."""
-    port, mport = _free_port(), _free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="worldcast-attack-", suffix=".log", delete=False)  # noqa: SIM115
-    cmd = [sys.executable, "-m", "worldcast.transport.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--admission", "static", "--max-sessions", "8", "--metrics-port", str(mport), "--log-level", "warning",
-           *flags]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited ({proc.returncode}): {Path(log.name).read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("server not ready within 180 s")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.2)
+    mport = _free_port()
+    with serve_process(["--admission", "static", "--max-sessions", "8", "--metrics-port", str(mport), *flags],
+                       name="attack", ready_timeout_s=180) as url:
         yield url, mport
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
-        os.unlink(log.name)
 
 
 def ws(url: str, path: str) -> str:
