@@ -243,6 +243,7 @@ class DeviceWorker:
         self.on_frames, self.on_error, self.clock = on_frames, on_error, clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        self._woken = False  #: a `wake` since the loop's last poll began (under `_lock`)
         self._pending_add: list[ChunkRollout] = []
         self._pending_remove: list[str] = []
         #: sessions to capture at their next chunk boundary: (id, done callback, detach)
@@ -521,8 +522,14 @@ class DeviceWorker:
             self._wake.notify_all()
 
     def wake(self) -> None:
-        """Ask the worker to re-poll sessions now (a new action, flush, cancel or resume)."""
+        """Ask the worker to re-poll sessions now (a new action, flush, cancel or resume); any thread.
+
+        Wakes that arrive before the worker's next poll cost it one pass together (an IDLE session's action
+        calls it twice: its state change, then its input), and one that arrives during a pass is not lost:
+        the worker polls again instead of sleeping.
+        """
         with self._wake:
+            self._woken = True
             self._wake.notify_all()
 
     # -- the loop (worker thread) ----------------------------------------------------------------
@@ -635,6 +642,7 @@ class DeviceWorker:
                 with self._lock:
                     if self._stop:
                         break
+                    self._woken = False  # wakes from here on are seen by the poll below, or prevent the wait
                 self._apply_pending()
                 now = self.clock()
                 self._poll_sessions(now)
@@ -645,7 +653,8 @@ class DeviceWorker:
                     if plan.next_wake_s is not None:
                         timeout = min(timeout, max(0.0, plan.next_wake_s - now))
                     with self._wake:
-                        if not self._stop and not (self._pending_add or self._pending_remove or self._pending_export):
+                        if not (self._stop or self._woken or self._pending_add or self._pending_remove
+                                or self._pending_export):
                             self._wake.wait(timeout)
                     continue
                 self._step_started = self.perf_clock()

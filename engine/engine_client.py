@@ -61,6 +61,7 @@ class EngineClient(EngineHandle):
     """
 
     process = True
+    mirrors_inputs = True  #: its process samples a mirror: the owner sends it every input change
 
     def __init__(self, engine_id: int, launch: EngineLaunch, *, spec: WorldModelSpec,
                  restart: RestartPolicy | None = None) -> None:

@@ -3,11 +3,13 @@
 Two kinds behind one interface, so sessions/ never asks which it has:
 - `LocalEngine` (`engine/local_engine.py`): a `DeviceWorker` thread in the
   server's process; a session's conditioner is the server's
-  `SessionInputs` (`Session.inputs`).
+  `SessionInputs` (`Session.inputs`), and a push wakes the worker through
+  the inputs' own listener (`SessionSource.on_input`), not through the owner.
 - `EngineClient` (`engine/engine_client.py`): a `DeviceWorker` in an engine
   process of its own (`engine/engine_process.py`); the session's
   conditioner there is a mirror the handle feeds (`session_changed`,
-  `push_input`), frames come back through shared memory.
+  `push_input`: `mirrors_inputs` is True, so the owner sends it every input
+  change), frames come back through shared memory.
 
 Callbacks (set by the owner before `start`; called from the engine's own
 threads, so the owner marshals them to its event loop):
@@ -47,6 +49,10 @@ class SessionSource(Conditioner, Protocol):
         """Epoch, wants, conditioning (context given) and inputs, now."""
         ...
 
+    def on_input(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener()` after each accepted action (pushing thread); returns its remover."""
+        ...
+
 
 class EngineUnavailable(Exception):
     """The engine is not ready (starting, lost or restarting) or went away mid-operation."""
@@ -63,6 +69,9 @@ class EngineHandle(abc.ABC):
     """
 
     process: bool = False  #: whether it runs in a process of its own
+    #: whether it keeps a mirror of each session's inputs (an engine process): then, and only then, the owner
+    #: sends it every change of a session's action buffer (`push_input`); otherwise it reads `SessionInputs`
+    mirrors_inputs: bool = False
 
     def __init__(self, engine_id: int, *, device: str, spec: WorldModelSpec, config: EngineConfig) -> None:
         self.id = engine_id
@@ -132,11 +141,9 @@ class EngineHandle(abc.ABC):
         """The session's epoch, wants or conditioning changed: act on it at the next step boundary."""
 
     def push_input(self, session_id: str, delta: InputDelta) -> None:  # noqa: B027 - optional, see docstring
-        """The session's inputs changed (an engine that reads the `SessionInputs` itself needs nothing)."""
-
-    def input_arrived(self, session_id: str) -> None:  # noqa: B027 - optional, see docstring
-        """An action was counted in the session's `input_version` (after `push_input`): an idle device may
-        start its next chunk at once (an engine process learns it from `push_input` itself)."""
+        """The session's action buffer changed; called only on a handle with `mirrors_inputs` (one that reads
+        the `SessionInputs` itself is never called). An action delta (not `clear`) also lets an idle device
+        start its next chunk at once."""
 
     @abc.abstractmethod
     async def export_session(self, session_id: str) -> bytes:

@@ -1,8 +1,11 @@
 """LocalEngine: an engine core on a thread of the server's own process (no isolation, no IPC).
 
 The `DeviceWorker` runs here and reads each session's conditioner (the
-server's `SessionInputs`) directly, as it always has; frames reach the owner from
-the worker thread. Used for one engine on a CPU by default (see README,
+server's `SessionInputs`) directly; a pushed action wakes it straight from
+the inputs (`SessionInputs.on_input` -> `DeviceWorker.wake`, registered in
+`add_session`), and its step runner hands frames straight to the owner's
+`on_frames` (the worker thread), so neither direction passes through this
+module per action. Used for one engine on a CPU by default (see README,
 "Engines") and whenever the server was handed a model object instead of a
 name (tests). A dead worker thread is reported as a lost engine by `check`
 (the owner's housekeeping calls it); it is not restarted.
@@ -38,9 +41,11 @@ class LocalEngine(EngineHandle):
     def __init__(self, engine_id: int, model: WorldModel, config: EngineConfig, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None
-        self.worker = DeviceWorker(model, config, on_frames=self._frames, on_error=self._error, clock=clock)
+        self.worker = DeviceWorker(model, config, on_frames=lambda frames: None, on_error=self._error, clock=clock)
         super().__init__(engine_id, device=str(model.device), spec=model.spec, config=config)
         self._sessions: set[str] = set()
+        #: per session: removes its inputs' wake listener (`SessionSource.on_input`)
+        self._unwake: dict[str, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -53,14 +58,18 @@ class LocalEngine(EngineHandle):
         self._on_step = hook
         self.worker.on_step = hook
 
+    @property  # type: ignore[override]
+    def on_frames(self) -> Callable[[list[FrameOut]], None]:
+        return self.worker.on_frames
+
+    @on_frames.setter
+    def on_frames(self, hook: Callable[[list[FrameOut]], None]) -> None:
+        self.worker.on_frames = hook  # the worker's runner calls it directly (no hop through this handle)
+
     # -- worker callbacks (worker thread) ---------------------------------------------------------
 
-    def _frames(self, frames: list[FrameOut]) -> None:
-        self.on_frames(frames)
-
     def _error(self, session_id: str, reason: str) -> None:
-        with self._lock:
-            self._sessions.discard(session_id)
+        self._forget(session_id)
         self.on_error(session_id, reason)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -81,6 +90,9 @@ class LocalEngine(EngineHandle):
         if self.state == "ready" and not self.worker.alive:
             with self._lock:
                 sids, self._sessions = sorted(self._sessions), set()
+                unwake, self._unwake = list(self._unwake.values()), {}
+            for remove in unwake:
+                remove()
             self.losses += 1
             self.last_error = self.worker.last_error or "device worker stopped"
             self._set_state("lost")
@@ -97,18 +109,30 @@ class LocalEngine(EngineHandle):
         if self.state != "ready" and self.state != "starting":
             raise EngineUnavailable(f"engine {self.id} is {self.state}")
         self.worker.add_session(session_id, source, seed=seed)
+        self._track(session_id, source)
+
+    def _track(self, session_id: str, source: SessionSource) -> None:
+        """Count the session as placed here and let its pushes wake the worker directly."""
+        remove = source.on_input(self.worker.wake)
         with self._lock:
             self._sessions.add(session_id)
+            old = self._unwake.pop(session_id, None)
+            self._unwake[session_id] = remove
+        if old is not None:
+            old()
 
-    def remove_session(self, session_id: str) -> None:
+    def _forget(self, session_id: str) -> None:
         with self._lock:
             self._sessions.discard(session_id)
+            remove = self._unwake.pop(session_id, None)
+        if remove is not None:
+            remove()
+
+    def remove_session(self, session_id: str) -> None:
+        self._forget(session_id)
         self.worker.remove_session(session_id)
 
     def session_changed(self, session_id: str, source: SessionSource) -> None:
-        self.worker.wake()
-
-    def input_arrived(self, session_id: str) -> None:
         self.worker.wake()
 
     def _future(self) -> tuple[asyncio.Future[object], Callable[[object, str | None], None]]:
@@ -131,8 +155,7 @@ class LocalEngine(EngineHandle):
         fut, settle = self._future()
         self.worker.export_session(session_id, lambda state, error: settle(state, error))
         blob = await fut
-        with self._lock:
-            self._sessions.discard(session_id)
+        self._forget(session_id)
         assert isinstance(blob, bytes)
         return blob
 
@@ -141,8 +164,7 @@ class LocalEngine(EngineHandle):
         fut, settle = self._future()
         self.worker.add_session(session_id, source, seed=seed, state=state,
                                 on_restored=(lambda b: settle(b, None)) if verify else None)
-        with self._lock:
-            self._sessions.add(session_id)
+        self._track(session_id, source)
         if not verify:
             return None
         blob = await fut

@@ -3,9 +3,11 @@
 `SessionInputs` is the one place an action passes through on the session side: a transport's
 `ActionHandler` pushes into it, the engine's device thread samples it at each chunk start
 (`engine/rollout.py` `Conditioner`), and an engine handle reads all of it at once (`conditioner_state`) to
-feed an engine process's mirror (`engine/engine_conditioner.py`). The `Session` that owns it is told of
-each accepted push through one listener (`on_push`: activity, ACTIVE, its "input" event) and writes the
-rest (epoch, conditioning, pause, lifecycle) through its own public methods.
+feed an engine process's mirror (`engine/engine_conditioner.py`). After each accepted push it tells, in
+order, the `Session` that owns it (`on_push`: activity, ACTIVE) and then the engine that reads it
+(`on_input` listeners: a `LocalEngine` registers its device worker's `wake`, so an idle device starts the
+next chunk at once). The owner writes the rest (epoch, conditioning, pause, lifecycle) through its own
+public methods.
 
 The buffer's rules:
 
@@ -31,7 +33,7 @@ messages.
 
 Thread-safe: pushed from the event loop, sampled from the device thread.
 An engine in a process of its own samples a mirror of the buffer instead
-(`engine/engine_conditioner.py`), fed through `on_change`.
+(`engine/engine_conditioner.py`), fed through `on_change` (set only for such an engine: `SessionManager`).
 """
 
 from __future__ import annotations
@@ -211,6 +213,8 @@ class SessionInputs:
         self.actions = ActionBuffer(key_names=model.spec.actions.keys)
         #: the owner's listener, called on the pushing thread after each accepted push with its seq
         self.on_push: Callable[[int], None] | None = None
+        #: the engine's listeners (`on_input`), called after `on_push`; replaced whole, so a push reads one tuple
+        self._input_listeners: tuple[Callable[[], None], ...] = ()
         self._lock = threading.Lock()
         self._context = context
         self._context_version = 0  #: bumped on every conditioning change (models with a prompt cache re-cache)
@@ -224,7 +228,8 @@ class SessionInputs:
     # -- written on the event loop -----------------------------------------------------------------
 
     def push(self, seq: int, keys: list[str], mouse: tuple[float, float]) -> SeqOutcome:
-        """Apply one validated action message (see `ActionBuffer.push`), count it, then tell `on_push`.
+        """Apply one validated action message (see `ActionBuffer.push`), count it, then tell `on_push` and
+        then the `on_input` listeners (so an engine woken by one sees the session ACTIVE and the count).
 
         Returns:
             whether its keys were applied or it was stale (mouse movement only).
@@ -240,7 +245,26 @@ class SessionInputs:
             self._inputs += 1
         if self.on_push is not None:
             self.on_push(seq)
+        for listener in self._input_listeners:
+            listener()
         return outcome
+
+    def on_input(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener()` after each accepted push (on the pushing thread, after `on_push`); any thread.
+
+        For the engine that reads these inputs itself (`engine/local_engine.py`: its device worker's `wake`).
+        It must be quick and must not raise. Returns the function that removes it (idempotent).
+        """
+        with self._lock:
+            self._input_listeners = (*self._input_listeners, listener)
+
+        def remove() -> None:
+            with self._lock:
+                rest = list(self._input_listeners)
+                if listener in rest:
+                    rest.remove(listener)
+                self._input_listeners = tuple(rest)
+        return remove
 
     def set_context(self, context: Conditioning) -> None:
         """Condition the next chunks on `context` (bumps `context_version`)."""

@@ -266,9 +266,10 @@ class SessionManager:
         session.engine_id = engine.id
         session.on("state", lambda s, st: self._changed(s))
         session.on("control", lambda s, op: self._changed(s))  # flush, cancel, resume act at the next step
-        session.on("input", lambda s, seq: self._input_arrived(s))  # an idle device starts the next chunk at once
-        session.inputs.actions.on_change = lambda held, seq, dx, dy, clear: self._input(
-            sid, InputDelta(tuple(sorted(held)), seq, (dx, dy), clear))
+        if engine.mirrors_inputs:  # an engine process samples a mirror: send it every change (a local one reads
+            # `session.inputs` itself, and its `add_session` made the inputs wake its worker on each push)
+            session.inputs.actions.on_change = lambda held, seq, dx, dy, clear: self._input(
+                sid, InputDelta(tuple(sorted(held)), seq, (dx, dy), clear))
         logger.info("Session(%s): created on engine %d (prompt of %d chars, %s, seed %d)", sid, engine.id,
                     len(prompt or ""), "no image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image",
                     session.seed)
@@ -280,13 +281,9 @@ class SessionManager:
         if e is not None and s.id not in self.moving:
             e.session_changed(s.id, s.inputs)
 
-    def _input_arrived(self, s: Session) -> None:
-        """An action was counted (`SessionInputs.input_version`): its engine may start the next chunk now."""
-        e = self._placed.get(s.id)
-        if e is not None and s.id not in self.moving:
-            e.input_arrived(s.id)
-
     def _input(self, session_id: str, delta: InputDelta) -> None:
+        """A session's action buffer changed (only for an engine with `mirrors_inputs`): to its engine, or
+        queued while it moves."""
         pending = self.moving.get(session_id)
         if pending is not None:
             pending.append(delta)

@@ -15,8 +15,9 @@ Control operations, all cheap and effective at the engine's next step boundary:
 The engine does not read the session: it reads the session's inputs, `Session.inputs`
 (`SessionInputs`, `sessions/actions.py`: the action buffer, input counter, epoch, conditioning and what
 `wants_frames` answers from), which transports push actions into directly. An accepted push reaches the
-session through one listener (`SessionInputs.on_push`: activity, ACTIVE, the "input" event); the
-operations above write the inputs through the session's methods; frames come back through `deliver`.
+session through one listener (`SessionInputs.on_push`: activity, ACTIVE) and the engine through the
+inputs' own (`SessionInputs.on_input`); the operations above write the inputs through the session's
+methods; frames come back through `deliver`.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class FrameGate(Protocol):
 
 
 #: Session events; callbacks are synchronous and get (session, payload).
-SessionEvent = Literal["state", "frame", "error", "control", "input"]
+SessionEvent = Literal["state", "frame", "error", "control"]
 
 #: Codes of a session's device-side failure (`SessionFailure.code`), as transports send them in their
 #: `error` event: its own step failed ("session_failed") or the engine it ran on died ("engine_lost").
@@ -213,8 +214,8 @@ class Session:
         Events: "state" (payload: SessionState), "frame" (payload: VideoFrame,
         after delivery to sinks), "error" (payload: `SessionFailure`), "control" (payload: the
         operation, "flush" | "cancel" | "pause" | "resume" | "set_prompt": the engine should
-        look at the session now), "input" (payload: the action's seq; an idle device may start
-        the next chunk at once).
+        look at the session now). Actions are not an event: the engine hears of them from
+        `inputs` itself (`SessionInputs.on_input`).
 
         Raises:
             TypeError: `callback` is a coroutine function (callbacks must be synchronous).
@@ -269,10 +270,9 @@ class Session:
         self._set_state(SessionState.ACTIVE)
 
     def _pushed(self, seq: int) -> None:
-        """`SessionInputs.on_push`: an action was accepted (and counted): the session is active, and an idle
-        device may start the next chunk at once ("input")."""
+        """`SessionInputs.on_push`: an action was accepted (and counted): the session is active (its engine is
+        told next, by the inputs themselves)."""
         self.activate()
-        self._emit("input", seq)
 
     @property
     def prompt(self) -> str | None:

@@ -116,3 +116,40 @@ async def test_resume_wakes_an_idle_worker_at_once(model) -> None:  # type: igno
         await wait_for(lambda: len(sink.frames) >= n + 3, timeout_s=60)
     finally:
         await m.aclose()
+
+
+async def test_a_local_engine_hears_actions_from_the_inputs_not_through_the_manager(model) -> None:  # type: ignore[no-untyped-def]
+    """A local engine reads `session.inputs` itself: no input delta is built for it (no `on_change`), and each
+    push wakes its worker straight from the inputs' listener: once on an ACTIVE session, and on an IDLE one
+    also once for its state change (the worker folds the two into one pass). After the close nothing is left
+    registered on the inputs."""
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, kv_budget_bytes=2**24),
+                       config=SessionConfig(tick_s=3600, warmup=False))
+    worker = m.engines[0].worker  # type: ignore[attr-defined]
+    wakes: list[SessionState] = []
+    real_wake = worker.wake
+    s_box: list = []  # type: ignore[type-arg]
+
+    def wake() -> None:
+        wakes.append(s_box[0].state if s_box else None)
+        real_wake()
+
+    worker.wake = wake  # counts the calls, from the listener registered at add_session and from the manager
+    await m.start()
+    try:
+        s = await m.create(seed=6)
+        s_box.append(s)
+        assert not m.engines[0].mirrors_inputs and s.inputs.actions.on_change is None
+        s.activate()
+        del wakes[:]
+        s.inputs.push(0, ["w"], (0.0, 0.0))
+        assert wakes == [SessionState.ACTIVE], "one wake per action on an ACTIVE session"
+        s.tick(s.clock() + 3600)
+        assert s.state == SessionState.IDLE
+        del wakes[:]
+        s.inputs.push(1, [], (1.0, 0.0))
+        assert wakes == [SessionState.ACTIVE, SessionState.ACTIVE], "state change, then the input; both see ACTIVE"
+        m.close(s.id)
+        assert s.inputs._input_listeners == (), "the engine's listener is removed with the session"
+    finally:
+        await m.aclose()

@@ -128,16 +128,22 @@ def test_last_viewer_leaving_idles_the_session(model) -> None:  # type: ignore[n
 
 
 def test_each_action_bumps_the_input_counter_the_engine_reads(model) -> None:  # type: ignore[no-untyped-def]
-    """An idle device starts the next chunk when an input arrives: the session counts its actions, says so at
-    once ("input" event: the manager wakes the device worker), and a chunk reports the count it sampled at."""
+    """An idle device starts the next chunk when an input arrives: the session's inputs count its actions, say
+    so at once to the engine's listener (`on_input`: a local engine's worker wake) after the count and the
+    session's own state change, and a chunk reports the count it sampled at. A removed listener hears nothing."""
     s = make(model)
-    inputs = []
-    s.on("input", lambda sess, seq: inputs.append(seq))
+    heard: list[tuple[int, SessionState]] = []
+    remove = s.inputs.on_input(lambda: heard.append((s.inputs.input_version(), s.state)))
     assert s.inputs.input_version() == 0 and s.inputs.sample_chunk(1).input_version == 0
     s.inputs.push(0, ["w"], (0.0, 0.0))
     s.inputs.push(1, [], (3.0, 0.0))
-    assert s.inputs.input_version() == 2 and inputs == [0, 1]
+    assert s.inputs.input_version() == 2
+    assert heard == [(1, SessionState.ACTIVE), (2, SessionState.ACTIVE)], "told after the count and ACTIVE"
     assert s.inputs.sample_chunk(1).input_version == 2
     with pytest.raises(InvalidAction):
         s.inputs.push(-1, ["w"], (0.0, 0.0))
-    assert s.inputs.input_version() == 2, "a refused message is not an input"
+    assert s.inputs.input_version() == 2 and len(heard) == 2, "a refused message is not an input"
+    remove()
+    remove()  # idempotent
+    s.inputs.push(2, [], (0.0, 0.0))
+    assert s.inputs.input_version() == 3 and len(heard) == 2, "a removed listener is not called"

@@ -112,18 +112,19 @@ def test_actions_are_refused_by_size_and_rate_before_parsing(session: Session) -
 
 def test_an_action_passes_the_session_side_once_handler_inputs_chunk(session: Session, model) -> None:  # type: ignore[no-untyped-def]
     """One pass: the handler pushes into `session.inputs`, the engine's rollout samples its next chunk from that
-    same object, and the session hears of the push only through its listener (ACTIVE, then "input"). A push
-    to a closed session is refused and changes nothing the engine reads."""
+    same object; the session hears of the push through its listener (ACTIVE), then the engine through the
+    inputs' own (`on_input`, the device's wake-up). A push to a closed session is refused and changes nothing
+    the engine reads."""
     pool = StatePool(model.spec.states, budget_bytes=model.spec.state_bytes_per_session())
     r = ChunkRollout("sid", model, pool, session.inputs, seed=0)  # the real rollout over the session's inputs
     r.init(0.0)
     h = ActionHandler(session.inputs)
     seen: list[tuple[str, object]] = []
     session.on("state", lambda s, st: seen.append(("state", st)))
-    session.on("input", lambda s, seq: seen.append(("input", seq)))
+    session.inputs.on_input(lambda: seen.append(("input", session.inputs.input_version())))
     assert session.state == SessionState.CREATED and not session.inputs.wants_frames()
     assert h.handle_raw(json.dumps({"seq": 4, "t": 0, "keys": ["d"], "mouse": [8, 0]})) is None
-    assert seen == [("state", SessionState.ACTIVE), ("input", 4)], "ACTIVE first, then the device's wake-up"
+    assert seen == [("state", SessionState.ACTIVE), ("input", 1)], "ACTIVE first, then the device's wake-up"
     assert session.inputs.wants_frames() and session.inputs.input_version() == 1
     r.begin_chunk(0.0, 0.05)
     assert r.staged is not None
