@@ -24,10 +24,11 @@ Failure policy (`StepRunner`):
   a suspect whose solo step overruns is ended; one that runs in time is
   cleared. While any step has been running for `stall_factor` timeouts,
   the worker reports itself stalled (`/readyz` answers 503).
-- commit steps decode and publish a chunk's frames before its KV-writing
-  forward (so that forward is off the motion-to-photon path); if that
-  forward then fails, the frames are already out and the session ends with
-  an error as above.
+- commit steps decode a chunk's frames and hand them to `on_frames` (the
+  runner calls it itself) before the commit forward that applies the
+  chunk's state changes (so that forward is off the motion-to-photon
+  path); if that forward then fails, the frames are already out and the
+  session ends with an error as above.
 
 One owner for engine state: the worker thread alone allocates and frees
 state slots, adds and removes rollouts and scheduler entries (one removal
@@ -237,7 +238,7 @@ class DeviceWorker:
         self.rollouts: dict[str, ChunkRollout] = {}
         self.timer = DeviceTimer(model.device)
         self.perf_clock = perf_clock
-        self.runner = StepRunner(self.rollouts, timeout_s=config.step_timeout_s, emit=self._emit, timer=self.timer,
+        self.runner = StepRunner(self.rollouts, timeout_s=config.step_timeout_s, emit=on_frames, timer=self.timer,
                                  perf_clock=perf_clock)
         self._step_started: float | None = None  #: monotonic start of the step in flight (watchdog)
         self.on_frames, self.on_error, self.clock = on_frames, on_error, clock
@@ -534,10 +535,16 @@ class DeviceWorker:
 
     # -- the loop (worker thread) ----------------------------------------------------------------
 
-    def _emit(self, frames: list[FrameOut]) -> None:
-        """Publish frames decoded mid-step (the commit forward follows)."""
-        if frames:
-            self.on_frames(frames)
+    @property
+    def on_frames(self) -> Callable[[list[FrameOut]], None]:
+        """Called on the worker thread with each step's frames; the step runner calls it itself as soon as a
+        commit step has decoded them, before the commit forward (`engine/rollout.py` `finalize_batch`)."""
+        return self._on_frames
+
+    @on_frames.setter
+    def on_frames(self, hook: Callable[[list[FrameOut]], None]) -> None:
+        self._on_frames = hook
+        self.runner.emit = hook
 
     def _publish(self) -> None:
         """Publish a consistent `EngineSnapshot` (worker thread, or before it starts)."""

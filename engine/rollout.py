@@ -382,7 +382,8 @@ def finalize_batch(
     the decoded frames (the one sync of a chunk).
 
     Args:
-        emit: called with the newly decoded frames before the commit forward (None: only returned).
+        emit: called with the newly decoded frames (a non-empty list) before the commit forward (None: only
+            returned).
 
     Returns:
         the frames of all committed chunks, in batch order.
@@ -427,7 +428,7 @@ def finalize_batch(
                                  s.inputs.epoch, dict(timings)) for f, idx in enumerate(s.pixel_indices)]
             s.decode_updates = select_rows(dec_updates, [j]) if dec_updates else {}
             fresh += s.frames
-        if emit is not None:
+        if emit is not None and fresh:
             emit(fresh)
     updates = m.commit(x0, batch.cond, batch.view)
     # Everything computed: now apply, as one transaction per batch.

@@ -60,7 +60,7 @@ class FrameOut:
         epoch: flush epoch of the conditioning it was generated under.
         timings_ms: per-stage times of its chunk up to publication, ms: queue (waiting between its
             steps), denoise (its denoising steps), decode (latents to pixels), and ipc (from an engine
-            process to the server: pipe and shared-memory copy; absent in-process). The KV-writing
+            process to the server: pipe and shared-memory copy; absent in-process). The state-applying
             commit forward runs after the frame is published and is not on its path.
     """
 

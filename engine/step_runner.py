@@ -37,8 +37,9 @@ class StepRunner:
     Args:
         rollouts: the device's rollouts by session id.
         timeout_s: step timeout, s (see the module docstring for the policy).
-        emit: publishes a commit step's frames as soon as they are decoded, before the
-            KV-writing forward (None: they are returned in `StepRunnerOutput.frames`).
+        emit: publishes a commit step's frames as soon as they are decoded, before the commit
+            forward that applies the chunk's state (None: they are returned in
+            `StepRunnerOutput.frames`). The device worker sets it to its `on_frames`.
         timer: measures each group's device time (None: one for the rollouts' device).
         perf_clock: the wall clock timeouts are measured on, s (injectable for tests).
     """
