@@ -114,8 +114,9 @@ class SessionManager:
         adm = config.admission
         self.duty_prior = DutyCyclePrior(adm.min_observation_s, default=adm.default_duty_cycle)
         self._tick_task: asyncio.Task[None] | None = None
-        #: hooks for metrics: on_frame(delivered, lateness_s), on_admission(admitted), on_engine_lost(engine)
-        self.on_frame: Callable[[bool, float], None] | None = None
+        #: hooks for metrics: on_frame(outcome, lateness_s) with outcome "delivered" | "dropped_stale" |
+        #: "dropped_gated" (`Session.deliver`), on_admission(admitted), on_engine_lost(engine)
+        self.on_frame: Callable[[str, float], None] | None = None
         self.on_admission: Callable[[bool], None] | None = None
         self.on_engine_lost: Callable[[EngineHandle], None] | None = None
         #: called with each session once it is closed (the server trims the heap after closes)
@@ -421,9 +422,13 @@ class SessionManager:
     def _deliver(self, f: FrameOut) -> None:
         s = self.sessions.get(f.session_id)
         if s is not None:
-            delivered = s.deliver(f) is not None
+            gated = s.frames_dropped_gated
+            if s.deliver(f) is not None:
+                outcome = "delivered"
+            else:
+                outcome = "dropped_gated" if s.frames_dropped_gated > gated else "dropped_stale"
             if self.on_frame is not None:
-                self.on_frame(delivered, self.clock() - f.present_at_s)
+                self.on_frame(outcome, self.clock() - f.present_at_s)
 
     def _dispatch_error(self, engine: EngineHandle, session_id: str, reason: str) -> None:
         s = self.sessions.get(session_id)

@@ -190,8 +190,9 @@ class Session:
         self.inputs.on_push = self._pushed
         self.media_clock = MediaClock()
         self.frames_generated = 0
-        self.frames_delivered = 0
-        self.frames_dropped_stale = 0
+        self.frames_delivered = 0  #: frames handed to the sinks (and reported as the "frame" event)
+        self.frames_dropped_stale = 0  #: frames of an older epoch, or that arrived after the close
+        self.frames_dropped_gated = 0  #: frames the frame gate refused (directing: outside an open segment)
         self.last_frame: VideoFrame | None = None
         self._conditioning = conditioning
         self._sinks: list[FrameSink] = []
@@ -211,11 +212,11 @@ class Session:
     def on(self, event: SessionEvent, callback: Callable[[Session, object], None]) -> Callable[[], None]:
         """Subscribe to an event; returns an unsubscribe function.
 
-        Events: "state" (payload: SessionState), "frame" (payload: VideoFrame,
-        after delivery to sinks), "error" (payload: `SessionFailure`), "control" (payload: the
-        operation, "flush" | "cancel" | "pause" | "resume" | "set_prompt": the engine should
-        look at the session now). Actions are not an event: the engine hears of them from
-        `inputs` itself (`SessionInputs.on_input`).
+        Events: "state" (payload: SessionState), "frame" (payload: VideoFrame, after delivery to
+        sinks; never for a frame dropped as stale or refused by the frame gate), "error" (payload:
+        `SessionFailure`), "control" (payload: the operation, "flush" | "cancel" | "pause" |
+        "resume" | "set_prompt": the engine should look at the session now). Actions are not an
+        event: the engine hears of them from `inputs` itself (`SessionInputs.on_input`).
 
         Raises:
             TypeError: `callback` is a coroutine function (callbacks must be synchronous).
@@ -443,7 +444,12 @@ class Session:
         return len(self._sinks)
 
     def deliver(self, out: FrameOut) -> VideoFrame | None:
-        """Hand an engine frame to the sinks, unless it is stale (older epoch) or the session closed.
+        """Hand an engine frame to the sinks, unless it is stale (older epoch), the session closed, or the frame
+        gate refuses it; each outcome has its counter (`frames_delivered`, `frames_dropped_stale`,
+        `frames_dropped_gated`), and only a delivered frame is emitted ("frame").
+
+        Its PTS is assigned here (`MediaClock`, from its presentation time), before the gate: a refused frame
+        still uses up its PTS, so the stream's timestamps stay on the session's clock.
 
         Returns:
             the delivered frame, or None if dropped.
@@ -462,12 +468,12 @@ class Session:
             present_at_s=out.present_at_s,
             timings_ms=out.timings_ms,
         )
-        self.frames_delivered += 1
         if self._gate is not None:
             if not self._gate.admit(frame):
-                self._emit("frame", frame)
-                return frame
+                self.frames_dropped_gated += 1
+                return None
             self.last_activity_s = self.clock()  # generated at the gate's request (a direction)
+        self.frames_delivered += 1
         self.last_frame = frame
         for s in self._sinks:
             s.put(frame)
@@ -516,6 +522,7 @@ class Session:
             "frames_generated": self.frames_generated,
             "frames_delivered": self.frames_delivered,
             "frames_dropped_stale": self.frames_dropped_stale,
+            "frames_dropped_gated": self.frames_dropped_gated,
             "last_action_seq": self.inputs.actions.last_seq,
             "sinks": len(self._sinks),
             "viewers": self.viewer_count,

@@ -248,7 +248,9 @@ class Metrics:
         self.lateness = Histogram("worldcast_frame_lateness_seconds",
                                   "Delivery time minus presentation time of each delivered frame",
                                   buckets=LATENESS_BUCKETS_S, registry=r)
-        self.frames = Counter("worldcast_frames", "Frames by outcome", ["outcome"], registry=r)
+        self.frames = Counter("worldcast_frames", "Engine frames at session delivery by outcome: delivered, "
+                              "dropped_stale (older epoch, closed), dropped_gated (outside a directed segment)",
+                              ["outcome"], registry=r)
         self.stream_frames = Counter("worldcast_stream_frames", "Frames handed to WebSocket streams (fMP4, "
                                      "Dreamverse) by outcome: sent, or dropped_<reason> (encoder_queue, stale, "
                                      "slow_reader, closed, encoder, unrouted)", ["outcome"], registry=r)
@@ -299,9 +301,11 @@ class Metrics:
         if result.failed:
             self.step_failures.inc(len(result.failed))
 
-    def on_frame(self, delivered: bool, lateness_s: float) -> None:
-        self.frames.labels("delivered" if delivered else "dropped_stale").inc()
-        if delivered:
+    def on_frame(self, outcome: str, lateness_s: float) -> None:
+        """`SessionManager.on_frame`: one engine frame at delivery, by outcome ("delivered", "dropped_stale",
+        "dropped_gated"); the lateness (s) of delivered ones."""
+        self.frames.labels(outcome).inc()
+        if outcome == "delivered":
             self.lateness.observe(lateness_s)
 
     def on_stream_frames(self, outcome: str, n: int = 1) -> None:

@@ -192,3 +192,25 @@ def test_halt_ends_the_segment_now_and_drops_its_frames_until_the_next_direction
     s.close(CloseReason.CLIENT)
     with pytest.raises(SessionClosedError):
         d.halt()
+
+
+def test_a_gated_frame_is_neither_delivered_nor_emitted_and_is_counted_as_gated(model) -> None:  # type: ignore[no-untyped-def]
+    """A frame the directing gate refuses (no open segment) reaches no sink, raises no "frame" event (a WebRTC
+    peer would announce video it never gets) and counts as `frames_dropped_gated`, not `frames_delivered`;
+    the gate's own drop count and a stale frame's counter are unchanged in meaning."""
+    s, d, defer, clock = make(model)
+    sink = ListSink()
+    s.attach_sink(sink)
+    emitted: list[int] = []
+    s.on("frame", lambda sess, f: emitted.append(f.frame_index))  # type: ignore[attr-defined]
+    deliver = Counter()
+    assert deliver(s, 3) == [None, None, None]
+    assert sink.frames == [] and emitted == [] and s.frames_delivered == 0
+    assert s.frames_dropped_gated == 3 == d.frames_dropped and s.frames_dropped_stale == 0
+    assert s.info()["frames_dropped_gated"] == 3
+    d.direct("d1", "a snowy field", {"prompt": EMB})
+    got = deliver(s, 2)
+    assert all(f is not None for f in got) and emitted == [f.frame_index for f in got] == [4, 5]
+    assert s.frames_delivered == 2 == len(sink.frames) and s.frames_dropped_gated == 3
+    assert deliver(s, 1, epoch=0) == [None] and s.frames_dropped_stale == 1, "an older epoch: stale, not gated"
+    assert s.frames_dropped_gated == 3 and s.frames_generated == 6

@@ -153,3 +153,20 @@ async def test_a_local_engine_hears_actions_from_the_inputs_not_through_the_mana
         assert s.inputs._input_listeners == (), "the engine's listener is removed with the session"
     finally:
         await m.aclose()
+
+
+async def test_frame_outcomes_name_a_gated_frame_as_such(model) -> None:  # type: ignore[no-untyped-def]
+    """The metrics hook hears each engine frame's outcome at delivery: a directed session's initial frame
+    (no segment open) is "dropped_gated", not "delivered" and not "dropped_stale"."""
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, kv_budget_bytes=2**24),
+                       config=SessionConfig(tick_s=3600, warmup=False))
+    outcomes: list[str] = []
+    m.on_frame = lambda outcome, lateness_s: outcomes.append(outcome)
+    await m.start()
+    try:
+        s = await m.create(prompt="a quiet bay", seed=2, mode="directing")
+        await wait_for(lambda: len(outcomes) >= 1)
+        assert set(outcomes) == {"dropped_gated"} and s.frames_delivered == 0
+        assert s.frames_dropped_gated == len(outcomes)
+    finally:
+        await m.aclose()
