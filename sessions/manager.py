@@ -7,6 +7,10 @@ headroom (`sessions/placement.py`). Frames and errors arrive on engine
 threads and are marshalled to the event loop with `call_soon_threadsafe`,
 where they reach each session's sinks; pacing and the flush guarantees
 (`Session.deliver`, `MediaClock`) stay here, whatever engine made a frame.
+Actions do not pass through here for an engine that reads `Session.inputs`
+itself (a `LocalEngine`: the inputs wake its worker); for one that keeps a
+mirror (`EngineHandle.mirrors_inputs`: an engine process) each change of a
+session's action buffer is forwarded (`_input`), held while the session moves.
 
 An engine that dies takes only its own sessions: each gets an "error"
 event with code `engine_lost` and is closed; sessions elsewhere are not

@@ -1,4 +1,4 @@
-"""Session: one user's world — state machine, actions, prompt, media clock, sinks.
+"""Session: one user's world — state machine, prompt, media clock, sinks, an optional frame gate.
 
 States (`SessionState`): CREATED -> ACTIVE <-> IDLE -> CLOSED. A session is
 ACTIVE while it should generate: a client is attached or acting. It goes

@@ -27,11 +27,10 @@ from worldcast.sessions.session import FrameSink, Session, VideoFrame
 from worldcast.transport.errors import INTERNAL_ERROR
 from worldcast.transport.feedback import InputFeedback
 from worldcast.transport.limits import InputGuard, head_id
-from worldcast.transport.rpc import ActionHandler, RpcHandler, Settle
+from worldcast.transport.rpc import UNPARSED, ActionHandler, RpcHandler, Settle
 
 logger = logging.getLogger(__name__)
 
-_UNPARSED = object()
 #: The event answering an action whose handler failed (the client learns nothing of the bug).
 ACTION_INTERNAL_ERROR = {"event": "action_rejected", "seq": None, "code": INTERNAL_ERROR, "message": "internal error"}
 
@@ -132,12 +131,11 @@ class Connection:
         self.feedback.send_all(self.guard.rejected_message(channel, code, message, now_s, outcome=outcome,
                                                             ref=ref, rid=rid))
 
-    def take_action(self, raw: str | bytes, now_s: float, *, parsed: Any = _UNPARSED) -> None:
+    def take_action(self, raw: str | bytes, now_s: float, *, parsed: Any = UNPARSED) -> None:
         """Apply one action message (`ActionHandler.receive`; `parsed`: `raw` already decoded) and send what
         it produced (never raises)."""
         try:
-            events = self.actions.receive(raw, now_s) if parsed is _UNPARSED else \
-                self.actions.receive(raw, now_s, parsed=parsed)
+            events = self.actions.receive(raw, now_s, parsed=parsed)
         except Exception:  # noqa: BLE001 - a handler bug must not break the protocol's receive loop
             logger.exception("%r: action handler failed", self.session)
             events = [dict(ACTION_INTERNAL_ERROR)]

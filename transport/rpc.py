@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -246,7 +245,8 @@ class RpcHandler:
         return self.session.info()
 
 
-_UNPARSED = object()
+#: `parsed`'s default where a message has not been decoded yet (None is a valid decoded message).
+UNPARSED: Any = object()
 
 
 class ActionHandler:
@@ -257,7 +257,7 @@ class ActionHandler:
 
     Args:
         inputs: the target session's inputs (`Session.inputs`; the session hears of each push through
-            `SessionInputs.on_push`).
+            `SessionInputs.on_push`, then its engine through `SessionInputs.on_input`).
         guard: the connection's limits and feedback (default: `InputLimits()`).
     """
 
@@ -269,7 +269,7 @@ class ActionHandler:
         self.ignored = 0
 
     def receive(self, raw: str | bytes, now_s: float, *, coalesce: bool = True,
-                parsed: Any = _UNPARSED) -> list[dict[str, Any]]:
+                parsed: Any = UNPARSED) -> list[dict[str, Any]]:
         """Handle one message received at `now_s` (s, monotonic); returns the events to send now.
 
         With `coalesce` (the default) a flood's rejections come back as the guard's summaries, and the
@@ -287,7 +287,7 @@ class ActionHandler:
             return g.rejected_action(rej.code, rej.message, seq=None, now_s=now_s, outcome=rej.outcome, coalesce=c)
         msg: Any = None
         try:
-            msg = (parse_json(raw, what="action", max_bytes=g.limits.max_action_bytes) if parsed is _UNPARSED
+            msg = (parse_json(raw, what="action", max_bytes=g.limits.max_action_bytes) if parsed is UNPARSED
                    else parsed)
             try:
                 a = ActionMessage.model_validate(msg)
@@ -311,14 +311,8 @@ class ActionHandler:
         g.accepted("actions", now_s)
         return []
 
-    def handle_raw(self, raw: str | bytes) -> dict[str, Any] | None:
-        """`receive` now, uncoalesced: the message's own event, or None (for transports that do not drain
-        the guard's summaries; they get limits before parsing, but a flood is answered per message)."""
-        events = self.receive(raw, time.monotonic(), coalesce=False)
-        return events[0] if events else None
 
-
-__all__ = ["ActionHandler", "RpcError", "RpcHandler", "Settle", "TokenBucket", "parse_json"]
+__all__ = ["UNPARSED", "ActionHandler", "RpcError", "RpcHandler", "Settle", "TokenBucket", "parse_json"]
 
 
 def _seq_of(msg: Any) -> Any:

@@ -4,19 +4,18 @@ A protocol translation over the connection core (`connection.Connection`: guard,
 RPC dispatch, the frame event, the close): data channel messages in, control-channel JSON out, and the
 RTCPeerConnection's own teardown.
 
-- `SessionVideoTrack` is a `FrameSink`: it holds at most two frames (the
-  oldest is dropped, never delayed) and hands them to aiortc's encoder with
-  the session's 90 kHz PTS (RFC 3551 video clock), optionally scaled up.
-- `WebRTCPeer` answers an SDP offer, publishes the track, and serves the
-  client's data channels: `actions` (may be unordered/unreliable; see
-  `schemas.ActionMessage`) and `control` (reliable; RPCs and server events).
-  Every way it can end closes its RTCPeerConnection: a negotiation that does
-  not reach `connected` within `negotiation_timeout_s`, a failed or closed
-  connection, its session closing, a flood verdict (`transport/limits.py`), an
-  error while answering, or `aclose()`.
-- `SessionVideoTrack` (`video_track.py`) and the ICE settings (`ice.py`:
-  `configure_ice`, `quiet_closed_transport_errors`) live beside it and are
-  re-exported here.
+- `WebRTCPeer` answers an SDP offer, publishes the session's video track
+  (`video_track.SessionVideoTrack`, the `FrameSink`, re-exported here), and
+  serves the client's data channels: `actions` (may be unordered/unreliable;
+  see `schemas.ActionMessage`; each message goes to `Connection.take_action`)
+  and `control` (reliable; RPCs in, and out: replies, feedback, the session's
+  state and the frame event of each frame delivered to the track). Every way
+  it can end closes its RTCPeerConnection: a negotiation that does not reach
+  `connected` within `negotiation_timeout_s`, a failed or closed connection,
+  its session closing, a flood verdict (`transport/limits.py`), an error
+  while answering, or `aclose()`.
+- The ICE settings (`ice.py`: `configure_ice`, `quiet_closed_transport_errors`)
+  live beside it and are re-exported here.
 """
 
 from __future__ import annotations

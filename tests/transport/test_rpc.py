@@ -123,7 +123,7 @@ def test_an_action_passes_the_session_side_once_handler_inputs_chunk(session: Se
     session.on("state", lambda s, st: seen.append(("state", st)))
     session.inputs.on_input(lambda: seen.append(("input", session.inputs.input_version())))
     assert session.state == SessionState.CREATED and not session.inputs.wants_frames()
-    assert h.handle_raw(json.dumps({"seq": 4, "t": 0, "keys": ["d"], "mouse": [8, 0]})) is None
+    assert h.receive(json.dumps({"seq": 4, "t": 0, "keys": ["d"], "mouse": [8, 0]}), 0.0, coalesce=False) == []
     assert seen == [("state", SessionState.ACTIVE), ("input", 1)], "ACTIVE first, then the device's wake-up"
     assert session.inputs.wants_frames() and session.inputs.input_version() == 1
     r.begin_chunk(0.0, 0.05)
@@ -136,6 +136,6 @@ def test_an_action_passes_the_session_side_once_handler_inputs_chunk(session: Se
 
     session.close(CloseReason.CLIENT)
     before, seen[:] = session.inputs.conditioner_state(), []
-    ev = h.handle_raw(json.dumps({"seq": 5, "t": 0, "keys": ["w"], "mouse": [3, 0]}))
-    assert ev is not None and ev["event"] == "action_rejected" and "closed" in ev["message"]
+    (ev,) = h.receive(json.dumps({"seq": 5, "t": 0, "keys": ["w"], "mouse": [3, 0]}), 0.1, coalesce=False)
+    assert ev["event"] == "action_rejected" and "closed" in ev["message"]
     assert session.inputs.conditioner_state() == before and seen == [] and not session.inputs.wants_frames()
