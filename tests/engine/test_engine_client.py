@@ -47,6 +47,9 @@ class Source:
     def input_version(self) -> int:
         return self.state.input_version
 
+    def on_input(self, listener):  # type: ignore[no-untyped-def]
+        raise AssertionError("an engine in another process is woken by its input deltas, not the session's inputs")
+
 
 def state(model, held: tuple[str, ...] = ("d",)) -> ConditionerState:  # type: ignore[no-untyped-def]
     prompt = np.eye(model.spec.conditioning.tensors[0][1][0], dtype=np.float32)[0]
