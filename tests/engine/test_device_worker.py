@@ -133,6 +133,35 @@ def test_stopped_worker_reports_not_alive(model) -> None:  # type: ignore[no-unt
     assert not w.alive
 
 
+def test_a_wake_that_arrives_during_a_pass_is_not_lost(model) -> None:  # type: ignore[no-untyped-def]
+    """With nothing to do the worker sleeps for `idle_poll_s` (an hour here). A wake that arrives while it
+    is polling (after it read the sessions, before it sleeps: an action pushed just then) must make it poll
+    again at once, not sleep through the hour; several wakes before a poll cost one pass."""
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session(), torch_threads=1,
+                                         idle_poll_s=3600), on_frames=lambda f: None, on_error=lambda s, r: None)
+    polls: list[float] = []
+    second = threading.Event()
+    real_poll = w._poll_sessions
+
+    def poll(now_s: float) -> None:
+        real_poll(now_s)
+        polls.append(now_s)
+        if len(polls) == 1:
+            w.wake()  # mid-pass: after this pass read the sessions
+            w.wake()
+        elif len(polls) == 2:
+            second.set()
+
+    w._poll_sessions = poll  # type: ignore[method-assign]
+    w.start()
+    try:
+        assert second.wait(30), "the mid-pass wake was lost: the worker slept"
+        time.sleep(0.2)  # an absence check: a third pass (a wake counted twice) would come at once
+        assert len(polls) == 2, "two wakes before the poll cost one pass"
+    finally:
+        w.stop()
+
+
 class SteerableClock:
     """The wall clock plus an offset a test adds to: an overrun is simulated by jumping it, not by sleeping."""
 
