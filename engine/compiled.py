@@ -328,19 +328,20 @@ class StepCompiler:
 
     def load_packages(self, store: PackageStore, device: torch.device,
                       buckets: Sequence[int] | None = None) -> tuple[int, ...]:
-        """Load the packages of the steps in use, for `buckets` (None: all) where every step has one.
+        """Load the packages of the steps in use, for `buckets` (None: all) where every step has at least one
+        (a call whose arguments have no package runs from the graph).
 
         Nothing is served from them until `use_packages`. Returns the buckets whose packages loaded.
         """
         loaded = []
         for b in self.buckets if buckets is None else buckets:
-            keys = {n: s.package_keys(b, device) for n, s in self.steps.items()}
-            if not self.steps or any(not ks or not all(store.has(k) for k, _ in ks) for ks in keys.values()):
-                continue
-            found = {n: {sp: store.load(k, sp) for k, sp in ks} for n, ks in keys.items()}
-            if all(p is not None for ps in found.values() for p in ps.values()):
+            found: dict[str, dict[tuple[ArgSpec, ...], Package]] = {}
+            for n, s in self.steps.items():
+                got = {sp: store.load(k, sp) for k, sp in s.package_keys(b, device) if store.has(k)}
+                found[n] = {sp: p for sp, p in got.items() if p is not None}
+            if self.steps and all(found.values()):  # calls with other arguments run from the graph
                 for n, ps in found.items():
-                    self.steps[n].packages[b] = ps  # type: ignore[assignment]
+                    self.steps[n].packages[b] = ps
                 loaded.append(b)
         return tuple(loaded)
 
