@@ -24,7 +24,8 @@ A package is found by a key over everything its code and constants depend
 on: the step's name and function, the content of the weights it closes over,
 the shape, dtype and strides of every argument (a package runs one static
 shape and does not check its inputs: `Package.__call__` does), the torch
-version and the CPU's kernel capability (`torch.backends.cpu.get_cpu_capability`).
+version and the machine (`machine_kind`: the CPU's kernel capability, AMX,
+oneDNN's ISA cap).
 New weights or another machine miss the cache; nothing stale is ever loaded.
 """
 
@@ -97,9 +98,18 @@ def weights_digest(fn: StepFn) -> str:
 
 def package_key(name: str, digest: str, specs: Sequence[ArgSpec], device: torch.device) -> str:
     """The cache key of one step's package (see the module docstring): 24 hex digits."""
-    cap = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else str(device.type)
-    text = repr((FORMAT, torch.__version__, cap, name, digest, tuple(specs)))
+    text = repr((FORMAT, torch.__version__, machine_kind(device), name, digest, tuple(specs)))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def machine_kind(device: torch.device) -> str:
+    """What a package's code and packed weights depend on besides itself: on a CPU, ATen's kernel capability
+    (`ATEN_CPU_CAPABILITY` may lower it), whether AMX tiles are there and `ONEDNN_MAX_CPU_ISA` (which caps
+    oneDNN's packing); on an accelerator, its name."""
+    if device.type != "cpu":
+        return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return f"{torch.backends.cpu.get_cpu_capability()}/amx={amx}/onednn={os.environ.get('ONEDNN_MAX_CPU_ISA', '')}"
 
 
 class Package:
