@@ -1,6 +1,6 @@
 """MirrorConditioner: an engine process's copy of one session's conditioning, fed by the server.
 
-In its own process the device thread cannot ask the server's `Session`
+In its own process the device thread cannot ask the server's `SessionInputs`
 for the freshest actions at each chunk start (a round trip per chunk, behind
 the server's event loop). So the server pushes every change as it happens,
 and the engine keeps a mirror that answers the `Conditioner` calls locally:
@@ -17,7 +17,7 @@ The mirror counts the inputs it is pushed (`input_version`: every `InputDelta`
 that is not a `clear` is one action message), so a chunk can start early on a
 fresh input in an engine process as in the server's (`engine/step_scheduler.py`).
 
-`sample_chunk` then does what `Session.sample_chunk` does: held keys for
+`sample_chunk` then does what `SessionInputs.sample_chunk` (`sessions/actions.py`) does: held keys for
 every frame, the summed movement split evenly over the chunk's frames
 (consumed), each frame's action through the model's `encode_action`.
 Flush guarantees stay with the server: it drops frames of an older epoch

@@ -2,7 +2,8 @@
 
 Two kinds behind one interface, so sessions/ never asks which it has:
 - `LocalEngine` (`engine/local_engine.py`): a `DeviceWorker` thread in the
-  server's process; a session's conditioner is the server's `Session`.
+  server's process; a session's conditioner is the server's
+  `SessionInputs` (`Session.inputs`).
 - `EngineClient` (`engine/engine_client.py`): a `DeviceWorker` in an engine
   process of its own (`engine/engine_process.py`); the session's
   conditioner there is a mirror the handle feeds (`session_changed`,
@@ -131,7 +132,7 @@ class EngineHandle(abc.ABC):
         """The session's epoch, wants or conditioning changed: act on it at the next step boundary."""
 
     def push_input(self, session_id: str, delta: InputDelta) -> None:  # noqa: B027 - optional, see docstring
-        """The session's inputs changed (an engine that reads the `Session` itself needs nothing)."""
+        """The session's inputs changed (an engine that reads the `SessionInputs` itself needs nothing)."""
 
     def input_arrived(self, session_id: str) -> None:  # noqa: B027 - optional, see docstring
         """An action was counted in the session's `input_version` (after `push_input`): an idle device may

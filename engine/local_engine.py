@@ -1,7 +1,7 @@
 """LocalEngine: an engine core on a thread of the server's own process (no isolation, no IPC).
 
 The `DeviceWorker` runs here and reads each session's conditioner (the
-server's `Session`) directly, as it always has; frames reach the owner from
+server's `SessionInputs`) directly, as it always has; frames reach the owner from
 the worker thread. Used for one engine on a CPU by default (see README,
 "Engines") and whenever the server was handed a model object instead of a
 name (tests). A dead worker thread is reported as a lost engine by `check`

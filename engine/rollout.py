@@ -76,7 +76,7 @@ class ChunkInputs:
 
 
 class Conditioner(Protocol):
-    """What a rollout needs from its session (implemented in `sessions/`).
+    """What a rollout needs from its session (`sessions/actions.py` `SessionInputs`).
 
     Called on the device thread; implementations must be thread-safe and quick.
     """

@@ -1,4 +1,13 @@
-"""ActionBuffer: a session's latest input state, sampled once per chunk.
+"""A session's inputs: `ActionBuffer` (its latest action state) and `SessionInputs` (everything the engine reads).
+
+`SessionInputs` is the one place an action passes through on the session side: a transport's
+`ActionHandler` pushes into it, the engine's device thread samples it at each chunk start
+(`engine/rollout.py` `Conditioner`), and an engine handle reads all of it at once (`conditioner_state`) to
+feed an engine process's mirror (`engine/engine_conditioner.py`). The `Session` that owns it is told of
+each accepted push through one listener (`on_push`: activity, ACTIVE, its "input" event) and writes the
+rest (epoch, conditioning, pause, lifecycle) through its own public methods.
+
+The buffer's rules:
 
 Clients send action messages carrying the full set of held keys and the
 mouse movement since their previous message. Messages may arrive out of order
@@ -32,7 +41,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from worldcast.sessions.errors import InvalidAction
+import numpy as np
+
+from worldcast.engine.engine_conditioner import ConditionerState
+from worldcast.engine.rollout import ChunkInputs
+from worldcast.models.base import WorldModel
+from worldcast.models.spec import Conditioning
+from worldcast.sessions.errors import InvalidAction, SessionClosedError
 
 #: Largest |dx| or |dy| one message may carry, mouse counts.
 MAX_MOUSE_DELTA = 10_000.0
@@ -169,3 +184,131 @@ class ActionBuffer:
     @property
     def last_push_s(self) -> float | None:
         return self._last_push_s
+
+
+class SessionInputs:
+    """One session's inputs as the engine reads them: the `Conditioner` (`engine/rollout.py`) and
+    `SessionSource` (`engine/engine_handle.py`) of a session.
+
+    Holds the `ActionBuffer`, the input counter (`input_version`: accepted pushes), the flush epoch, the
+    encoded conditioning with its version, and what `wants_frames` answers from (the session is ACTIVE,
+    not paused, not cancelled). Written on the event loop (`push` by a transport's `ActionHandler`; the
+    rest by the owning `Session`), read on the device thread; one lock guards the counters and flags, and
+    `sample_chunk` reads the counter before the actions, so a chunk never claims an input it did not see.
+
+    Args:
+        session_id: the owner's id (error messages).
+        model: the world model (`encode_action` and its key names).
+        context: the session's encoded conditioning ({name: array}, `spec.conditioning.tensors`).
+        clock: monotonic clock, s (each push's arrival time).
+    """
+
+    def __init__(self, session_id: str, *, model: WorldModel, context: Conditioning,
+                 clock: Callable[[], float]) -> None:
+        self.session_id = session_id
+        self.model = model
+        self.clock = clock
+        self.actions = ActionBuffer(key_names=model.spec.actions.keys)
+        #: the owner's listener, called on the pushing thread after each accepted push with its seq
+        self.on_push: Callable[[int], None] | None = None
+        self._lock = threading.Lock()
+        self._context = context
+        self._context_version = 0  #: bumped on every conditioning change (models with a prompt cache re-cache)
+        self._epoch = 0
+        self._inputs = 0  #: accepted pushes (`input_version`)
+        self._active = False
+        self._paused = False
+        self._cancelled = False
+        self._closed = False
+
+    # -- written on the event loop -----------------------------------------------------------------
+
+    def push(self, seq: int, keys: list[str], mouse: tuple[float, float]) -> SeqOutcome:
+        """Apply one validated action message (see `ActionBuffer.push`), count it, then tell `on_push`.
+
+        Returns:
+            whether its keys were applied or it was stale (mouse movement only).
+
+        Raises:
+            InvalidAction: the message breaks the schema; nothing changes.
+            SessionClosedError: the session is closed; nothing changes.
+        """
+        if self._closed:
+            raise SessionClosedError(f"session {self.session_id} is closed")
+        outcome = self.actions.push(seq, keys, mouse, now_s=self.clock())
+        with self._lock:
+            self._inputs += 1
+        if self.on_push is not None:
+            self.on_push(seq)
+        return outcome
+
+    def set_context(self, context: Conditioning) -> None:
+        """Condition the next chunks on `context` (bumps `context_version`)."""
+        with self._lock:
+            self._context = context
+            self._context_version += 1
+
+    def new_epoch(self, *, cancel: bool = False) -> int:
+        """Bump the flush epoch (with `cancel`: also stop generating until `resume`); returns the new epoch."""
+        with self._lock:
+            self._epoch += 1
+            self._cancelled = self._cancelled or cancel
+            return self._epoch
+
+    def pause(self) -> None:
+        with self._lock:
+            self._paused = True
+
+    def resume(self) -> None:
+        """Undo `pause` and a cancelling `new_epoch`."""
+        with self._lock:
+            self._paused = self._cancelled = False
+
+    def set_lifecycle(self, *, active: bool, closed: bool) -> None:
+        """The owner's state changed: whether it is ACTIVE, whether it is CLOSED (pushes are refused from then)."""
+        with self._lock:
+            self._active, self._closed = active, closed
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    # -- read on the device thread (the engine's `Conditioner`) -----------------------------------------
+
+    def sample_chunk(self, frames: int) -> ChunkInputs:
+        """The freshest actions for the next `frames` pixel frames (float32 (frames, A)) and the conditioning;
+        pending mouse movement is consumed."""
+        with self._lock:
+            inputs = self._inputs  # read before the actions: a chunk never claims an input it did not see
+        s = self.actions.sample(frames)
+        vecs = np.stack([self.model.encode_action(k, m) for k, m in zip(s.keys, s.mouse, strict=True)])
+        with self._lock:
+            return ChunkInputs(actions=vecs, context=self._context, action_seq=s.seq, epoch=self._epoch,
+                               context_version=self._context_version, input_version=inputs)
+
+    def current_epoch(self) -> int:
+        with self._lock:
+            return self._epoch
+
+    def wants_frames(self) -> bool:
+        """Whether the session should generate now: ACTIVE, not paused, not cancelled."""
+        with self._lock:
+            return self._active and not self._paused and not self._cancelled
+
+    def input_version(self) -> int:
+        """Actions pushed so far (each bumps it; the engine may start a chunk early on one)."""
+        with self._lock:
+            return self._inputs
+
+    def conditioner_state(self) -> ConditionerState:
+        """Everything `sample_chunk`, `current_epoch` and `wants_frames` answer from, at once (an engine
+        in another process keeps a mirror of it: `engine/engine_conditioner.py`)."""
+        held, seq, mouse = self.actions.state()
+        with self._lock:
+            return ConditionerState(epoch=self._epoch, context_version=self._context_version, context=self._context,
+                                    wants_frames=self._active and not self._paused and not self._cancelled,
+                                    held=tuple(sorted(held)), seq=seq, mouse=mouse, input_version=self._inputs)

@@ -258,7 +258,7 @@ class SessionManager:
             DirectingSession(session)  # the layer above it (`director_of(session)`), gating its frames
             session.pause()  # nothing to generate until the first direction
         try:
-            engine.add_session(sid, session, seed=session.seed)
+            engine.add_session(sid, session.inputs, seed=session.seed)
         except (KVPoolExhausted, EngineUnavailable) as e:
             raise CapacityExhausted(str(e), retry_after_s=self.next_release_in_s()) from e
         self.sessions[sid] = session
@@ -267,7 +267,7 @@ class SessionManager:
         session.on("state", lambda s, st: self._changed(s))
         session.on("control", lambda s, op: self._changed(s))  # flush, cancel, resume act at the next step
         session.on("input", lambda s, seq: self._input_arrived(s))  # an idle device starts the next chunk at once
-        session.actions.on_change = lambda held, seq, dx, dy, clear: self._input(
+        session.inputs.actions.on_change = lambda held, seq, dx, dy, clear: self._input(
             sid, InputDelta(tuple(sorted(held)), seq, (dx, dy), clear))
         logger.info("Session(%s): created on engine %d (prompt of %d chars, %s, seed %d)", sid, engine.id,
                     len(prompt or ""), "no image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image",
@@ -278,10 +278,10 @@ class SessionManager:
         """A session's epoch, wants or conditioning changed: its engine acts at its next step boundary."""
         e = self._placed.get(s.id)
         if e is not None and s.id not in self.moving:
-            e.session_changed(s.id, s)
+            e.session_changed(s.id, s.inputs)
 
     def _input_arrived(self, s: Session) -> None:
-        """An action was counted (`Session.input_version`): its engine may start the next chunk now."""
+        """An action was counted (`SessionInputs.input_version`): its engine may start the next chunk now."""
         e = self._placed.get(s.id)
         if e is not None and s.id not in self.moving:
             e.input_arrived(s.id)
@@ -341,7 +341,8 @@ class SessionManager:
         if not s.had_viewer:
             t = s.created_s + self.config.connect_grace_s
         else:
-            t = max(s.last_activity_s, s.actions.last_push_s or 0.0, s.last_viewer_s or 0.0) + self.config.timeout_s
+            last = max(s.last_activity_s, s.inputs.actions.last_push_s or 0.0, s.last_viewer_s or 0.0)
+            t = last + self.config.timeout_s
         return t if pending is None else max(t, pending)
 
     def next_release_in_s(self) -> float:
@@ -373,7 +374,7 @@ class SessionManager:
         now = self.clock()
         self.duty_prior.record_departure(SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now)))
         s.close(reason)
-        s.actions.on_change = None
+        s.inputs.actions.on_change = None
         e = self._placed.pop(session_id, None)
         if e is not None:
             e.remove_session(session_id)

@@ -150,7 +150,7 @@ async def _move_steps(m: SessionManager, s: Session, src: EngineHandle, target: 
         raise SessionNotFound(f"session {session_id} closed while moving")
     m.assign(session_id, target)
     try:
-        restored = await target.import_session(session_id, s, seed=s.seed, state=blob, verify=verify)
+        restored = await target.import_session(session_id, s.inputs, seed=s.seed, state=blob, verify=verify)
     except Exception as e:  # noqa: BLE001 - off the source and not on the target: it cannot go on
         m.moving.pop(session_id, None)
         logger.error("Session(%s): moving to engine %d failed: %r", session_id, target.id, e)
@@ -163,7 +163,7 @@ async def _move_steps(m: SessionManager, s: Session, src: EngineHandle, target: 
     if s.state == SessionState.CLOSED:
         target.remove_session(session_id)  # closed while its add was on the way
         raise SessionNotFound(f"session {session_id} closed while moving")
-    target.session_changed(session_id, s)
+    target.session_changed(session_id, s.inputs)
     report = MoveReport(session_id, src.id, target.id, len(blob), (t1 - t0) * 1e3, (t2 - t1) * 1e3,
                         None if restored is None else restored == blob)
     logger.info("Session(%s): moved from engine %d to %d (%d B of state, %.1f + %.1f ms)%s", session_id, src.id,

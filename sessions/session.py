@@ -12,15 +12,17 @@ Control operations, all cheap and effective at the engine's next step boundary:
 - `cancel()`: bump the epoch, drop queued frames, stop generating until `resume()`.
 - `pause()` / `resume()`: stop / restart generating; nothing is dropped.
 
-The session is the engine's `Conditioner`: the device thread calls
-`sample_chunk`, `current_epoch` and `wants_frames` under the session's lock.
+The engine does not read the session: it reads the session's inputs, `Session.inputs`
+(`SessionInputs`, `sessions/actions.py`: the action buffer, input counter, epoch, conditioning and what
+`wants_frames` answers from), which transports push actions into directly. An accepted push reaches the
+session through one listener (`SessionInputs.on_push`: activity, ACTIVE, the "input" event); the
+operations above write the inputs through the session's methods; frames come back through `deliver`.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,13 +31,11 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from worldcast.engine.engine_conditioner import ConditionerState
-from worldcast.engine.rollout import ChunkInputs
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
 from worldcast.models.errors import ConditioningError
 from worldcast.models.spec import Conditioning, ConditioningRequest
-from worldcast.sessions.actions import ActionBuffer, SeqOutcome
+from worldcast.sessions.actions import SessionInputs
 from worldcast.sessions.clock import VIDEO_TIME_BASE, MediaClock
 from worldcast.sessions.duty_cycle import DutyCycleMeter
 from worldcast.sessions.errors import InvalidConditioning, SessionClosedError
@@ -184,20 +184,15 @@ class Session:
         self.last_activity_s = self.created_s
         self.state = SessionState.CREATED
         self.close_reason: CloseReason | None = None
-        self.actions = ActionBuffer(key_names=model.spec.actions.keys)
+        #: what the engine reads (actions, epoch, conditioning, wants); transports push actions into it
+        self.inputs = SessionInputs(session_id, model=model, context=context, clock=clock)
+        self.inputs.on_push = self._pushed
         self.media_clock = MediaClock()
         self.frames_generated = 0
         self.frames_delivered = 0
         self.frames_dropped_stale = 0
         self.last_frame: VideoFrame | None = None
-        self._lock = threading.Lock()
         self._conditioning = conditioning
-        self._context = context
-        self._context_version = 0  #: bumped on every conditioning change (models with a prompt cache re-cache)
-        self._epoch = 0
-        self._inputs = 0  #: actions pushed (`input_version`)
-        self._paused = False
-        self._cancelled = False
         self._sinks: list[FrameSink] = []
         self._gate: FrameGate | None = None
         #: sinks attached before their viewer connected (a WebRTC peer negotiating), by id: connect-by time, s
@@ -246,46 +241,15 @@ class Session:
         if new not in _ALLOWED[old]:
             raise SessionClosedError(f"session {self.id} is {old.name.lower()}; cannot become {new.name.lower()}")
         self.state = new
+        self.inputs.set_lifecycle(active=new == SessionState.ACTIVE, closed=new == SessionState.CLOSED)
         self._touch_duty()
         logger.debug("%r: %s -> %s", self, old.name, new.name)
         self._emit("state", new)
 
-    # -- conditioner (device thread) ----------------------------------------------------------
-
-    def sample_chunk(self, frames: int) -> ChunkInputs:
-        with self._lock:
-            inputs = self._inputs  # read before the actions: a chunk never claims an input it did not see
-        s = self.actions.sample(frames)
-        vecs = np.stack([self.model.encode_action(k, m) for k, m in zip(s.keys, s.mouse, strict=True)])
-        with self._lock:
-            return ChunkInputs(actions=vecs, context=self._context, action_seq=s.seq, epoch=self._epoch,
-                               context_version=self._context_version, input_version=inputs)
-
-    def current_epoch(self) -> int:
-        with self._lock:
-            return self._epoch
-
-    def conditioner_state(self) -> ConditionerState:
-        """Everything `sample_chunk`, `current_epoch` and `wants_frames` answer from, at once (an engine
-        in another process keeps a mirror of it: `engine/engine_conditioner.py`)."""
-        held, seq, mouse = self.actions.state()
-        with self._lock:
-            return ConditionerState(epoch=self._epoch, context_version=self._context_version, context=self._context,
-                                    wants_frames=self.state == SessionState.ACTIVE and not self._paused
-                                    and not self._cancelled, held=tuple(sorted(held)), seq=seq, mouse=mouse,
-                                    input_version=self._inputs)
-
-    def input_version(self) -> int:
-        """Actions pushed so far (each bumps it; the engine may start a chunk early on one)."""
-        with self._lock:
-            return self._inputs
-
-    def wants_frames(self) -> bool:
-        with self._lock:
-            return self.state == SessionState.ACTIVE and not self._paused and not self._cancelled
+    # -- duty cycle ----------------------------------------------------------------------------------
 
     def _touch_duty(self) -> None:
-        self.duty.update(self.clock(), self.wants_frames())
+        self.duty.update(self.clock(), self.inputs.wants_frames())
 
     def duty_cycle(self) -> float:
         """Measured share of recent time spent generating, in [0, 1] (see `DutyCycleMeter`)."""
@@ -304,23 +268,11 @@ class Session:
         self.last_activity_s = self.clock()
         self._set_state(SessionState.ACTIVE)
 
-    def push_action(self, seq: int, keys: list[str], mouse: tuple[float, float]) -> SeqOutcome:
-        """Apply one validated action message (see `ActionBuffer.push`).
-
-        Returns:
-            whether its keys were applied or it was stale (mouse movement only).
-
-        Raises:
-            InvalidAction: the message breaks the schema; nothing changes.
-            SessionClosedError: the session is closed.
-        """
-        self._check_open()
-        outcome = self.actions.push(seq, keys, mouse, now_s=self.clock())
-        with self._lock:
-            self._inputs += 1
+    def _pushed(self, seq: int) -> None:
+        """`SessionInputs.on_push`: an action was accepted (and counted): the session is active, and an idle
+        device may start the next chunk at once ("input")."""
         self.activate()
         self._emit("input", seq)
-        return outcome
 
     @property
     def prompt(self) -> str | None:
@@ -369,9 +321,8 @@ class Session:
         self._check_open()
         if not self.takes_text:
             raise InvalidConditioning("prompt", f"{self.model.spec.name} takes no text prompt")
-        with self._lock:
-            self._conditioning, self._context = self._conditioning.with_text(text), context
-            self._context_version += 1
+        self._conditioning = self._conditioning.with_text(text)
+        self.inputs.set_context(context)
         self._emit("control", "set_prompt")
 
     def flush(self) -> int:
@@ -381,9 +332,7 @@ class Session:
             the new epoch: every frame delivered from now on carries it or a later one.
         """
         self._check_open()
-        with self._lock:
-            self._epoch += 1
-            epoch = self._epoch
+        epoch = self.inputs.new_epoch()
         for s in self._sinks:
             s.clear()
         self.activate()
@@ -397,10 +346,7 @@ class Session:
             the new epoch.
         """
         self._check_open()
-        with self._lock:
-            self._epoch += 1
-            self._cancelled = True
-            epoch = self._epoch
+        epoch = self.inputs.new_epoch(cancel=True)
         self._touch_duty()
         for s in self._sinks:
             s.clear()
@@ -410,28 +356,25 @@ class Session:
     def pause(self) -> None:
         """Stop generating at the next step boundary; queued frames still play."""
         self._check_open()
-        with self._lock:
-            self._paused = True
+        self.inputs.pause()
         self._touch_duty()
         self._emit("control", "pause")
 
     def resume(self) -> None:
         """Undo `pause` and `cancel`; generation restarts with the freshest actions."""
         self._check_open()
-        with self._lock:
-            self._paused = False
-            self._cancelled = False
+        self.inputs.resume()
         self._touch_duty()
         self.activate()
         self._emit("control", "resume")
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self.inputs.paused
 
     @property
     def cancelled(self) -> bool:
-        return self._cancelled
+        return self.inputs.cancelled
 
     # -- sinks ---------------------------------------------------------------------------------------
 
@@ -481,7 +424,7 @@ class Session:
             self.last_viewer_s = self.clock()
         if not self._sinks:
             # the last viewer left (closed tab, failed connection): stop costing compute
-            self.actions.release_all()
+            self.inputs.actions.release_all()
             if self.state == SessionState.ACTIVE:
                 self._set_state(SessionState.IDLE)
 
@@ -506,7 +449,7 @@ class Session:
             the delivered frame, or None if dropped.
         """
         self.frames_generated += 1
-        if self.state == SessionState.CLOSED or out.epoch < self.current_epoch():
+        if self.state == SessionState.CLOSED or out.epoch < self.inputs.current_epoch():
             self.frames_dropped_stale += 1
             return None
         frame = VideoFrame(
@@ -543,7 +486,7 @@ class Session:
     def tick(self, now_s: float) -> None:
         """Go IDLE after `idle_after_s` without actions."""
         if self.state == SessionState.ACTIVE:
-            last = self.actions.last_push_s or self.last_activity_s
+            last = self.inputs.actions.last_push_s or self.last_activity_s
             if now_s - max(last, self.last_activity_s) > self.idle_after_s:
                 self._set_state(SessionState.IDLE)
 
@@ -567,13 +510,13 @@ class Session:
             "prompt": self.prompt,
             "image": None if self._conditioning.image is None else {
                 "width": int(self._conditioning.image.shape[1]), "height": int(self._conditioning.image.shape[0])},
-            "paused": self._paused,
-            "cancelled": self._cancelled,
-            "epoch": self._epoch,
+            "paused": self.inputs.paused,
+            "cancelled": self.inputs.cancelled,
+            "epoch": self.inputs.current_epoch(),
             "frames_generated": self.frames_generated,
             "frames_delivered": self.frames_delivered,
             "frames_dropped_stale": self.frames_dropped_stale,
-            "last_action_seq": self.actions.last_seq,
+            "last_action_seq": self.inputs.actions.last_seq,
             "sinks": len(self._sinks),
             "viewers": self.viewer_count,
             "duty_cycle": round(self.duty_cycle(), 4),

@@ -64,7 +64,7 @@ def test_livekit_mode_plays_and_applies_a_key_press(lk_demo_server) -> None:  # 
             sent, keys = page.evaluate("[window.__worldcast.lastSentSeq, window.__worldcast.lastSentKeys]")
             assert keys == ["d"] and sent >= 10
             wait_js(page, f"window.__worldcast.lastAppliedSeq >= {sent}", f"a frame applying action seq {sent}")
-            assert server.manager.sessions[session_id].actions.last_seq >= sent
+            assert server.manager.sessions[session_id].inputs.actions.last_seq >= sent
             assert stat(page, "lagMs") is not None
             page.keyboard.up("d")
 

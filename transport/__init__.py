@@ -4,8 +4,8 @@
   dispatch, the frame event, one close that cancels every task and then awaits them).
 - Adapters, each a protocol translation over the core: `webrtc.py` (aiortc data channels and track),
   `livekit/world.py` (a LiveKit room participant), `ws_stream.py` (the worldcast stream) and
-  `dreamverse.py` (Dreamverse's `/ws`); the two WebSocket protocols share `stream_socket.py` (fMP4 out,
-  text in, the control loop).
+  `dreamverse.py` (Dreamverse's `/ws`; what its client reads back in `dreamverse_events.py`); the two
+  WebSocket protocols share `stream_socket.py` (fMP4 out, text in, the control loop).
 - `app.py` (lifespan and wiring) and `routes/` (one FastAPI router per surface).
 - `clients/`: the Python clients (WebRTC, stream, LiveKit user).
 

@@ -85,7 +85,7 @@ class Connection:
                  settle: Settle | None = None, name: str = "conn") -> None:
         self.session = session
         self.guard = guard or InputGuard()
-        self.actions = ActionHandler(session, guard=self.guard)
+        self.actions = ActionHandler(session.inputs, guard=self.guard)
         self.rpc = RpcHandler(session, settle=settle)
         self.feedback = InputFeedback(self.guard, send=send, on_flood=on_flood)
         self.tasks: set[asyncio.Task[Any]] = set()  #: live tasks of this connection (cancelled by `aclose`)

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from worldcast.sessions.actions import SeqOutcome
+from worldcast.sessions.actions import SeqOutcome, SessionInputs
 from worldcast.sessions.directing import DirectingRefusal, director_of
 from worldcast.sessions.errors import InvalidAction, SessionError
 from worldcast.sessions.session import Session
@@ -250,18 +250,19 @@ _UNPARSED = object()
 
 
 class ActionHandler:
-    """Validates `actions` messages and pushes them into a session, for any transport.
+    """Validates `actions` messages and pushes them into a session's inputs, for any transport.
 
     Each message is checked for size and rate by its `InputGuard` before it is parsed;
     rejections and stale messages come back as the guard's coalesced events.
 
     Args:
-        session: the target.
+        inputs: the target session's inputs (`Session.inputs`; the session hears of each push through
+            `SessionInputs.on_push`).
         guard: the connection's limits and feedback (default: `InputLimits()`).
     """
 
-    def __init__(self, session: Session, *, guard: InputGuard | None = None) -> None:
-        self.session = session
+    def __init__(self, inputs: SessionInputs, *, guard: InputGuard | None = None) -> None:
+        self.inputs = inputs
         self.guard = guard or InputGuard()
         self.accepted = 0
         self.rejected = 0
@@ -292,7 +293,7 @@ class ActionHandler:
                 a = ActionMessage.model_validate(msg)
             except ValidationError as e:
                 raise RpcError(errors.INVALID_PARAMS, _validation_message(e)) from None
-            outcome = self.session.push_action(a.seq, a.keys, (float(a.mouse[0]), float(a.mouse[1])))
+            outcome = self.inputs.push(a.seq, a.keys, (float(a.mouse[0]), float(a.mouse[1])))
         except RpcError as e:
             self.rejected += 1
             return g.rejected_action(e.code, e.message, seq=_seq_of(msg), now_s=now_s, coalesce=c)
@@ -304,7 +305,7 @@ class ActionHandler:
             return g.rejected_action(errors.rpc_code(e), str(e), seq=None, now_s=now_s, coalesce=c)
         if outcome is SeqOutcome.STALE:
             self.ignored += 1
-            return g.ignored_action(a.seq, f"seq {a.seq} is not newer than {self.session.actions.last_seq}: "
+            return g.ignored_action(a.seq, f"seq {a.seq} is not newer than {self.inputs.actions.last_seq}: "
                                     "keys ignored, mouse movement kept", now_s, coalesce=c)
         self.accepted += 1
         g.accepted("actions", now_s)

@@ -109,8 +109,9 @@ class StreamSocket:
         self.director = director_of(session)  #: the directing layer over the session (None: interactive)
         self.max_text_bytes = max_text_bytes
         self.frames = FrameAccount(on_count=on_frames)
-        self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample, epoch_fn=session.current_epoch,
-                             on_clear=self._on_clear, scale=video_scale, stamp=session.stamp_frames,
+        self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample,
+                             epoch_fn=session.inputs.current_epoch, on_clear=self._on_clear, scale=video_scale,
+                             stamp=session.stamp_frames,
                              depth=max(2, session.model.spec.frames_per_chunk), name=session.id,
                              on_drop=self.frames.count_dropped)
         self.queue = OutboundQueue(on_need_keyframe=self.sink.request_keyframe, on_drop=self.frames.count_dropped)
@@ -307,7 +308,7 @@ class StreamSocket:
         conn.spawn(self._control_loop(), name=f"ws-control-{s.id}")
         try:
             assert sender is not None and receiver is not None, "run() on a closed stream"
-            s.actions.new_client()
+            s.inputs.actions.new_client()
             s.attach_sink(self.tap)  # a directed session's gate lets through only its open segment's frames
             await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
             for t in (sender, receiver):

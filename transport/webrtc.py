@@ -82,7 +82,7 @@ class WebRTCPeer:
     ) -> None:
         self.session = session
         self.negotiation_timeout_s = negotiation_timeout_s
-        self.track = SessionVideoTrack(session.current_epoch, scale=video_scale, stamp=session.stamp_frames)
+        self.track = SessionVideoTrack(session.inputs.current_epoch, scale=video_scale, stamp=session.stamp_frames)
         #: the connection core: guard, feedback, action and RPC dispatch, tasks, the close
         self.conn = Connection(session, send=self.send_event, on_flood=self._flood,
                                guard=InputGuard(limits, on_count=on_count), settle=settle or self.track.settle,

@@ -143,8 +143,8 @@ def collect(strategy: st.SearchStrategy[Any], n: int, seed: int) -> list[Any]:
 def fuzz_actions_pure(model: Any, cases: int, seed: int = 0) -> SurfaceResult:
     res, t0 = SurfaceResult("actions", "pure"), time.monotonic()
     session = _session(model)
-    strict = ActionHandler(session, guard=InputGuard())  # the real limits: rate and size first
-    loose = ActionHandler(session, guard=InputGuard(FUZZ_LIMITS))  # every case reaches the parser
+    strict = ActionHandler(session.inputs, guard=InputGuard())  # the real limits: rate and size first
+    loose = ActionHandler(session.inputs, guard=InputGuard(FUZZ_LIMITS))  # every case reaches the parser
     clock = [0.0]
 
     @_settings(cases, seed)

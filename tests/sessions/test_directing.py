@@ -65,7 +65,7 @@ class Counter:
         out = []
         for _ in range(n):
             self.i += 1
-            e = s.current_epoch() if epoch is None else epoch
+            e = s.inputs.current_epoch() if epoch is None else epoch
             out.append(s.deliver(FrameOut("sid", self.i, np.zeros((64, 64, 3), np.uint8), self.i / 20, -1, e,
                                           {"denoise": 2.0, "decode": 1.0})))
         return out
@@ -79,7 +79,7 @@ def test_frames_flow_only_inside_a_segment_which_finishes_and_pauses(model) -> N
     d.on("segment_complete", ends.append)
     sink = ListSink()
     s.attach_sink(sink)
-    assert s.sink_count == 1 and not s.wants_frames(), "a directing session waits for its first direction"
+    assert s.sink_count == 1 and not s.inputs.wants_frames(), "a directing session waits for its first direction"
     deliver = Counter()
     deliver(s, 2)
     assert sink.frames == [] and d.frames_dropped >= 2  # the initial frame and strays: no segment yet
@@ -87,13 +87,13 @@ def test_frames_flow_only_inside_a_segment_which_finishes_and_pauses(model) -> N
     clock.advance(1.0)
     ack = d.direct("d1", "a snowy field", {"prompt": EMB})
     assert ack.cut is None and ack.segment.index == 0 and ack.segment.target_frames == 5
-    assert s.prompt == "a snowy field" and s.wants_frames() and starts == [ack.segment]
+    assert s.prompt == "a snowy field" and s.inputs.wants_frames() and starts == [ack.segment]
     clock.advance(0.04)
     deliver(s, 4)
     deliver(s, 2)  # one chunk of two frames crosses the target: both belong to the segment
     assert defer.pending, "the segment ends after the rest of its chunk"
     defer.run()
-    assert not s.wants_frames() and s.paused
+    assert not s.inputs.wants_frames() and s.paused
     seg = ends[0]
     assert seg.end == SegmentEnd.FINISHED and seg.frames == 6 and len(sink.frames) == 6
     info = seg.summary(20)
@@ -112,7 +112,7 @@ def test_a_new_direction_cuts_the_segment_and_old_frames_never_follow(model) -> 
     deliver = Counter()
     first = d.direct("d1", "a snowy field", {"prompt": EMB}, duration_s=10.0).segment
     deliver(s, 3)
-    old_epoch = s.current_epoch()
+    old_epoch = s.inputs.current_epoch()
     ack = d.direct("d2", "molten lava", {"prompt": EMB}, open_ended=True)
     assert ack.cut is first and first.end == SegmentEnd.CUT and ends == [first]
     assert first.last_frame_index == 3 and first.frames == 3
@@ -127,7 +127,7 @@ def test_a_new_direction_cuts_the_segment_and_old_frames_never_follow(model) -> 
     assert all(f.epoch >= ack.segment.epoch for f in sink.frames[n:])
     s.flush()  # a flush RPC inside the segment keeps it (epochs only grow)
     deliver(s, 1)
-    assert d.segment_for_epoch(s.current_epoch()) is ack.segment and ack.segment.frames == 51
+    assert d.segment_for_epoch(s.inputs.current_epoch()) is ack.segment and ack.segment.frames == 51
     assert d.segment_for_epoch(old_epoch) is first and d.segment_for_epoch(-1) is None
 
 
@@ -180,15 +180,15 @@ def test_halt_ends_the_segment_now_and_drops_its_frames_until_the_next_direction
     deliver = Counter()
     seg = d.direct("d1", "a snowy field", {"prompt": EMB}, duration_s=10.0).segment
     deliver(s, 3)
-    old_epoch = s.current_epoch()
+    old_epoch = s.inputs.current_epoch()
     assert d.halt() is seg and seg.end == SegmentEnd.CUT and ends == [seg] and d.current is None
-    assert s.cancelled and not s.wants_frames() and sink.clears == 2  # queued frames dropped downstream
+    assert s.cancelled and not s.inputs.wants_frames() and sink.clears == 2  # queued frames dropped downstream
     n = len(sink.frames)
     deliver(s, 2, epoch=old_epoch)
     assert len(sink.frames) == n and seg.frames == 3
     assert d.halt() is None  # nothing open: nothing to end
     nxt = d.direct("d2", "molten lava", {"prompt": EMB}).segment
-    assert not s.cancelled and s.wants_frames() and nxt.index == 1
+    assert not s.cancelled and s.inputs.wants_frames() and nxt.index == 1
     s.close(CloseReason.CLIENT)
     with pytest.raises(SessionClosedError):
         d.halt()

@@ -135,7 +135,7 @@ async def test_inputs_during_a_move_reach_the_target_and_a_cancelled_caller_does
         move = asyncio.create_task(moves.move_session(m, s.id, to=1))
         await asyncio.sleep(0)  # the move has begun: the session is between engines
         assert s.id in m.moving
-        s.push_action(0, ["d"], (3.0, 0.0))
+        s.inputs.push(0, ["d"], (3.0, 0.0))
         move.cancel()  # the HTTP client went away
         with pytest.raises(asyncio.CancelledError):
             await move

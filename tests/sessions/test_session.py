@@ -37,19 +37,19 @@ def test_lifecycle_and_events(model) -> None:  # type: ignore[no-untyped-def]
     s = make(model, clock)
     seen = []
     s.on("state", lambda sess, st: seen.append(st))
-    assert s.state == SessionState.CREATED and not s.wants_frames()
+    assert s.state == SessionState.CREATED and not s.inputs.wants_frames()
     s.attach_sink(ListSink())
-    assert s.state == SessionState.ACTIVE and s.wants_frames()
+    assert s.state == SessionState.ACTIVE and s.inputs.wants_frames()
     clock.advance(6.0)
     s.tick(clock())
-    assert s.state == SessionState.IDLE and not s.wants_frames()
-    s.push_action(0, ["w"], (0, 0))
+    assert s.state == SessionState.IDLE and not s.inputs.wants_frames()
+    s.inputs.push(0, ["w"], (0, 0))
     assert s.state == SessionState.ACTIVE
     s.close(CloseReason.CLIENT)
     s.close(CloseReason.CLIENT)  # idempotent
     assert seen == [SessionState.ACTIVE, SessionState.IDLE, SessionState.ACTIVE, SessionState.CLOSED]
     with pytest.raises(SessionClosedError):
-        s.push_action(1, [], (0, 0))
+        s.inputs.push(1, [], (0, 0))
 
 
 def test_async_callbacks_are_refused(model) -> None:  # type: ignore[no-untyped-def]
@@ -62,10 +62,10 @@ def test_async_callbacks_are_refused(model) -> None:  # type: ignore[no-untyped-
 
 def test_sample_chunk_encodes_held_keys_and_prompt(model) -> None:  # type: ignore[no-untyped-def]
     s = make(model)
-    s.push_action(3, ["d", "shift"], (8, 0))
+    s.inputs.push(3, ["d", "shift"], (8, 0))
     emb = np.ones(384, np.float32)
     s.set_prompt("lava", {"prompt": emb})
-    ci = s.sample_chunk(1)
+    ci = s.inputs.sample_chunk(1)
     assert ci.actions.shape == (1, 8) and ci.actions[0, 3] == 1 and ci.actions[0, 5] == 1
     assert ci.action_seq == 3 and ci.epoch == 0 and np.array_equal(ci.context["prompt"], emb)
     assert ci.context_version == 1 and s.prompt == "lava" and s.conditioning.text == "lava"
@@ -91,13 +91,13 @@ def test_cancel_stops_until_resume_and_pause_keeps_queue(model) -> None:  # type
     s.attach_sink(sink)
     s.deliver(frame(1, 0))
     s.pause()
-    assert not s.wants_frames() and len(sink.frames) == 1
+    assert not s.inputs.wants_frames() and len(sink.frames) == 1
     s.resume()
-    assert s.wants_frames()
+    assert s.inputs.wants_frames()
     s.cancel()
-    assert not s.wants_frames() and sink.frames == []
+    assert not s.inputs.wants_frames() and sink.frames == []
     s.resume()
-    assert s.wants_frames() and s.current_epoch() == 1
+    assert s.inputs.wants_frames() and s.inputs.current_epoch() == 1
 
 
 def test_pts_strictly_increase_across_deliveries(model) -> None:  # type: ignore[no-untyped-def]
@@ -108,10 +108,10 @@ def test_pts_strictly_increase_across_deliveries(model) -> None:  # type: ignore
 
 def test_invalid_action_changes_nothing(model) -> None:  # type: ignore[no-untyped-def]
     s = make(model)
-    s.push_action(0, ["w"], (1, 1))
+    s.inputs.push(0, ["w"], (1, 1))
     with pytest.raises(InvalidAction):
-        s.push_action(1, ["w", "fly"], (0, 0))
-    assert s.actions.last_seq == 0
+        s.inputs.push(1, ["w", "fly"], (0, 0))
+    assert s.inputs.actions.last_seq == 0
 
 
 def test_last_viewer_leaving_idles_the_session(model) -> None:  # type: ignore[no-untyped-def]
@@ -119,12 +119,12 @@ def test_last_viewer_leaving_idles_the_session(model) -> None:  # type: ignore[n
     a, b = ListSink(), ListSink()
     s.attach_sink(a)
     s.attach_sink(b)
-    s.push_action(0, ["w"], (0, 0))
+    s.inputs.push(0, ["w"], (0, 0))
     s.detach_sink(a)
-    assert s.state == SessionState.ACTIVE and s.wants_frames()
+    assert s.state == SessionState.ACTIVE and s.inputs.wants_frames()
     s.detach_sink(b)
-    assert s.state == SessionState.IDLE and not s.wants_frames()
-    assert not s.sample_chunk(1).actions[0, :4].any()  # held keys released
+    assert s.state == SessionState.IDLE and not s.inputs.wants_frames()
+    assert not s.inputs.sample_chunk(1).actions[0, :4].any()  # held keys released
 
 
 def test_each_action_bumps_the_input_counter_the_engine_reads(model) -> None:  # type: ignore[no-untyped-def]
@@ -133,11 +133,11 @@ def test_each_action_bumps_the_input_counter_the_engine_reads(model) -> None:  #
     s = make(model)
     inputs = []
     s.on("input", lambda sess, seq: inputs.append(seq))
-    assert s.input_version() == 0 and s.sample_chunk(1).input_version == 0
-    s.push_action(0, ["w"], (0.0, 0.0))
-    s.push_action(1, [], (3.0, 0.0))
-    assert s.input_version() == 2 and inputs == [0, 1]
-    assert s.sample_chunk(1).input_version == 2
+    assert s.inputs.input_version() == 0 and s.inputs.sample_chunk(1).input_version == 0
+    s.inputs.push(0, ["w"], (0.0, 0.0))
+    s.inputs.push(1, [], (3.0, 0.0))
+    assert s.inputs.input_version() == 2 and inputs == [0, 1]
+    assert s.inputs.sample_chunk(1).input_version == 2
     with pytest.raises(InvalidAction):
-        s.push_action(-1, ["w"], (0.0, 0.0))
-    assert s.input_version() == 2, "a refused message is not an input"
+        s.inputs.push(-1, ["w"], (0.0, 0.0))
+    assert s.inputs.input_version() == 2, "a refused message is not an input"

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from tests.fakes import FakeClock
+from worldcast.engine.rollout import ChunkRollout
+from worldcast.engine.state_pool import StatePool
 from worldcast.models.spec import ConditioningRequest
-from worldcast.sessions.session import Session
+from worldcast.sessions.session import CloseReason, Session, SessionState
 from worldcast.transport import errors
 from worldcast.transport.limits import InputGuard, InputLimits
 from worldcast.transport.rpc import ActionHandler, RpcHandler
@@ -44,12 +46,12 @@ async def test_any_other_jsonrpc_value_is_refused_precisely(rpc: RpcHandler, ver
         assert r == {"id": 5, "result": {"epoch": 1}}
         return
     assert r["id"] == 5 and r["error"]["code"] == errors.INVALID_REQUEST and "jsonrpc" in r["error"]["message"]
-    assert rpc.session.current_epoch() == 0  # nothing ran
+    assert rpc.session.inputs.current_epoch() == 0  # nothing ran
 
 
 async def test_a_notification_runs_and_gets_no_reply(rpc: RpcHandler) -> None:
     assert await rpc.handle({"jsonrpc": "2.0", "method": "flush"}) is None
-    assert rpc.session.current_epoch() == 1
+    assert rpc.session.inputs.current_epoch() == 1
     assert await rpc.handle({"jsonrpc": "2.0", "method": "warp"}) is None  # errors of notifications too
     assert (await rpc.handle({"method": "flush"}))["id"] is None  # without 2.0 framing: answered, id null
 
@@ -69,7 +71,7 @@ async def test_every_error_carries_the_id_when_it_can_be_recovered(rpc: RpcHandl
                                                                     needle) -> None:
     r = await rpc.handle_raw(raw)
     assert r["id"] == rid and r["error"]["code"] == code and needle in r["error"]["message"], r
-    assert rpc.session.current_epoch() == 0
+    assert rpc.session.inputs.current_epoch() == 0
 
 
 async def test_a_500_emoji_prompt_fits_as_utf8(rpc: RpcHandler) -> None:
@@ -80,7 +82,7 @@ async def test_a_500_emoji_prompt_fits_as_utf8(rpc: RpcHandler) -> None:
 
 
 def test_actions_report_stale_seqs_and_one_wild_seq_does_not_freeze(session: Session) -> None:
-    h = ActionHandler(session, guard=InputGuard(InputLimits(report_interval_s=1.0)))
+    h = ActionHandler(session.inputs, guard=InputGuard(InputLimits(report_interval_s=1.0)))
 
     def send(seq: int, keys: list[str], t: float) -> list:  # type: ignore[type-arg]
         return h.receive(json.dumps({"seq": seq, "t": 0, "keys": keys}), t)
@@ -91,7 +93,7 @@ def test_actions_report_stale_seqs_and_one_wild_seq_does_not_freeze(session: Ses
     assert "not newer than 5" in ev["message"]
     assert send(2**53, ["space"], 0.1) == []
     assert send(6, ["d"], 0.2) == []  # the client's next message is applied: nothing frozen
-    assert session.actions.last_seq == 6 and session.sample_chunk(1).actions[0, 3] == 1  # d held
+    assert session.inputs.actions.last_seq == 6 and session.inputs.sample_chunk(1).actions[0, 3] == 1  # d held
     assert send(4, [], 0.3) == []  # stale again: coalesced into the next summary
     (summary,) = h.guard.drain(1.0)
     assert summary["event"] == "action_ignored" and summary["count"] == 1 and summary["seq"] == 4
@@ -99,10 +101,40 @@ def test_actions_report_stale_seqs_and_one_wild_seq_does_not_freeze(session: Ses
 
 
 def test_actions_are_refused_by_size_and_rate_before_parsing(session: Session) -> None:
-    h = ActionHandler(session, guard=InputGuard(InputLimits(action_rate_hz=1, action_burst=2)))
+    h = ActionHandler(session.inputs, guard=InputGuard(InputLimits(action_rate_hz=1, action_burst=2)))
     (big,) = h.receive("{" * 5000, 0.0)  # would be a parse error, but the size is checked first
     assert big["code"] == errors.INVALID_REQUEST and "exceeds 2048" in big["message"]
     assert h.receive('{"seq": 0, "t": 0}', 0.0) == [] and h.receive('{"seq": 1, "t": 0}', 0.0) == []
     assert h.receive("not json at all", 0.0) == []  # rate-limited before parsing; coalesced
     (summary,) = h.guard.drain(0.5)
     assert summary["counts"] == {"-32001": 1}
+
+
+def test_an_action_passes_the_session_side_once_handler_inputs_chunk(session: Session, model) -> None:  # type: ignore[no-untyped-def]
+    """One pass: the handler pushes into `session.inputs`, the engine's rollout samples its next chunk from that
+    same object, and the session hears of the push only through its listener (ACTIVE, then "input"). A push
+    to a closed session is refused and changes nothing the engine reads."""
+    pool = StatePool(model.spec.states, budget_bytes=model.spec.state_bytes_per_session())
+    r = ChunkRollout("sid", model, pool, session.inputs, seed=0)  # the real rollout over the session's inputs
+    r.init(0.0)
+    h = ActionHandler(session.inputs)
+    seen: list[tuple[str, object]] = []
+    session.on("state", lambda s, st: seen.append(("state", st)))
+    session.on("input", lambda s, seq: seen.append(("input", seq)))
+    assert session.state == SessionState.CREATED and not session.inputs.wants_frames()
+    assert h.handle_raw(json.dumps({"seq": 4, "t": 0, "keys": ["d"], "mouse": [8, 0]})) is None
+    assert seen == [("state", SessionState.ACTIVE), ("input", 4)], "ACTIVE first, then the device's wake-up"
+    assert session.inputs.wants_frames() and session.inputs.input_version() == 1
+    r.begin_chunk(0.0, 0.05)
+    assert r.staged is not None
+    got = r.staged.inputs
+    assert got.action_seq == 4 and got.input_version == 1 and got.epoch == 0
+    assert got.actions.shape[0] == model.spec.chunk_pixel_frames(1) and (got.actions[:, 3] == 1).all()  # d held
+    assert session.inputs.conditioner_state().mouse == (0.0, 0.0), "the chunk consumed the movement"
+    r.abort_chunk()
+
+    session.close(CloseReason.CLIENT)
+    before, seen[:] = session.inputs.conditioner_state(), []
+    ev = h.handle_raw(json.dumps({"seq": 5, "t": 0, "keys": ["w"], "mouse": [3, 0]}))
+    assert ev is not None and ev["event"] == "action_rejected" and "closed" in ev["message"]
+    assert session.inputs.conditioner_state() == before and seen == [] and not session.inputs.wants_frames()

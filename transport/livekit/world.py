@@ -107,7 +107,7 @@ class LiveKitWorld:
         self.fps = float(spec.fps)
         self.publisher = make_publisher(config.source, self.width, self.height,
                                         max_bitrate_bps=config.max_bitrate_bps, fps=self.fps)
-        self.sink = LiveKitVideoSink(self.publisher, session.current_epoch, scale=video_scale,
+        self.sink = LiveKitVideoSink(self.publisher, session.inputs.current_epoch, scale=video_scale,
                                      stamp=session.stamp_frames, on_published=self._on_published)
         self._on_user_left = on_user_left
         #: Unix time after which the user may no longer join (its token's TTL); a later join is removed
@@ -180,7 +180,7 @@ class LiveKitWorld:
             self._spawn(self.remove_participant(p.identity, "joined after its token's TTL"))
             return
         try:
-            self.session.actions.new_client()
+            self.session.inputs.actions.new_client()
             self.session.attach_sink(self.sink)
         except Exception:  # noqa: BLE001 - the session closed meanwhile
             logger.info("%r: user %s joined a closed session", self, p.identity)
@@ -286,7 +286,7 @@ class LiveKitWorld:
 
     def _on_published(self, frame: VideoFrame) -> None:
         self.send_event(frame_event(frame, self.session.clock()), topic=FRAMES_TOPIC,
-                        valid=lambda: frame.epoch >= self.session.current_epoch())
+                        valid=lambda: frame.epoch >= self.session.inputs.current_epoch())
 
     def _spawn(self, coro: Any) -> None:
         self.conn.spawn(coro)

@@ -106,7 +106,7 @@ async def test_join_stream_act_and_leave(lk_server) -> None:  # type: ignore[no-
             assert time.monotonic() < deadline, f"action {seq} never applied (last {applied})"
             s = stamps([await u.next_frame()])[0]
             applied = s.action_seq if s is not None else applied
-        assert manager.sessions[sid].actions.last_seq == seq
+        assert manager.sessions[sid].inputs.actions.last_seq == seq
     finally:
         await u.aclose()
     # leaving closes the session and frees its slot
