@@ -7,7 +7,9 @@ One way of running the model is a dtype (`spec.precisions.dtypes`) and
 eager or compiled steps (`engine/compiled.py`; graphs built per batch
 bucket first, from the on-disk cache when warm). For each way and batch, a
 chunk of that many scripted sessions is timed `repeats` times in
-interleaved rounds (every way and batch once per round) with
+interleaved rounds (every way and batch once per round; "packages" too
+where `python -m worldcast.engine.precompile` built that dtype's and
+batch's ahead-of-time packages, `engine/packages.py`) with
 `timing.work_clock` (thread CPU time on a one-thread CPU), and the median
 and the fastest are reported beside the load average, since on a shared
 machine the numbers move with the neighbours' work.
@@ -23,6 +25,7 @@ import time
 import torch
 
 from worldcast.engine.compiled import StepCompiler, configure_cache
+from worldcast.engine.packages import PackageStore
 from worldcast.engine.warmup import ChunkRunner, use_way
 from worldcast.models.base import WorldModel
 from worldcast.models.spec import dtype_name
@@ -39,8 +42,10 @@ def measure_chunks(model: WorldModel, *, batches: tuple[int, ...] = (1, 2, 4), r
         "compile_s" (building or loading that bucket's graphs), "load_avg_1m" (at the start and end)}.
     """
     compiler = StepCompiler(model.device, buckets=batches, enabled="compiled" in modes, freeze=freeze)
+    store = None
     if compiler.mode != "eager":
-        configure_cache(None)
+        cache = configure_cache(None)
+        store = None if freeze or compiler.mode != "inductor" else PackageStore.in_cache(cache)
     runners: dict[tuple[torch.dtype, str, int], ChunkRunner] = {}
     compile_s: dict[tuple[torch.dtype, int], float] = {}
     load0 = os.getloadavg()[0]
@@ -60,10 +65,16 @@ def measure_chunks(model: WorldModel, *, batches: tuple[int, ...] = (1, 2, 4), r
                 r = ChunkRunner(model, batch=b)
             r.chunk()
             runners[dt, mode, b] = r
+            if mode == "compiled" and store is not None and compiler.load_packages(store, model.device, (b,)):
+                runners[dt, "packages", b] = ChunkRunner(model, batch=b)  # built by `engine/precompile.py`
+                compiler.use_packages([b])
+                runners[dt, "packages", b].chunk()
+                compiler.use_packages([])
     samples: dict[tuple[torch.dtype, str, int], list[float]] = {k: [] for k in runners}
     for _ in range(repeats):
         for (dt, mode, b), r in runners.items():
-            use_way(model, compiler, dt, compiled=(b,) if mode == "compiled" else False)
+            use_way(model, compiler, dt, compiled=(b,) if mode in ("compiled", "packages") else False)
+            compiler.use_packages([b] if mode == "packages" else [])
             samples[dt, mode, b].append(r.time_chunks(1))
     for r in runners.values():
         r.close()

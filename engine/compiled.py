@@ -31,6 +31,12 @@ to build, or that would recompile while serving (guards run under
 `torch.compiler.set_stance("fail_on_recompile")`), falls back to eager for
 good and says so in the log.
 
+A bucket may instead run from ahead-of-time packages (`engine/packages.py`:
+frozen weights, built by `python -m worldcast.engine.precompile`, loaded by
+`StepCompiler.load_packages` and switched on by `use_packages` once warm-up
+has checked and timed them); a call whose arguments do not match the
+package's specs runs from the graph instead.
+
 Compiled artifacts are cached on disk (`configure_cache`): TorchInductor's
 FX graph cache and AOTAutograd cache under `TORCHINDUCTOR_CACHE_DIR`
 (default `~/.cache/worldcast/torch-compile`), so a restart re-traces the
@@ -50,6 +56,7 @@ from typing import Any, Literal
 
 import torch
 
+from worldcast.engine.packages import ArgSpec, Package, PackageStore, package_key, weights_digest
 from worldcast.models.base import StepFn
 
 logger = logging.getLogger(__name__)
@@ -159,6 +166,11 @@ class CompiledStep:
             would build one (a recompile) falls back to eager.
         failed: bucket -> why its graph was dropped.
         freeze: build graphs with frozen weights (see the module docstring).
+        specs: bucket -> each distinct set of padded arguments' specs the step was called with at that bucket
+            (a step may be called two ways, e.g. a commit from init and from a chunk).
+        packages: bucket -> specs -> its ahead-of-time package (`engine/packages.py`; `StepCompiler.load_packages`).
+        use_packages: buckets served from their package (a subset of `enabled`; the rest from graphs).
+        recording: while True, each call records its bucket's `specs` and runs eager (`StepCompiler.recording`).
     """
 
     name: str
@@ -169,7 +181,12 @@ class CompiledStep:
     enabled: set[int] = field(default_factory=set)
     compiling: bool = False
     failed: dict[int, str] = field(default_factory=dict)
+    specs: dict[int, list[tuple[ArgSpec, ...]]] = field(default_factory=dict)
+    packages: dict[int, dict[tuple[ArgSpec, ...], Package]] = field(default_factory=dict)
+    use_packages: set[int] = field(default_factory=set)
+    recording: bool = False
     _compiled: StepFn | None = None
+    _digest: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode != "eager":
@@ -178,14 +195,50 @@ class CompiledStep:
     def _bucket(self, batch: int) -> int | None:
         return bucket_for(batch, [b for b in self.buckets if b in self.enabled and b not in self.failed])
 
+    def digest(self) -> str:
+        """`packages.weights_digest` of the step (computed once: the weights never change after warm-up)."""
+        if self._digest is None:
+            self._digest = weights_digest(self.fn)
+        return self._digest
+
+    def package_keys(self, bucket: int, device: torch.device) -> list[tuple[str, tuple[ArgSpec, ...]]]:
+        """(key, specs) of this step's packages at `bucket`, one per way it was called (empty: never called)."""
+        return [(package_key(self.name, self.digest(), sp, device), sp) for sp in self.specs.get(bucket, [])]
+
+    def _record(self, bucket: int, padded: Sequence[Any]) -> tuple[ArgSpec, ...] | None:
+        if not all(isinstance(a, torch.Tensor) for a in padded):
+            return None
+        sp = tuple(ArgSpec.of(a) for a in padded)
+        seen = self.specs.setdefault(bucket, [])
+        if sp not in seen:
+            seen.append(sp)
+        return sp
+
     def __call__(self, *args: Any) -> Any:
-        if self._compiled is None or not args or not isinstance(args[0], torch.Tensor):
+        if not args or not isinstance(args[0], torch.Tensor):
             return self.fn(*args)
         batch = int(args[0].shape[0])
+        if self.recording:
+            b = bucket_for(batch, self.buckets)
+            if b is not None:
+                self._record(b, [_canonical(_pad(a, b)) for a in args])
+            return self.fn(*args)
+        if self._compiled is None:
+            return self.fn(*args)
         bucket = self._bucket(batch)
         if bucket is None:
             return self.fn(*args)
         padded = [_canonical(_pad(a, bucket)) for a in args]
+        sp = self._record(bucket, padded)
+        package = self.packages.get(bucket, {}).get(sp) if bucket in self.use_packages and sp else None  # type: ignore[arg-type]
+        if package is not None:
+            try:
+                out = package(*padded)
+            except ValueError as e:  # arguments not as the package was built for: the graph serves instead
+                logger.warning("CompiledStep(%s): batch bucket %d leaves its package (%s)", self.name, bucket, e)
+                self.use_packages.discard(bucket)
+            else:
+                return out if bucket == batch else _map_out(out, lambda t: t[:batch])
         if self.compiling:
             import torch._inductor.config as inductor_config
 
@@ -260,6 +313,48 @@ class StepCompiler:
         """Run these buckets from their graphs and the rest eager (buckets whose graph failed stay eager)."""
         for s in self._all:
             s.enabled = {b for b in buckets if b in s.buckets and b not in s.failed}
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """While inside, every step runs eager and records the argument specs of each call's bucket (what
+        `python -m worldcast.engine.precompile` builds packages for, without compiling graphs)."""
+        for s in self._all:
+            s.recording = True
+        try:
+            yield
+        finally:
+            for s in self._all:
+                s.recording = False
+
+    def load_packages(self, store: PackageStore, device: torch.device,
+                      buckets: Sequence[int] | None = None) -> tuple[int, ...]:
+        """Load the packages of the steps in use, for `buckets` (None: all) where every step has at least one
+        (a call whose arguments have no package runs from the graph).
+
+        Nothing is served from them until `use_packages`. Returns the buckets whose packages loaded.
+        """
+        loaded = []
+        for b in self.buckets if buckets is None else buckets:
+            found: dict[str, dict[tuple[ArgSpec, ...], Package]] = {}
+            for n, s in self.steps.items():
+                got = {sp: store.load(k, sp) for k, sp in s.package_keys(b, device) if store.has(k)}
+                found[n] = {sp: p for sp, p in got.items() if p is not None}
+            if self.steps and all(found.values()):  # calls with other arguments run from the graph
+                for n, ps in found.items():
+                    self.steps[n].packages[b] = ps
+                loaded.append(b)
+        return tuple(loaded)
+
+    def use_packages(self, buckets: Sequence[int]) -> None:
+        """Serve these buckets (those enabled whose packages loaded) from their packages; the rest from graphs."""
+        for s in self.steps.values():
+            s.use_packages = {b for b in buckets if b in s.packages}
+
+    def package_buckets(self) -> tuple[int, ...]:
+        """Buckets every step in use serves from its package."""
+        if not self.steps:
+            return ()
+        return tuple(sorted(set.intersection(*(s.use_packages & s.enabled for s in self.steps.values()))))
 
     @property
     def failed(self) -> dict[str, dict[int, str]]:

@@ -57,6 +57,7 @@ from worldcast.engine.compiled import DEFAULT_BUCKETS, StepCompiler, configure_c
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.errors import StatePoolExhausted
 from worldcast.engine.memory import MemoryReader, StatePlan, plan_state_memory, read_device_memory
+from worldcast.engine.packages import PackageStore
 from worldcast.engine.rollout import BatchCache, ChunkRollout, Conditioner, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
@@ -71,6 +72,7 @@ from worldcast.engine.warmup import (
     WarmupReport,
     check_context,
     measure_buckets,
+    measure_packages,
     measure_precisions,
     timed,
     use_way,
@@ -108,6 +110,8 @@ class EngineConfig:
     #: compile with frozen weights: faster steps, but rebuilt at every start (not cacheable; `engine/compiled.py`)
     compile_freeze: bool = False
     compile_cache_dir: Path | None = None  #: compiled artifacts (None: $TORCHINDUCTOR_CACHE_DIR or ~/.cache/worldcast)
+    #: serve compiled buckets from their ahead-of-time packages where found, checked and faster (`engine/packages.py`)
+    use_packages: bool = True
     early_start: bool = True  #: start a chunk at once when an input arrives on an idle device
 
     def __post_init__(self) -> None:
@@ -316,7 +320,9 @@ class DeviceWorker:
            declares, eager and compiled, at batch 1, quality-gated against the reference dtype;
            then the state pool is allocated anew if the chosen dtype changed the declared state;
         3. each batch bucket's compiled graphs, kept where measured faster than eager;
-        4. step costs: a few chunks at each batch size from 1 to 4 (or the pool's limit).
+        4. the compiled buckets' ahead-of-time packages where built (`measure_packages`), checked against
+           the graphs and served where faster;
+        5. step costs: a few chunks at each batch size from 1 to 4 (or the pool's limit).
 
         Runs on the calling thread; call before `start` and before any session. Fills the cost model
         that admission and chunk start times rely on. Each batch size first runs one untimed chunk:
@@ -349,6 +355,11 @@ class DeviceWorker:
         buckets = measure_buckets(self.model, self.compiler, max_batch=top,
                                   batch1=(trial.eager_s, trial.compiled_s) if trial and trial.eager_s else None)
         done()
+        packages: tuple = ()
+        if cache_dir is not None and self.config.use_packages and self.compiler.mode == "inductor":
+            done = timed(phases, "packages")
+            packages = measure_packages(self.model, self.compiler, PackageStore.in_cache(cache_dir))
+            done()
         done = timed(phases, "costs")
         for batch in range(1, max(1, min(self.config.max_batch, self.pool.free_slots, 4)) + 1):
             rs = [ChunkRollout(f"__warmup{i}", self.model, self.pool, ScriptedConditioner(spec), seed=i)
@@ -365,7 +376,7 @@ class DeviceWorker:
         phases["total"] = time.perf_counter() - t0
         self.warmup_report = WarmupReport(precision=choice, compile_mode=self.compiler.mode, buckets=buckets,
                                           phases_s=phases, cache_dir=None if cache_dir is None else str(cache_dir),
-                                          failed=self.compiler.failed)
+                                          failed=self.compiler.failed, packages=packages)
         self._publish()
         logger.info("DeviceWorker: %s", self.warmup_report.describe())
         cap = self.active_capacity(self.config.target_utilization)
@@ -405,8 +416,9 @@ class DeviceWorker:
         served = ServedWay.from_report(report)
         if served is None:
             return
+        cache_dir = None
         if self.compiler.mode != "eager" and served.compiled_buckets:
-            configure_cache(self.config.compile_cache_dir)
+            cache_dir = configure_cache(self.config.compile_cache_dir)
         use_way(self.model, self.compiler, dtype_from_name(served.dtype), compiled=False)
         self._replan_pool(served.dtype)
         buckets = tuple(b for b in served.compiled_buckets if b in self.compiler.buckets)
@@ -419,10 +431,17 @@ class DeviceWorker:
                 finally:
                     runner.close()
             self.compiler.enable(buckets)
+            if cache_dir is not None and served.package_buckets and self.config.use_packages:
+                # checked and timed by the predecessor's warm-up; keys include the weights, so a hit is the same code
+                store = PackageStore.in_cache(cache_dir)
+                found = self.compiler.load_packages(store, self.model.device, served.package_buckets)
+                self.compiler.use_packages(found)
         self.warmup_report = report
         self._publish()
+        packaged = self.compiler.package_buckets()
         logger.info("DeviceWorker: resumed serving %s, steps %s, in %.1f s (the predecessor's choice)", served.dtype,
                     f"compiled at batch {list(self.compiler.enabled_buckets())}"
+                    f"{f' (packages at {list(packaged)})' if packaged else ''}"
                     if self.compiler.enabled_buckets() else "eager", time.perf_counter() - t0)
 
     def active_capacity(self, target_utilization: float) -> int:

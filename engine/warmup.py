@@ -16,7 +16,13 @@ The device worker (`DeviceWorker.warmup`) runs, before `/readyz` says ready:
    its steps run compiled: each bucket's graph is built, then a chunk at
    that batch is timed compiled and eager (interleaved) and the bucket is
    served compiled only where that is faster;
-4. the cost model (chunks at each batch size, `DeviceWorker.warmup`).
+4. ahead-of-time packages (`measure_packages`), where `python -m
+   worldcast.engine.precompile` built them for the served way: a bucket's
+   packages (every step's) are loaded, their frames checked against its
+   graphs' (`spec.precisions.min_psnr_db`, over `check_chunks` chunks),
+   then a chunk is timed from each (interleaved) and the packages serve
+   where faster; none found is one log line saying how to build them;
+5. the cost model (chunks at each batch size, `DeviceWorker.warmup`).
 
 Chunk times are taken with `timing.work_clock` (thread CPU time on a
 one-thread CPU): the choice is about the model's arithmetic, not about what
@@ -36,6 +42,7 @@ import numpy as np
 import torch
 
 from worldcast.engine.compiled import StepCompiler
+from worldcast.engine.packages import PackageStore
 from worldcast.engine.precision import MIN_GAIN, PrecisionChoice, Trial, choose, min_psnr_db
 from worldcast.engine.rollout import BatchCache, ChunkRollout, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
@@ -65,6 +72,24 @@ class BucketTiming:
 
 
 @dataclass(frozen=True)
+class PackageTiming:
+    """One batch bucket's chunk from its graphs and from its ahead-of-time packages (`engine/packages.py`).
+
+    Attributes:
+        batch: the bucket's batch size.
+        graphs_s, packages_s: chunk time each way, s.
+        psnr_db: the packages' worst frame against the graphs' frame (same sessions, seeds and inputs), dB.
+        served: whether the bucket is served from its packages.
+    """
+
+    batch: int
+    graphs_s: float
+    packages_s: float | None
+    psnr_db: float
+    served: bool
+
+
+@dataclass(frozen=True)
 class WarmupReport:
     """What warm-up measured and chose (published in `EngineSnapshot.warmup`, exported at /metrics).
 
@@ -75,6 +100,7 @@ class WarmupReport:
         phases_s: wall time of each warm-up phase, s ("threads", "precision", "buckets", "costs", "total").
         cache_dir: where compiled artifacts are cached (None: nothing compiled).
         failed: step name -> bucket -> why its graph was dropped.
+        packages: per bucket whose ahead-of-time packages were found, graphs against packages.
     """
 
     precision: PrecisionChoice
@@ -83,10 +109,15 @@ class WarmupReport:
     phases_s: dict[str, float] = field(default_factory=dict)
     cache_dir: str | None = None
     failed: dict[str, dict[int, str]] = field(default_factory=dict)
+    packages: tuple[PackageTiming, ...] = ()
 
     @property
     def compiled_buckets(self) -> tuple[int, ...]:
         return tuple(b.batch for b in self.buckets if b.compiled)
+
+    @property
+    def package_buckets(self) -> tuple[int, ...]:
+        return tuple(p.batch for p in self.packages if p.served)
 
     def describe(self) -> str:
         """One log line."""
@@ -94,9 +125,14 @@ class WarmupReport:
                             f"{'-' if b.compiled_s is None else f'{b.compiled_s * 1e3:.1f}'} ms"
                             f"{' (served compiled)' if b.compiled else ''}" for b in self.buckets)
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases_s.items())
+        packages = ", ".join(f"{p.batch}: graphs {p.graphs_s * 1e3:.1f} / packages "
+                             f"{'-' if p.packages_s is None else f'{p.packages_s * 1e3:.1f}'} ms, "
+                             f"{p.psnr_db:.1f} dB{' (served from packages)' if p.served else ''}"
+                             for p in self.packages)
         return (f"serving {self.precision.dtype}, steps {self.compile_mode if self.compiled_buckets else 'eager'}"
                 f"{f' at batch {list(self.compiled_buckets)}' if self.compiled_buckets else ''}; "
-                f"chunk by bucket: {buckets or 'not measured'}; warm-up {phases}")
+                f"chunk by bucket: {buckets or 'not measured'}; "
+                f"{f'packages by bucket: {packages}; ' if packages else ''}warm-up {phases}")
 
 
 @dataclass(frozen=True)
@@ -106,17 +142,19 @@ class ServedWay:
     Attributes:
         dtype: the served dtype's name ("float32", "bfloat16", ...).
         compiled_buckets: batch buckets served from compiled graphs (empty: eager).
+        package_buckets: those of them served from ahead-of-time packages.
     """
 
     dtype: str
     compiled_buckets: tuple[int, ...] = ()
+    package_buckets: tuple[int, ...] = ()
 
     @classmethod
     def from_report(cls, report: WarmupReport | None) -> ServedWay | None:
         """The way a warm-up chose (None: no warm-up ran)."""
         if report is None:
             return None
-        return cls(report.precision.dtype, report.compiled_buckets)
+        return cls(report.precision.dtype, report.compiled_buckets, report.package_buckets)
 
 
 def _sync(model: WorldModel) -> None:
@@ -329,6 +367,66 @@ def measure_buckets(model: WorldModel, compiler: StepCompiler, *, max_batch: int
             on.add(b)
         out.append(BucketTiming(b, e, None if failed else c, use))
         compiler.enable(sorted(on))
+    return tuple(out)
+
+
+def measure_packages(model: WorldModel, compiler: StepCompiler, store: PackageStore, *,
+                     repeats: int = 3) -> tuple[PackageTiming, ...]:
+    """Load the ahead-of-time packages of the buckets served compiled, check and time them, and serve
+    each bucket from its packages where they pass the quality check and are faster (see the module
+    docstring, phase 4).
+
+    The check runs the same scripted sessions (same seeds, inputs and noise) `check_chunks` chunks from
+    the graphs and from the packages; the packages pass when every frame's PSNR against the graphs' is
+    at least `spec.precisions.min_psnr_db`. A package that fails to load or to run leaves its bucket
+    on its graphs (logged).
+    """
+    graphs = compiler.enabled_buckets()
+    if not graphs:
+        return ()
+    found = compiler.load_packages(store, model.device, graphs)
+    if not found:
+        logger.info("warm-up: no ahead-of-time packages for %s %s at batch %s in %s (`python -m "
+                    "worldcast.engine.precompile` builds them; steps then skip oneDNN's per-call weight reorder)",
+                    model.spec.name, dtype_name(model.precision), list(graphs), store.root)
+        return ()
+    spec = model.spec.precisions
+    context = check_context(model)
+    served: set[int] = set()
+    out: list[PackageTiming] = []
+    for b in found:
+        logger.info("warm-up: checking and timing the batch-%d packages against the graphs", b)
+        base, pack = (ChunkRunner(model, batch=b, context=context) for _ in range(2))
+        try:
+            compiler.use_packages(sorted(served))
+            ref = [f for _ in range(spec.check_chunks) for f in base.chunk()]
+            compiler.use_packages(sorted(served | {b}))
+            got = [f for _ in range(spec.check_chunks) for f in pack.chunk()]
+            psnr = min_psnr_db(got, ref)
+            g_s: list[float] = []
+            p_s: list[float] = []
+            for _ in range(repeats):
+                compiler.use_packages(sorted(served))
+                g_s.append(base.time_chunks(1))
+                compiler.use_packages(sorted(served | {b}))
+                p_s.append(pack.time_chunks(1))
+        except Exception as e:  # noqa: BLE001 - a package that cannot run is not served
+            logger.warning("warm-up: the batch-%d packages failed: %r", b, e)
+            out.append(PackageTiming(b, math.nan, None, -math.inf, False))
+            continue
+        finally:
+            for r in (base, pack):
+                r.close()
+        ran = b in compiler.package_buckets()  # a package whose arguments did not match left its bucket
+        g, p = statistics.median(g_s), statistics.median(p_s)
+        use = ran and psnr >= spec.min_psnr_db and p < g * (1 - MIN_GAIN)
+        if use:
+            served.add(b)
+        elif psnr < spec.min_psnr_db:
+            logger.warning("warm-up: the batch-%d packages' frames are %.1f dB from the graphs' (below %.1f): "
+                           "not served", b, psnr, spec.min_psnr_db)
+        out.append(PackageTiming(b, g, p if ran else None, psnr, use))
+    compiler.use_packages(sorted(served))
     return tuple(out)
 
 

@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
                    help="where compiled steps are cached (default: $TORCHINDUCTOR_CACHE_DIR or "
                         "~/.cache/worldcast/torch-compile)")
+    s.add_argument("--packages", dest="packages", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve compiled steps from the ahead-of-time packages `make precompile` built in the compile "
+                        "cache, where checked and measured faster (default: on)")
     s.add_argument("--max-sessions", type=int, default=16, help="hard cap on open sessions")
     s.add_argument("--admission", choices=[p.value for p in AdmissionPolicy], default="duty-cycle",
                    help="admission policy (default duty-cycle)")
@@ -364,7 +367,7 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
                             max_slots=args.max_sessions, max_batch=args.max_batch,
                             torch_threads=args.threads, reserved_cores=args.reserved_cores,
                             precision=args.precision, compile_cache_dir=args.compile_cache,
-                            compile_freeze=args.compile_freeze,
+                            compile_freeze=args.compile_freeze, use_packages=args.packages,
                             **({} if args.compile is None else {"compile": args.compile})),
         engines=args.engines,
         devices=args.devices,

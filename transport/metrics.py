@@ -163,7 +163,7 @@ class _SessionCollector(Collector):
 
 def _warmup_metrics(w: WarmupReport) -> Iterator[GaugeMetricFamily]:
     """What the engine's warm-up measured and chose: the served precision, every dtype's chunk time and
-    quality, each batch bucket eager and compiled, and the phases' durations."""
+    quality, each batch bucket eager, compiled and from packages, and the phases' durations."""
     p = w.precision
     served = GaugeMetricFamily("worldcast_device_precision", "The served compute dtype and how its steps run at "
                                "batch 1 (value 1)", labels=["dtype", "mode"])
@@ -193,8 +193,16 @@ def _warmup_metrics(w: WarmupReport) -> Iterator[GaugeMetricFamily]:
         if b.compiled_s is not None:
             bucket.add_metric([str(b.batch), "compiled"], b.compiled_s)
         compiled.add_metric([str(b.batch)], 1.0 if b.compiled else 0.0)
+    for pk in w.packages:
+        if pk.packages_s is not None:
+            bucket.add_metric([str(pk.batch), "packages"], pk.packages_s)
     yield bucket
     yield compiled
+    packaged = GaugeMetricFamily("worldcast_device_package_bucket", "1 if the batch bucket is served from its "
+                                 "ahead-of-time packages (engine/packages.py), else 0", labels=["batch"])
+    for pk in w.packages:
+        packaged.add_metric([str(pk.batch)], 1.0 if pk.served else 0.0)
+    yield packaged
     phases = GaugeMetricFamily("worldcast_warmup_seconds", "Wall time of each warm-up phase", labels=["phase"])
     for name, sec in w.phases_s.items():
         phases.add_metric([name], sec)
