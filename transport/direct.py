@@ -71,6 +71,8 @@ def parse_line(text: str, line: int, *, require_time: bool = True) -> TimedDirec
             obj = json.loads(s)
         except ValueError as e:
             raise ValueError(f"line {line}: not valid JSON: {e}") from None
+        except RecursionError:
+            raise ValueError(f"line {line}: JSON nested too deeply") from None
         if not isinstance(obj, dict) or set(obj) - {"at_s", "prompt", "duration_s"}:
             raise ValueError(f"line {line}: expected {{\"at_s\", \"prompt\", \"duration_s\"?}}")
         at, prompt, duration = obj.get("at_s"), obj.get("prompt"), obj.get("duration_s")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -62,6 +63,29 @@ def _validation_message(e: ValidationError) -> str:
     return f"{loc}: {err['msg']}"
 
 
+#: Deepest JSON nesting a message may have (ours need 3); deeper is refused before `json.loads`, whose own
+#: guard is Python's recursion limit and so depends on how deep the caller's stack already is.
+MAX_DEPTH = 32
+_STRINGS = re.compile(r'"(?:\\.|[^"\\])*"')
+
+
+def _too_deep(raw: str | bytes) -> bool:
+    """Whether `raw` opens more than `MAX_DEPTH` arrays/objects at once (brackets inside strings ignored).
+    Cheap for ordinary messages: only one with more than `MAX_DEPTH` opening brackets is scanned."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for ch in _STRINGS.sub("", text):
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
 def parse_json(raw: str | bytes, *, what: str, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
     """Decode a data-channel message, enforcing the size limit.
 
@@ -71,6 +95,8 @@ def parse_json(raw: str | bytes, *, what: str, max_bytes: int = MAX_MESSAGE_BYTE
     size = len(raw) if not isinstance(raw, str) or len(raw) > max_bytes else len(raw.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise RpcError(errors.INVALID_REQUEST, f"{what} message of {size} bytes exceeds {max_bytes}")
+    if _too_deep(raw):
+        raise RpcError(errors.PARSE_ERROR, f"{what} message is nested too deeply (more than {MAX_DEPTH} levels)")
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:

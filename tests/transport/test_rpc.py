@@ -139,3 +139,27 @@ def test_an_action_passes_the_session_side_once_handler_inputs_chunk(session: Se
     (ev,) = h.receive(json.dumps({"seq": 5, "t": 0, "keys": ["w"], "mouse": [3, 0]}), 0.1, coalesce=False)
     assert ev["event"] == "action_rejected" and "closed" in ev["message"]
     assert session.inputs.conditioner_state() == before and seen == [] and not session.inputs.wants_frames()
+
+
+def test_deep_nesting_is_refused_whatever_the_callers_stack_depth() -> None:
+    """json.loads' own guard is the recursion limit, so whether 1,000 levels parse depended on how deep the
+    caller's stack was; the explicit depth check refuses them (and anything past MAX_DEPTH) from anywhere."""
+    import sys
+
+    from worldcast.transport import errors as rpc_errors
+    from worldcast.transport.rpc import MAX_DEPTH, RpcError, parse_json
+
+    def refused(raw: str) -> RpcError:
+        try:
+            parse_json(raw, what="action")
+        except RpcError as e:
+            return e
+        raise AssertionError(f"{raw[:20]!r} was accepted")
+
+    for depth in (MAX_DEPTH + 1, 1000, sys.getrecursionlimit() - 50):
+        e = refused("[" * depth + "]" * depth)
+        assert e.code == rpc_errors.PARSE_ERROR and "nested too deeply" in str(e)
+    ok = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    assert parse_json(ok, what="action") is not None
+    # brackets inside strings do not count
+    assert parse_json('{"prompt": "' + "[" * 500 + '"}', what="control") == {"prompt": "[" * 500}
