@@ -229,8 +229,10 @@ class CompiledStep:
         if bucket is None:
             return self.fn(*args)
         padded = [_canonical(_pad(a, bucket)) for a in args]
-        sp = self._record(bucket, padded)
-        package = self.packages.get(bucket, {}).get(sp) if bucket in self.use_packages and sp else None  # type: ignore[arg-type]
+        package = None
+        if self.compiling or bucket in self.use_packages:  # specs are needed to build graphs' keys or find a package
+            sp = self._record(bucket, padded)
+            package = self.packages.get(bucket, {}).get(sp) if bucket in self.use_packages and sp else None  # type: ignore[arg-type]
         if package is not None:
             try:
                 out = package(*padded)

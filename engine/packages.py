@@ -4,8 +4,9 @@ A compiled step (`engine/compiled.py`) is traced by TorchDynamo and its
 kernels come from TorchInductor's on-disk cache, but the graph's weights
 stay ordinary tensors: oneDNN then reorders every linear's and
 convolution's weight into its blocked (AMX/VNNI) layout on each call.
-Freezing the weights into the graph prepacks them once (measured here: a
-TinyWorld bfloat16 denoising step 9.3 -> 7.1 ms, BENCHMARKS.md), but
+Freezing the weights into the graph prepacks them once (a TinyWorld bfloat16
+chunk at batch 1: 36.7 ms from graphs, 26.1 ms from packages, `python -m
+worldcast.engine.bench --chunks`, BENCHMARKS.md), but
 TorchInductor's FX graph cache cannot store oneDNN's packed tensors, so a
 frozen `torch.compile` graph is rebuilt at every start.
 

@@ -72,9 +72,10 @@ _STRINGS = re.compile(r'"(?:\\.|[^"\\])*"')
 def _too_deep(raw: str | bytes) -> bool:
     """Whether `raw` opens more than `MAX_DEPTH` arrays/objects at once (brackets inside strings ignored).
     Cheap for ordinary messages: only one with more than `MAX_DEPTH` opening brackets is scanned."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    if text.count("[") + text.count("{") <= MAX_DEPTH:
+    opening = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else raw.count("[") + raw.count("{")
+    if opening <= MAX_DEPTH:
         return False
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     depth = 0
     for ch in _STRINGS.sub("", text):
         if ch in "[{":
