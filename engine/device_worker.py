@@ -499,14 +499,18 @@ class DeviceWorker:
             return self.pool.num_slots - self.pool.used_slots - self._reserved
 
     def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int, state: bytes | None = None,
-                    on_restored: Callable[[bytes], None] | None = None) -> None:
+                    on_restored: Callable[[bytes | None, str | None], None] | None = None,
+                    verify: bool = False) -> None:
         """Reserve a state slot and start generating for `session_id` (the worker allocates it).
 
         Args:
             state: a session moved from another engine: its bytes from `export_session` there
                 (`engine/session_state.py`); its slot, rollout, RNG and schedule carry on from them.
-            on_restored: with `state`, called on the worker thread with the state captured again
-                right after the restore, before any step (a move's check: equal bytes).
+            on_restored: with `state`, called on the worker thread once the restore is done, before any
+                step: `(captured, None)` where it succeeded, `(None, reason)` where it failed (the session
+                is then gone from this engine and `on_error` is not called for it).
+            verify: `captured` is the state captured again right after the restore (a move's check: equal
+                bytes); without it, None.
 
         Raises:
             StatePoolExhausted: no free slot.
@@ -520,7 +524,7 @@ class DeviceWorker:
             self._reserved += 1
             self._pending_add.append(ChunkRollout(session_id, self.model, self.pool, conditioner, seed=seed))
             if captured is not None:
-                self._restores[session_id] = (captured, on_restored)
+                self._restores[session_id] = (captured, on_restored, verify)
             self._wake.notify_all()
 
     def export_session(self, session_id: str, done: Callable[[bytes | None, str | None], None], *,
@@ -609,7 +613,8 @@ class DeviceWorker:
             call()
 
     def _restore(self, r: ChunkRollout, captured: session_state.CapturedSession,
-                 on_restored: Callable[[bytes], None] | None) -> list[Callable[[], None]]:
+                 on_restored: Callable[[bytes | None, str | None], None] | None,
+                 verify: bool) -> list[Callable[[], None]]:
         """A moved session's state into its new slot (worker thread); a failure ends only that session.
         Returns the callbacks to run after the lock."""
         try:
@@ -619,12 +624,14 @@ class DeviceWorker:
                                    input_version=c.input_version())
             if on_restored is None:
                 return []
-            blob = session_state.capture(r, self.scheduler.schedule_of(r.session_id))
-            return [lambda: on_restored(blob)]
+            blob = session_state.capture(r, self.scheduler.schedule_of(r.session_id)) if verify else None
+            return [lambda: on_restored(blob, None)]
         except Exception as e:  # noqa: BLE001 - isolated to the moved session
             logger.warning("Session(%s): restoring its moved state failed: %r", r.session_id, e)
             self._remove(r.session_id)
             sid, reason = r.session_id, f"restoring its moved state failed: {e}"
+            if on_restored is not None:
+                return [lambda: on_restored(None, reason)]
             return [lambda: self.on_error(sid, reason)]
 
     def _run_exports(self) -> list[Callable[[], None]]:

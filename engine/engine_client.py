@@ -76,7 +76,7 @@ class EngineClient(EngineHandle):
         self._versions: dict[str, int] = {}  #: context version last sent per session
         self._requests = itertools.count(1)
         self._exports: dict[int, asyncio.Future[bytes]] = {}
-        self._restored: dict[str, asyncio.Future[bytes]] = {}
+        self._restored: dict[str, asyncio.Future[bytes | None]] = {}
         self._snapshot = EngineSnapshot(0, 0, 0)
         self._stalled_s = 0.0
         self._thread_choice: ThreadChoice | None = None
@@ -207,7 +207,11 @@ class EngineClient(EngineHandle):
         elif isinstance(m, msg.SessionExported):
             self._settle_export(m.request_id, m.state, m.error)
         elif isinstance(m, msg.SessionRestored):
-            self._settle_restored(m.session_id, m.state, None)
+            if m.error is not None:
+                with self._lock:
+                    self._sessions.discard(m.session_id)
+                    self._versions.pop(m.session_id, None)
+            self._settle_restored(m.session_id, m.state, m.error)
         elif isinstance(m, msg.EngineHello):
             inc.pid, inc.num_slots, inc.slot_bytes = m.pid, m.num_slots, m.slot_bytes
             self._snapshot = EngineSnapshot(m.num_slots, 0, m.slot_bytes)
@@ -238,8 +242,8 @@ class EngineClient(EngineHandle):
             fut = self._restored.pop(session_id, None)
             if fut is None or fut.done():
                 return
-            if state is None:
-                fut.set_exception(EngineUnavailable(error or "restore failed"))
+            if error is not None:
+                fut.set_exception(EngineUnavailable(error))
             else:
                 fut.set_result(state)
         if self._loop is not None and not self._loop.is_closed():
@@ -370,16 +374,17 @@ class EngineClient(EngineHandle):
                              verify: bool = False) -> bytes | None:
         inc = self._check_room()
         st = source.conditioner_state()
-        fut: asyncio.Future[bytes] | None = None
-        if verify:
-            fut = asyncio.get_running_loop().create_future()
-            self._restored[session_id] = fut
+        # settled by the engine's SessionRestored (or SessionFailed, or its death): a move is done only once
+        # the target has the session
+        fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._restored[session_id] = fut
         with self._lock:
             self._sessions.add(session_id)
             self._versions[session_id] = st.context_version
         await asyncio.get_running_loop().run_in_executor(
             None, self._send, inc, msg.AddSession(session_id, seed, st, state=state, verify=verify))
-        return None if fut is None else await fut
+        blob = await fut
+        return blob if verify else None
 
     # -- load ----------------------------------------------------------------------------------------
 

@@ -157,13 +157,15 @@ class EngineHandle(abc.ABC):
     @abc.abstractmethod
     async def import_session(self, session_id: str, source: SessionSource, *, seed: int, state: bytes,
                              verify: bool = False) -> bytes | None:
-        """Serve a session moved here from another engine, from its state bytes.
+        """Serve a session moved here from another engine, from its state bytes; returns once the engine has
+        restored it (or failed to).
 
         Returns:
             with `verify`, its state captured again right after the restore (else None).
 
         Raises:
-            StatePoolExhausted, SessionStateError, EngineUnavailable.
+            StatePoolExhausted, SessionStateError, EngineUnavailable (the engine went away, or the restore
+            failed there: the session is then not on it).
         """
 
     # -- load ------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ class AddSession:
     seed: int
     conditioner: ConditionerState | None
     state: bytes | None = None
-    verify: bool = False  #: with `state`: capture it again right after the restore (`SessionRestored`)
+    verify: bool = False  #: with `state`: capture it again right after the restore (in `SessionRestored`)
 
 
 @dataclass(frozen=True)
@@ -193,10 +193,12 @@ class SessionExported:
 
 @dataclass(frozen=True)
 class SessionRestored:
-    """A moved session's state captured again right after its restore (`AddSession.verify`)."""
+    """A moved session's restore is done (`AddSession.state`): with `AddSession.verify`, its state captured
+    again right after it; `error` where the restore failed (the session is then not on this engine)."""
 
     session_id: str
-    state: bytes
+    state: bytes | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -163,8 +163,11 @@ class EngineServer:
         mirror = MirrorConditioner(self.model, cond)
         self.mirrors[m.session_id] = mirror
         sid = m.session_id
-        on_restored = (lambda b: self.out.send_later(msg.SessionRestored(sid, b))) if m.verify else None
-        self.worker.add_session(sid, mirror, seed=m.seed, state=m.state, on_restored=on_restored)
+        on_restored = None
+        if m.state is not None:  # the restore's outcome goes back (the server's move waits for it)
+            def on_restored(b: bytes | None, error: str | None) -> None:
+                self.out.send_later(msg.SessionRestored(sid, b, error))
+        self.worker.add_session(sid, mirror, seed=m.seed, state=m.state, on_restored=on_restored, verify=m.verify)
 
     def handle(self, m: object) -> bool:
         """Apply one command; False when the process should end."""

@@ -162,12 +162,15 @@ class LocalEngine(EngineHandle):
     async def import_session(self, session_id: str, source: SessionSource, *, seed: int, state: bytes,
                              verify: bool = False) -> bytes | None:
         fut, settle = self._future()
-        self.worker.add_session(session_id, source, seed=seed, state=state,
-                                on_restored=(lambda b: settle(b, None)) if verify else None)
+        self.worker.add_session(session_id, source, seed=seed, state=state, on_restored=settle, verify=verify)
         self._track(session_id, source)
+        try:
+            blob = await fut  # the restore's outcome: a move is done only once the target has the session
+        except KeyError as e:
+            self._forget(session_id)
+            raise EngineUnavailable(f"engine {self.id}: {e.args[0] if e.args else e}") from None
         if not verify:
             return None
-        blob = await fut
         assert isinstance(blob, bytes)
         return blob
 

@@ -154,8 +154,9 @@ async def _move_steps(m: SessionManager, s: Session, src: EngineHandle, target: 
     except Exception as e:  # noqa: BLE001 - off the source and not on the target: it cannot go on
         m.moving.pop(session_id, None)
         logger.error("Session(%s): moving to engine %d failed: %r", session_id, target.id, e)
-        s.fail(f"moving to engine {target.id} failed: {e}")
-        m.close(session_id, CloseReason.ERROR)
+        if s.state != SessionState.CLOSED:  # (the target's own failure report may have closed it already)
+            s.fail(f"moving to engine {target.id} failed: {e}")
+            m.close(session_id, CloseReason.ERROR)
         raise MoveFailed(f"moving to engine {target.id} failed: {e}; the session is closed") from None
     t2 = time.perf_counter()
     for delta in m.moving.pop(session_id, []):

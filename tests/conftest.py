@@ -25,6 +25,14 @@ os.environ.setdefault("WORLDCAST_COMPILE", "0")
 os.environ.setdefault("WORLDCAST_PRECISION", "float32")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Keep each phase's report on the test item (`item.rep_call`...), for fixtures that act on a failure."""
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, f"rep_{rep.when}", rep)
+
+
 @pytest.fixture(scope="session")
 def model():  # type: ignore[no-untyped-def]
     """The shipped TinyWorld model (loaded once per test run)."""

@@ -49,8 +49,16 @@ CONTROL_BURST = InputLimits().control_burst
 #: Default time an answered peer has to reach `connected` before it is closed, s. ICE over a
 #: real network with relays takes a few seconds; a client that never applies the answer, never more.
 NEGOTIATION_TIMEOUT_S = 15.0
-#: Longest a disconnect waits for its reason event to leave the control channel, s.
-DISCONNECT_FLUSH_S = 1.0
+#: Longest a disconnect waits for its reason event to reach the client (acknowledged by its SCTP), s.
+DISCONNECT_FLUSH_S = 3.0
+
+
+
+def _sctp_unacknowledged(pc: RTCPeerConnection) -> bool:
+    """Whether `pc`'s SCTP association still holds data chunks it has not sent or the peer has not
+    acknowledged (aiortc's private queues; False where aiortc does not have them)."""
+    sctp = pc.sctp
+    return sctp is not None and bool(getattr(sctp, "_outbound_queue", None) or getattr(sctp, "_sent_queue", None))
 
 
 class WebRTCPeer:
@@ -136,9 +144,18 @@ class WebRTCPeer:
         self._spawn(self._disconnect("flood"))
 
     async def _disconnect(self, reason: str) -> None:
-        """Close after the control channel has sent what is queued (the reason event), bounded."""
+        """Close once the client has the reason event, bounded by `DISCONNECT_FLUSH_S`.
+
+        A data channel's `bufferedAmount` falling to 0 only means its messages reached the SCTP
+        association's queues, not the peer: closing the peer connection aborts the association
+        (an SCTP ABORT, RFC 9260 section 9.1) and drops what is still unsent or unacknowledged, which under a
+        flood from the client is often the reason event itself. So wait for the association's send and
+        retransmission queues to empty as well (aiortc keeps them as `_outbound_queue` and `_sent_queue`;
+        without them, only `bufferedAmount` is waited for).
+        """
         ch, deadline = self._control, time.monotonic() + DISCONNECT_FLUSH_S
-        while ch is not None and ch.readyState == "open" and ch.bufferedAmount > 0 and time.monotonic() < deadline:
+        while ch is not None and ch.readyState == "open" and time.monotonic() < deadline \
+                and (ch.bufferedAmount > 0 or _sctp_unacknowledged(self.pc)):
             await asyncio.sleep(0.01)
         await self.aclose(reason)
 

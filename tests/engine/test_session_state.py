@@ -82,7 +82,8 @@ def test_a_moved_session_has_identical_state_and_continues_as_its_unmoved_twin(m
         wait_for(lambda: a.pool.used_slots == 0)
         n_a = a_rec.count()
         restored: list[bytes] = []
-        b.add_session("x", ScriptedConditioner(keys={"d": True}), seed=999, state=blob, on_restored=restored.append)
+        b.add_session("x", ScriptedConditioner(keys={"d": True}), seed=999, state=blob, verify=True,
+                      on_restored=lambda state, error: restored.append(state or error))
         wait_for(lambda: b_rec.count() >= FRAMES - n_a)
         assert restored == [blob], "the state captured on B right after the restore differs from what left A"
         assert a_rec.count() == n_a, "engine A generated for the session after it left"

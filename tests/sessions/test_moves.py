@@ -103,6 +103,38 @@ async def test_drain_moves_every_session_off_and_placement_skips_the_engine_unti
         await m.aclose()
 
 
+async def test_a_restore_that_fails_on_the_target_fails_the_move_and_drain_reports_it(  # type: ignore[no-untyped-def]
+        model, monkeypatch) -> None:
+    """A move is done only once the target has restored the session: a restore that fails there (a fault
+    injected into `session_state.restore`, a fake) is the move's error, not a 'moved' followed by a
+    silent close; the session is closed with the reason, and drain lists it under `stayed`."""
+    from worldcast.engine import session_state
+
+    m = manager(model)
+    await m.start()
+    try:
+        a, b = await m.create(seed=1), await m.create(seed=2)
+        errors: list[object] = []
+        a.on("error", lambda s, r: errors.append(r))
+        sink = ListSink()
+        a.attach_sink(sink)
+        await until(lambda: len(sink.frames) >= 2)
+
+        def broken(r, captured) -> None:  # type: ignore[no-untyped-def]
+            raise RuntimeError("injected restore fault")
+
+        monkeypatch.setattr(session_state, "restore", broken)
+        with pytest.raises(MoveFailed, match="injected restore fault"):
+            await moves.move_session(m, a.id, to=1)
+        assert a.state == SessionState.CLOSED and a.close_reason == CloseReason.ERROR and a.id not in m.sessions
+        assert [str(e) for e in errors] and all("injected restore fault" in str(e) for e in errors), errors
+        assert a.id not in m.engines[1].session_ids and a.id not in m.engines[0].session_ids
+        report = await moves.drain(m, 1)  # b, on engine 1, cannot move either
+        assert report.moved == [] and "injected restore fault" in report.stayed[b.id]
+    finally:
+        await m.aclose()
+
+
 async def test_a_lost_engine_fails_only_its_own_sessions_with_engine_lost(model) -> None:  # type: ignore[no-untyped-def]
     m = manager(model)
     await m.start()

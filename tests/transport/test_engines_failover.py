@@ -29,6 +29,10 @@ ADMIN = "test-admin-token-0123456789"
 READY_TIMEOUT_S = 240.0
 
 
+#: base URL -> the log file of the server process serving it (printed under a test that fails)
+SERVER_LOGS: dict[str, str] = {}
+
+
 @contextlib.contextmanager
 def serve(*flags: str) -> Iterator[str]:
     port = free_port()
@@ -46,8 +50,10 @@ def serve(*flags: str) -> Iterator[str]:
                 if httpx.get(f"{url}/readyz", timeout=5).json().get("engines", {}).get("up") == 2:
                     break
             time.sleep(0.3)
+        SERVER_LOGS[url] = log.name
         yield url
     finally:
+        SERVER_LOGS.pop(url, None)
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(60)
@@ -63,6 +69,16 @@ def server() -> Iterator[str]:
     with serve("--engines", "2", "--admission", "static", "--max-sessions", "4", "--admin-token", ADMIN,
                "--restart-backoff", "0.5") as url:
         yield url
+
+
+@pytest.fixture(autouse=True)
+def server_log_on_failure(request: pytest.FixtureRequest, server: str) -> Iterator[None]:
+    """Print the tail of the server's log under a test that failed (the log file goes with the server)."""
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed and server in SERVER_LOGS:
+        with open(SERVER_LOGS[server]) as f:
+            print(f"--- the server's log (last 8000 characters) ---\n{f.read()[-8000:]}")
 
 
 def media(c: StreamClient, since_s: float = 0.0) -> list[dict[str, Any]]:
