@@ -283,11 +283,23 @@ class StepCompiler:
         self.mode = compile_mode_for(device, enabled=enabled)
         self.freeze = freeze
         self.buckets = tuple(sorted(set(buckets)))
-        self.steps: dict[str, CompiledStep] = {}  #: the latest wrapper per step name
-        self._all: list[CompiledStep] = []  #: every wrapper made (a model keeps one set per precision)
+        #: one set of wrappers per key (`select`; a model wraps each precision's steps once and keeps them)
+        self._sets: dict[object, dict[str, CompiledStep]] = {}
+        self.steps: dict[str, CompiledStep] = self._sets.setdefault(None, {})  #: the set in use, by step name
+        self._all: list[CompiledStep] = []  #: every wrapper made
+
+    def select(self, key: object) -> None:
+        """Make the wrappers kept under `key` (e.g. a dtype) the steps in use, the set that `load_packages`,
+        `use_packages`, `enabled_buckets` and `failed` read; `wrap` adds to it.
+
+        Call it before the model's `set_precision` and `compile_steps`, with the key of the precision it will
+        run in: the model wraps a precision's steps only the first time (in either call), and later returns
+        those same wrappers.
+        """
+        self.steps = self._sets.setdefault(key, {})
 
     def wrap(self, name: str, fn: StepFn) -> StepFn:
-        """A `models.base.StepWrap`: the step `fn` as a `CompiledStep` (the latest of that name in `steps`)."""
+        """A `models.base.StepWrap`: the step `fn` as a `CompiledStep`, kept in `steps` (the set selected)."""
         step = CompiledStep(name, fn, self.mode, self.buckets, freeze=self.freeze)
         self.steps[name] = step
         self._all.append(step)

@@ -217,6 +217,7 @@ class ChunkRunner:
 
 def use_way(model: WorldModel, compiler: StepCompiler, dtype: torch.dtype, *, compiled: bool | tuple[int, ...]) -> None:
     """Run `model` in `dtype`, its steps compiled (True: at batch 1; a tuple: at those buckets) or eager."""
+    compiler.select(dtype)  # first: changing precision may wrap that dtype's steps (made now, or kept)
     model.set_precision(dtype)
     model.compile_steps(compiler.wrap)
     compiler.enable(compiled if isinstance(compiled, tuple) else (1,) if compiled else ())

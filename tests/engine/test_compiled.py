@@ -111,3 +111,27 @@ def test_compiled_tinyworld_chunks_equal_eager_chunks(fresh_model) -> None:  # t
                     assert np.abs(fa.astype(int) - fb.astype(int)).max() <= 1, f"batch {batch}: compiled differs"
     finally:
         m.compile_steps(None)
+
+
+def test_the_steps_in_use_follow_the_precision_served(fresh_model) -> None:  # type: ignore[no-untyped-def]
+    """After a warm-up measures float32, then bfloat16, then serves float32 again, the compiler's steps in use
+    (what packages, digests and enabled buckets are looked up on) are the float32 wrappers the model runs,
+    not the last ones made."""
+    from worldcast.engine.warmup import use_way
+
+    m = fresh_model
+    compiler = StepCompiler(m.device, buckets=(1, 2))
+    try:
+        use_way(m, compiler, torch.float32, compiled=False)
+        fp32 = dict(compiler.steps)
+        use_way(m, compiler, torch.bfloat16, compiled=False)
+        bf16 = dict(compiler.steps)
+        assert all(bf16[n] is not fp32[n] for n in fp32)
+        use_way(m, compiler, torch.float32, compiled=(2,))
+        for name in ("denoise", "commit", "decode"):
+            assert compiler.steps[name] is m._steps[name] is fp32[name]
+        assert compiler.enabled_buckets() == (2,)
+        assert all(s.enabled == {2} for s in compiler.steps.values())
+    finally:
+        m.compile_steps(None)
+        m.set_precision(torch.float32)
