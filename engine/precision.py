@@ -25,6 +25,21 @@ import numpy as np
 #: A later (more complex) way must be this share faster than the best simpler one.
 MIN_GAIN = 0.05
 
+#: A non-reference dtype whose eager check ran this many times slower than the reference's gets no graphs.
+#: Compiled steps took 0.69-0.92x of their eager chunk on the machines measured (BENCHMARKS.md, issue 19),
+#: so a dtype 2x slower eager cannot win compiled; on a CPU without bf16 units (AVX2 only: bf16 eager is
+#: 5-6x fp32) building its graphs would only add a minute to a cold start.
+MAX_COMPILE_RATIO = 2.0
+
+
+def worth_compiling(eager_s: float, reference_eager_s: float, *, max_ratio: float = MAX_COMPILE_RATIO) -> bool:
+    """Whether to build a dtype's graphs, from the wall time of its eager check and the reference's (s).
+
+    Both times are of the same check (the same chunks, eager); the reference's includes first-call
+    costs, which only makes this more willing to compile.
+    """
+    return eager_s <= max_ratio * reference_eager_s
+
 
 def frame_psnr_db(a: np.ndarray, b: np.ndarray) -> float:
     """PSNR of uint8 frames `a` against `b` (same shape, ..., H, W, 3), dB, peak 255; inf when equal.
@@ -64,6 +79,7 @@ class Trial:
         compiled_psnr_db: the same for its compiled frames (a compiled way qualifies only at or above
             the tolerance too, the reference's included).
         error: why this dtype could not run (None: it ran).
+        compile_skipped: why its graphs were not built (None: built, or nothing compiles here).
     """
 
     dtype: str
@@ -72,6 +88,7 @@ class Trial:
     psnr_db: float = math.inf
     compiled_psnr_db: float = math.inf
     error: str | None = None
+    compile_skipped: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +131,9 @@ class PrecisionChoice:
 
         for t in self.trials:
             q = "" if self.qualified(t) else (f" (failed: {t.error})" if t.error else " (below tolerance)")
-            parts.append(f"{t.dtype}: eager {ms(t.eager_s)} ({db(t.psnr_db)}), compiled {ms(t.compiled_s)} "
-                         f"({db(t.compiled_psnr_db)}){q}")
+            comp = (f"compiled not built ({t.compile_skipped})" if t.compile_skipped else
+                    f"compiled {ms(t.compiled_s)} ({db(t.compiled_psnr_db)})")
+            parts.append(f"{t.dtype}: eager {ms(t.eager_s)} ({db(t.psnr_db)}), {comp}{q}")
         return (f"{self.dtype}, {how}, the fastest within {self.min_psnr_db:g} dB of the reference "
                 f"(chunk at batch 1: {'; '.join(parts)})")
 

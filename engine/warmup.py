@@ -43,7 +43,7 @@ import torch
 
 from worldcast.engine.compiled import StepCompiler
 from worldcast.engine.packages import PackageStore
-from worldcast.engine.precision import MIN_GAIN, PrecisionChoice, Trial, choose, min_psnr_db
+from worldcast.engine.precision import MIN_GAIN, PrecisionChoice, Trial, choose, min_psnr_db, worth_compiling
 from worldcast.engine.rollout import BatchCache, ChunkRollout, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
@@ -236,8 +236,9 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
                        only: str | None = None) -> PrecisionChoice:
     """Measure every declared dtype at batch 1, eager and compiled, and choose (`engine/precision.py`).
 
-    Per dtype: weights converted, the quality check run eager, then (where steps compile) the batch-1
-    graphs built and the check run again compiled. Then every way that ran times `repeats` chunks in
+    Per dtype: weights converted, the quality check run eager, then (where steps compile, and the dtype's
+    eager check was not far slower than the reference's: `precision.worth_compiling`) the batch-1 graphs
+    built and the check run again compiled. Then every way that ran times `repeats` chunks in
     interleaved rounds (each way once per round), so a drift in the machine's speed touches all alike;
     the median is kept. Leaves the model in the chosen dtype with its steps wrapped by `compiler`, batch 1
     compiled when the choice is. A dtype whose conversion or chunk raises is recorded as failed.
@@ -267,9 +268,11 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
     reference: list[np.ndarray] | None = None
     found: dict[str, dict[str, object]] = {}  #: dtype name -> Trial fields found so far
     ways: list[tuple[torch.dtype, bool]] = []  #: (dtype, compiled) that ran and were checked
+    clock = work_clock(model.device)
     for dt in dtypes:
         name = dtype_name(dt)
         logger.info("warm-up: %s: converting the weights, checking its frames eager", name)
+        t0 = clock()
         try:
             use_way(model, compiler, dt, compiled=False)
             frames = _check(model, context, spec.check_chunks)
@@ -279,11 +282,17 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
             logger.warning("warm-up: %s failed: %r", name, e)
             found[name] = {"error": f"{type(e).__name__}: {e}"[:200]}
             continue
+        check_s = clock() - t0
         if reference is None:
-            reference = frames
+            reference, reference_check_s = frames, check_s
         found[name] = {"psnr_db": math.inf if frames is reference else min_psnr_db(frames, reference)}
         ways.append((dt, False))
         if not compiles:
+            continue
+        if frames is not reference and not worth_compiling(check_s, reference_check_s):
+            why = f"eager check {check_s / reference_check_s:.1f}x the reference's"
+            logger.info("warm-up: %s: no graphs built (%s: compiling cannot make it the fastest)", name, why)
+            found[name]["compile_skipped"] = why
             continue
         logger.info("warm-up: %s: building (or loading from the cache) the batch-1 graphs of %s", name,
                     ", ".join(compiler.steps))
@@ -324,7 +333,7 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
                             statistics.median(comp) if comp else None,
                             float(f.get("psnr_db", math.inf)),  # type: ignore[arg-type]
                             float(f.get("compiled_psnr_db", math.inf)),  # type: ignore[arg-type]
-                            f.get("error")))  # type: ignore[arg-type]
+                            f.get("error"), f.get("compile_skipped")))  # type: ignore[arg-type]
     choice = choose(trials, min_psnr_db=spec.min_psnr_db)
     use_way(model, compiler, dtype_from_name(choice.dtype), compiled=choice.compiled)
     return choice

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from worldcast.engine.precision import MIN_GAIN, Trial, choose, frame_psnr_db, min_psnr_db
+from worldcast.engine.precision import MIN_GAIN, Trial, choose, frame_psnr_db, min_psnr_db, worth_compiling
 from worldcast.models.spec import PrecisionSpec, dtype_from_name, dtype_name
 
 
@@ -60,6 +60,19 @@ def test_a_dtype_that_failed_to_run_is_skipped_and_the_reference_must_run() -> N
         choose([Trial("float32", None, error="boom")], min_psnr_db=30.0)
     with pytest.raises(ValueError):
         choose([], min_psnr_db=30.0)
+
+
+def test_a_dtype_far_slower_eager_gets_no_graphs_and_the_log_says_why() -> None:
+    """An AVX2-only CPU runs bfloat16 eager 5-6x slower than float32 (BENCHMARKS.md): no graphs for it."""
+    assert worth_compiling(0.30, 0.20) and worth_compiling(0.40, 0.20)
+    assert not worth_compiling(0.41, 0.20)
+    assert not worth_compiling(1.75, 0.34)
+    assert worth_compiling(0.90, 0.20, max_ratio=5.0)
+    c = choose([Trial("float32", 0.078, 0.070), Trial("bfloat16", 0.446, psnr_db=54.5,
+                                                      compile_skipped="eager check 5.1x the reference's")],
+               min_psnr_db=30.0)
+    assert (c.dtype, c.compiled) == ("float32", True)
+    assert "bfloat16: eager 446.0 ms (54.5 dB), compiled not built (eager check 5.1x" in c.describe()
 
 
 def test_precision_spec_and_dtype_names_are_checked() -> None:
