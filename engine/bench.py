@@ -14,7 +14,10 @@ Each session is an always-active scripted conditioner (keys change every
 second). Per mode it reports total and per-session delivered frames/s, the
 share of frames on time (delivered less than one frame period after their
 presentation time), the spread of per-session frames/s around their mean
-(fairness), and the measured step costs. Frames are stamped on delivery by
+(fairness), the measured step costs, and the full garbage collections in the
+window (count, longest ms: each stalls the device thread; after the warm-up
+the CLI freezes start-up objects out of collection as the server does,
+`engine.memory.freeze_startup_objects`). Frames are stamped on delivery by
 the worker's callback, on the worker's own monotonic clock.
 
 `--faults` adds three victim sessions one after another beside the N
@@ -32,6 +35,7 @@ comparison, in the second before it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -45,6 +49,7 @@ import numpy as np
 import torch
 
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
+from worldcast.engine.memory import freeze_startup_objects
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.models import registry
@@ -82,9 +87,11 @@ class _Collector:
 
 
 def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: int,
-             threads: int | None, precision: str | None = None, compile: bool | None = None) -> DeviceWorker:
+             threads: int | None, precision: str | None = None, compile: bool | None = None,
+             freeze: bool = False) -> DeviceWorker:
     """A warmed-up, started device worker serving sessions s0..s{N-1}, reporting to `col`
-    (`precision` None: measured; `compile` None: EngineConfig's default)."""
+    (`precision` None: measured; `compile` None: EngineConfig's default; `freeze`: start-up objects frozen
+    out of garbage collection after the warm-up, as the server does, `engine.memory.freeze_startup_objects`)."""
     extra = {} if compile is None else {"compile": compile}
     w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * (sessions + 4),
                                          max_batch=max_batch, torch_threads=threads, precision=precision, **extra),
@@ -93,6 +100,8 @@ def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: in
     if threads:
         torch.set_num_threads(threads)
     w.warmup()
+    if freeze:
+        freeze_startup_objects()
     w.start()
     for i in range(sessions):
         w.add_session(f"s{i}", _conditioner(model, i), seed=i)
@@ -100,10 +109,11 @@ def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: in
 
 
 def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int | None,
-               precision: str | None = None, compile: bool | None = None) -> dict[str, object]:
+               precision: str | None = None, compile: bool | None = None, freeze: bool = False) -> dict[str, object]:
     """N always-on sessions; victims cancelled, failing and NaN-ing one after another (see module doc)."""
     col = _Collector()
-    w = _serving(model, col, sessions=sessions, max_batch=8, threads=threads, precision=precision, compile=compile)
+    w = _serving(model, col, sessions=sessions, max_batch=8, threads=threads, precision=precision, compile=compile,
+                 freeze=freeze)
     period = float(model.spec.frame_period)
     gap = max(3.0, seconds / 3)
     out: dict[str, object] = {"sessions": sessions}
@@ -142,18 +152,39 @@ def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int
     return out
 
 
+class _FullCollections:
+    """A `gc.callbacks` entry: the duration of every full (generation 2) collection, s (each holds the GIL,
+    stalling the device thread)."""
+
+    def __init__(self) -> None:
+        self.took_s: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif info.get("generation") == 2:
+            self.took_s.append(time.perf_counter() - self._start)
+
+
 def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int, threads: int | None,
-             warmup_s: float = 2.0, precision: str | None = None, compile: bool | None = None) -> dict[str, object]:
-    """Serve `sessions` always-on sessions for `seconds` (after `warmup_s`) and report."""
+             warmup_s: float = 2.0, precision: str | None = None, compile: bool | None = None,
+             freeze: bool = False) -> dict[str, object]:
+    """Serve `sessions` always-on sessions for `seconds` (after `warmup_s`) and report (`freeze`: `_serving`)."""
     col = _Collector()
     w = _serving(model, col, sessions=sessions, max_batch=max_batch, threads=threads, precision=precision,
-                 compile=compile)
+                 compile=compile, freeze=freeze)
     warm = w.snapshot.warmup
     load = os.getloadavg()[0]
     time.sleep(warmup_s)
+    full_gc = _FullCollections()
+    gc.callbacks.append(full_gc)
     t0 = time.monotonic()
-    time.sleep(seconds)
-    t1 = time.monotonic()
+    try:
+        time.sleep(seconds)
+    finally:
+        t1 = time.monotonic()
+        gc.callbacks.remove(full_gc)
     w.stop()
     period = float(model.spec.frame_period)
     with col.lock:
@@ -175,6 +206,7 @@ def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int
         "precision": warm.precision.dtype if warm else None,
         "compiled_buckets": list(warm.compiled_buckets) if warm else [],
         "load_avg_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
+        "full_gc": {"count": len(full_gc.took_s), "max_ms": round(max(full_gc.took_s, default=0.0) * 1e3, 1)},
     }
 
 
@@ -226,10 +258,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.faults:
         print(json.dumps(run_faults(model, sessions=args.sessions, seconds=args.seconds, threads=args.threads,
-                                    precision=args.precision, compile=args.compile), indent=2))
+                                    precision=args.precision, compile=args.compile, freeze=True), indent=2))
         return
     results = [run_mode(model, sessions=args.sessions, seconds=args.seconds, max_batch=8 if m == "on" else 1,
-                        threads=args.threads, precision=args.precision, compile=args.compile) for m in args.modes]
+                        threads=args.threads, precision=args.precision, compile=args.compile, freeze=True)
+               for m in args.modes]
     for r in results:
         print(json.dumps(r))
     if len(results) == 2:

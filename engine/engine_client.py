@@ -80,6 +80,7 @@ class EngineClient(EngineHandle):
         self._snapshot = EngineSnapshot(0, 0, 0)
         self._stalled_s = 0.0
         self._thread_choice: ThreadChoice | None = None
+        self.frozen_objects = 0  #: start-up objects the engine process froze out of garbage collection
         #: what a restart takes from the lost process: its step costs, thread count and warm-up report
         self._prior: tuple[CostModel, int | None, WarmupReport | None] | None = None
         self._warmup = True
@@ -217,6 +218,7 @@ class EngineClient(EngineHandle):
             self._snapshot = EngineSnapshot(m.num_slots, 0, m.slot_bytes)
         elif isinstance(m, msg.EngineReady):
             self._thread_choice, self._snapshot = m.thread_choice, m.snapshot
+            self.frozen_objects = m.frozen_objects
             # warm-up may have allocated the pool anew in the served dtype (`DeviceWorker._replan_pool`)
             inc.num_slots, inc.slot_bytes = m.snapshot.slots_total, m.snapshot.slot_bytes
             inc.ready_at_s = time.monotonic()

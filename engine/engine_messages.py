@@ -145,6 +145,7 @@ class EngineReady:
 
     thread_choice: ThreadChoice | None
     snapshot: EngineSnapshot
+    frozen_objects: int = 0  #: start-up objects frozen out of garbage collection (`engine/memory.py`)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from worldcast.engine import engine_messages as msg
 from worldcast.engine.device_worker import DeviceWorker
 from worldcast.engine.engine_conditioner import MirrorConditioner
 from worldcast.engine.errors import EngineError
+from worldcast.engine.memory import freeze_startup_objects
 from worldcast.engine.session_state import SessionStateError
 from worldcast.engine.shm_frames import FrameMeta, FrameRing, FrameRingFull
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
@@ -211,8 +212,9 @@ class EngineServer:
             w.resume(self.spec.prior_served)  # the predecessor's threads, dtype, compiled buckets: nothing timed
         elif self.spec.warmup:
             w.warmup()
+        frozen = freeze_startup_objects()  # full collections then skip what start-up made (engine/memory.py)
         w.start()
-        self.out.send(msg.EngineReady(w.thread_choice, w.snapshot))
+        self.out.send(msg.EngineReady(w.thread_choice, w.snapshot, frozen))
         threading.Thread(target=self._status_loop, name="worldcast-engine-status", daemon=True).start()
         try:
             while True:

@@ -36,6 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from worldcast.engine.memory import freeze_startup_objects
 from worldcast.models.base import WorldModel
 from worldcast.sessions.errors import CapacityExhausted, SessionError
 from worldcast.sessions.manager import SessionManager
@@ -45,7 +46,7 @@ from worldcast.transport.config import ServerConfig
 from worldcast.transport.engine_api import build_engines
 from worldcast.transport.http_body import BodyPolicy, RoutePolicy
 from worldcast.transport.limits import InputGuard
-from worldcast.transport.memory import HeapTrimmer, configure_malloc, freeze_startup_objects
+from worldcast.transport.memory import HeapTrimmer, configure_malloc
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.model_api import MAX_BODY_BYTES, create_body_limit
 from worldcast.transport.peers import PeerRegistry

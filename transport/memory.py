@@ -25,8 +25,8 @@ Before trimming, the closed sessions' objects must actually be freed: a peer
 connection, its tracks and their PyAV codec contexts form reference cycles,
 which CPython frees only in a full (generation 2) collection, rare in a
 long-running server; their native buffers stay allocated until then. So the
-trimmer runs `gc.collect()` first, and the app calls `freeze_startup_objects`
-once started (`gc.freeze()`: what start-up made, the model and libraries, is
+trimmer runs `gc.collect()` first, and the app calls
+`engine.memory.freeze_startup_objects` once started (`gc.freeze()`: what start-up made, the model and libraries, is
 never scanned again, so that collection takes milliseconds).
 
 Elsewhere (musl, macOS) the glibc calls are no-ops.
@@ -83,14 +83,6 @@ def configure_malloc(config: MemoryConfig) -> None:
         limit_malloc_arenas(config.malloc_arena_max)
     if config.mmap_threshold_bytes is not None:
         fix_mmap_threshold(config.mmap_threshold_bytes)
-
-
-def freeze_startup_objects() -> int:
-    """Move every object tracked so far to the permanent generation (`gc.freeze`), after a collection:
-    later full collections skip them. Returns how many were frozen."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def trim_heap() -> bool:

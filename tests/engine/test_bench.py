@@ -1,6 +1,8 @@
 """The scheduler benchmark runs end to end and reports consistent numbers (not the numbers themselves)."""
 
-from worldcast.engine.bench import run_mode
+import gc
+
+from worldcast.engine.bench import _FullCollections, run_mode
 
 
 def test_bench_batches_always_active_sessions_in_lock_step_and_not_when_told_not_to(model) -> None:  # type: ignore[no-untyped-def]
@@ -9,6 +11,21 @@ def test_bench_batches_always_active_sessions_in_lock_step_and_not_when_told_not
     assert on["mean_step_batch"] > 1.5, "two always-active sessions on one deadline grid run as one batch"
     assert off["mean_step_batch"] == 1.0
     assert on["total_fps"] > 0 and off["total_fps"] > 0
+    assert on["full_gc"]["count"] >= 0 and on["full_gc"]["max_ms"] >= 0.0
+
+
+def test_the_bench_times_full_collections_only() -> None:
+    seen = _FullCollections()
+    gc.callbacks.append(seen)
+    try:
+        gc.collect(0)
+        gc.collect(1)
+        assert seen.took_s == []
+        gc.collect()
+        gc.collect(2)
+    finally:
+        gc.callbacks.remove(seen)
+    assert len(seen.took_s) == 2 and all(t >= 0.0 for t in seen.took_s)
 
 
 def test_bench_faults_end_only_their_victims(model) -> None:  # type: ignore[no-untyped-def]

@@ -122,6 +122,7 @@ async def test_frames_come_through_shared_memory_as_the_in_process_engine_makes_
     await c.start(warmup=False)
     try:
         assert c.state == "ready" and c.pid is not None and c.pid != os.getpid() and c.num_slots == 2
+        assert c.frozen_objects > 10_000, "the engine process froze its start-up objects out of collection"
         c.add_session("s", Source(state(model)), seed=7)
         await until(lambda: rec.count("s") >= FRAMES, what="frames")
         with rec.lock:

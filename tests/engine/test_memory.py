@@ -3,6 +3,7 @@ the refusal of a device that cannot hold one session, the host reading, and the 
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.errors import DeviceTooSmall
-from worldcast.engine.memory import GiB, MemoryReading, plan_state_memory, read_device_memory
+from worldcast.engine.memory import GiB, MemoryReading, freeze_startup_objects, plan_state_memory, read_device_memory
 from worldcast.models.spec import AttentionRingSpec, PromptCacheSpec, TensorStateSpec
 
 STATES = (
@@ -95,3 +96,23 @@ def test_the_worker_sizes_its_pool_from_the_reading_and_plans_activations(model,
     old = DeviceWorker(model, EngineConfig(kv_budget_bytes=slot * 2, torch_threads=1), on_frames=lambda f: None,
                        on_error=lambda s, r: None, memory_reader=lambda dev: fake(slot))  # the old name still works
     assert old.pool.num_slots == 2
+
+
+def test_start_up_objects_frozen_out_of_collection_are_not_scanned_again() -> None:
+    """After `freeze_startup_objects`, what existed is in the permanent generation (a full collection skips
+    it) and what is made afterwards is collected as usual."""
+    class Node:
+        pass
+
+    old = Node()
+    try:
+        frozen = freeze_startup_objects()
+        assert frozen == gc.get_freeze_count() and frozen > 1000
+        assert not any(o is old for o in gc.get_objects()), "a frozen object is no longer tracked for collection"
+        new = Node()
+        new.self = new  # a cycle: only the collector frees it
+        assert any(o is new for o in gc.get_objects())
+    finally:
+        gc.unfreeze()  # the rest of the suite counts tracked objects
+    assert any(o is old for o in gc.get_objects())
+
