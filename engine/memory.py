@@ -180,9 +180,9 @@ def freeze_startup_objects() -> int:
     """Move every object tracked so far to the permanent generation (`gc.freeze`), after a collection, so
     later full collections skip them. Returns how many were frozen.
 
-    Call it once warm-up is done: a warm-up leaves about 600,000 tracked objects (the model, the compiled
-    graphs, the libraries), and one full collection over them took 0.9 s on a 2-vCPU AVX2 VM (2.6 s seen
-    after a cold compile), holding the GIL, so every session's frames stalled for it (BENCHMARKS.md,
+    Call it once warm-up is done: a warm-up leaves about 640,000 tracked objects (the model, the compiled
+    graphs, the libraries), and one full collection over them took 751 ms on a 2-vCPU AVX2 VM (a 2.6 s
+    step was seen after a cold compile), holding the GIL, so every session's frames stalled for it (BENCHMARKS.md,
     "CPUs without AMX"; the log line gives the collection's time on the machine at hand). vLLM freezes
     after its warm-up for the same reason.
     """
@@ -194,4 +194,3 @@ def freeze_startup_objects() -> int:
     logger.info("froze %d start-up objects out of garbage collection (a full collection over them took %.0f ms)",
                 frozen, took_s * 1e3)
     return frozen
-

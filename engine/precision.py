@@ -33,7 +33,8 @@ MAX_COMPILE_RATIO = 2.0
 
 
 def worth_compiling(eager_s: float, reference_eager_s: float, *, max_ratio: float = MAX_COMPILE_RATIO) -> bool:
-    """Whether to build a dtype's graphs, from the wall time of its eager check and the reference's (s).
+    """Whether to build a dtype's graphs, from the time of its eager check and the reference's (s, each on
+    `timing.work_clock`: thread CPU time on a one-thread CPU).
 
     Both times are of the same check (the same chunks, eager); the reference's includes first-call
     costs, which only makes this more willing to compile.
