@@ -26,9 +26,9 @@ import numpy as np
 MIN_GAIN = 0.05
 
 #: A non-reference dtype whose eager check ran this many times slower than the reference's gets no graphs.
-#: Compiled steps took 0.69-0.92x of their eager chunk on the machines measured (BENCHMARKS.md, issue 19),
-#: so a dtype 2x slower eager cannot win compiled; on a CPU without bf16 units (AVX2 only: bf16 eager is
-#: 5-6x fp32) building its graphs would only add a minute to a cold start.
+#: Compiled steps (graphs or packages) took 0.59-1.0x of the same dtype's eager chunk on the machines measured
+#: (BENCHMARKS.md, the issue 19 chunk tables), so a dtype 2x slower eager cannot win compiled; on a CPU
+#: without bf16 units (AVX2 only: bf16 eager is 5-6x fp32) its graphs would only add a minute to a cold start.
 MAX_COMPILE_RATIO = 2.0
 
 
