@@ -7,6 +7,7 @@
     python -m worldcast.latency_bench compare --a shared --b baseline --trace duty30-short
     python -m worldcast.latency_bench mtp --sessions 2 --profile static:engines=2   # two engine processes
     python -m worldcast.latency_bench engines --kills 3 --moves 10                  # crash and move costs
+    python -m worldcast.latency_bench startup --runs 3                              # start-up to ready
 
 Without --url each run starts its own server (`worldcast serve` in a child
 process on a free loopback port, ICE pinned to 127.0.0.1) from a profile
@@ -186,9 +187,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kills", type=int, default=3, help="SIGKILLs of an engine process, one after another")
     p.add_argument("--moves", type=int, default=10, help="moves of one streaming session")
     p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results/<time>)")
+    p = sub.add_parser("startup", help="start-up to ready: a server started --runs times in a row, with its "
+                                       "warm-up phases", formatter_class=fmt)
+    p.add_argument("--runs", type=int, default=3, help="servers started, one after another")
+    p.add_argument("--profile", default="static", help=prof_help)
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results/<time>)")
     args = ap.parse_args(argv)
     if args.command == "engines":
         run_engines(ap, args)
+        return
+    if args.command == "startup":
+        run_startup(ap, args)
         return
 
     out = args.out or Path("bench_results") / time.strftime("%Y%m%d-%H%M%S")
@@ -231,6 +240,30 @@ def main(argv: list[str] | None = None) -> None:
         where = f" ({args.url})" if args.url else ""
         raise SystemExit(f"error{where}: {type(e).__name__}: {e}") from None
     finish(out, data)
+
+
+def run_startup(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`startup`: start-up to ready, `--runs` servers in a row (latency_bench/startup.py)."""
+    from worldcast.latency_bench import startup as startup_mod
+
+    if not 1 <= args.runs <= 50:
+        ap.error("need 1 <= --runs <= 50")
+    try:
+        profile = ServerProfile.parse(args.profile)
+    except ValueError as e:
+        ap.error(str(e))
+    out = args.out or Path("bench_results") / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        runs = startup_mod.measure(profile, runs=args.runs)
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None
+    except Exception as e:  # noqa: BLE001 - one line for the user
+        raise SystemExit(f"error: {type(e).__name__}: {e}") from None
+    report.table(f"start-up to ready ({profile.name})", startup_mod.columns(runs))
+    data = {"command": "startup", "machine": platform.platform(), "processor": platform.processor() or
+            platform.machine(), "profile": profile.flags()} | startup_mod.summary(runs)
+    report.write_json(out / "report.json", data)
+    print(f"report: {out / 'report.json'}")
 
 
 def run_engines(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

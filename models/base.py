@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from worldcast.models.errors import ConditioningError
 from worldcast.models.spec import Conditioning, ConditioningRequest, WorldModelSpec
 
 # -- state updates (returned by the model, applied by the engine) -------------------------------
@@ -231,6 +232,20 @@ class WorldModel(abc.ABC):
         Raises:
             ConditioningError: input the model refuses (names the field and the reason).
         """
+
+    def load_encoders(self) -> None:
+        """Load what `encode_conditioning` needs (a text encoder, say), so no user's first request pays
+        for it. The session manager calls it once at start, on a worker thread, while the engines warm
+        up. The default encodes the default conditioning, where the model has one.
+
+        Raises:
+            whatever `encode_conditioning` raises (an install problem: the encoder is missing).
+        """
+        try:
+            self.spec.conditioning.validate(ConditioningRequest())
+        except ConditioningError:
+            return  # the model needs an image and has no default one: nothing to load without one
+        self.encode_conditioning(ConditioningRequest())
 
     @abc.abstractmethod
     def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:

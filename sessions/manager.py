@@ -158,15 +158,22 @@ class SessionManager:
             EngineUnavailable: an engine could not start.
         """
         self._loop = asyncio.get_running_loop()
-        await asyncio.gather(*(e.start(warmup=self.config.warmup) for e in self.engines))
-        if self.config.warmup:
-            # load the conditioning encoders now, not on the first user's request
-            try:
-                self.model.spec.conditioning.validate(ConditioningRequest())
-            except ConditioningError:
-                pass  # the model needs an image, and has no default one: nothing to warm up without one
-            else:
-                await self._loop.run_in_executor(None, self.model.encode_conditioning, ConditioningRequest())
+        starts = [e.start(warmup=self.config.warmup) for e in self.engines]
+        if not self.config.warmup:
+            await asyncio.gather(*starts)
+        elif all(e.process for e in self.engines):
+            # the conditioning encoders load now, not on the first user's request: here beside the engines'
+            # warm-ups, which run in processes of their own (and choose by thread CPU time: engine/warmup.py)
+            done = await asyncio.gather(*starts, self._loop.run_in_executor(None, self.model.load_encoders),
+                                        return_exceptions=True)  # every start has ended before one is raised
+            for r in done:
+                if isinstance(r, BaseException):
+                    raise r
+        else:
+            # after an in-process warm-up: loading beside it slowed it down as much as it gained (both are
+            # mostly Python holding the interpreter lock; BENCHMARKS, "Start-up to ready")
+            await asyncio.gather(*starts)
+            await self._loop.run_in_executor(None, self.model.load_encoders)
         self._tick_task = asyncio.create_task(self._tick_loop(), name="session-manager-tick")
 
     @property

@@ -49,7 +49,7 @@ from worldcast.models.tinyworld.network import (
     TinyWorldDenoiser,
     alibi_slopes,
 )
-from worldcast.models.tinyworld.prompts import PromptEncoder
+from worldcast.models.tinyworld.prompts import EmbeddingStore, PromptEncoder, default_store_path
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,27 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
         default_prompt="a green meadow",
         precisions=PRECISIONS,
     )
+
+
+def ring_bias(ring_frame: torch.Tensor, c0: torch.Tensor, slopes: torch.Tensor, cfg: TinyWorldConfig) -> torch.Tensor:
+    """The ring part of the attention mask of a query frame c0: float32 (B, H, P * T) over the ring's keys.
+
+    The rule of `kernels/ring_attention.py`: a ring frame j is visible iff it holds data and
+    c0 - window <= j < c0 or j < sinks (and j < c0); its bias is -slope * age with age = c0 - j,
+    capped at window + 1 for sinks; -inf where not visible.
+
+    Args:
+        ring_frame: int64 (B, P) the absolute frame each ring slot holds (-1: empty).
+        c0: int64 (B, 1) the query frame.
+        slopes: float32 (H,) ALiBi slopes (`network.alibi_slopes`).
+    """
+    W, S = cfg.window_frames, cfg.sink_frames
+    kf = ring_frame
+    visible = (kf >= 0) & (((kf >= c0 - W) & (kf < c0)) | ((kf < S) & (kf < c0)))
+    age = (c0 - kf).float()  # (B, P)
+    age = torch.where((kf < S) & (age > W + 1), torch.full_like(age, W + 1), age)
+    bias = (-slopes[None, :, None] * age[:, None, :]).masked_fill(~visible[:, None, :], float("-inf"))
+    return bias.repeat_interleave(cfg.tokens_per_frame, dim=-1)
 
 
 # -- the step functions (pure tensors: the engine may compile them, `models.base.StepFn`) -------------------
@@ -150,7 +171,8 @@ class TinyWorldModel(WorldModel):
         ae, net: the trained modules, float32 (moved to `device`, eval mode).
         theme_prompts: float32 (len(world.THEMES), prompt_dim) mean caption
             embedding per theme; picks the initial frame's theme for a prompt.
-        prompt_encoder: shared sentence encoder (created if None).
+        prompt_encoder: shared sentence encoder (None: one of its own, keeping the default prompt's
+            embedding in `prompts.default_store_path()`).
 
     Attributes:
         ae, net: the modules of the current precision (`set_precision`).
@@ -175,7 +197,7 @@ class TinyWorldModel(WorldModel):
         self._precision = torch.float32
         self.theme_prompts = theme_prompts.float().cpu().numpy()
         self.spec = make_spec(cfg)
-        self.prompts = prompt_encoder or PromptEncoder()
+        self.prompts = prompt_encoder or PromptEncoder(EmbeddingStore(default_store_path()))
         self._maps: dict[int, world.WorldMap] = {}
         self._slopes: torch.Tensor | None = None  #: ALiBi slopes on the device (a constant)
         self._wrap: StepWrap | None = None
@@ -261,8 +283,16 @@ class TinyWorldModel(WorldModel):
         return self.prompts.encode(text)
 
     def encode_conditioning(self, request: ConditioningRequest) -> Conditioning:
-        """{"prompt": float32 (prompt_dim,)}: the request's prompt (or the default one) embedded."""
-        return {"prompt": self.encode_prompt(request.text or self.spec.default_prompt)}
+        """{"prompt": float32 (prompt_dim,)}: the request's prompt (or the default one) embedded. The default
+        prompt's embedding is kept on disk (`prompts.EmbeddingStore`): a warm-up with a warm cache, or an
+        engine process, embeds it without loading the encoder."""
+        text = request.text or self.spec.default_prompt
+        return {"prompt": self.prompts.encode(text, keep=text == self.spec.default_prompt)}
+
+    def load_encoders(self) -> None:
+        """Load the sentence encoder (about 10 s on a 2-vCPU VM) and keep the default prompt's embedding."""
+        self.prompts.load()
+        self.encode_conditioning(ConditioningRequest())
 
     def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
         return world.action_vector(keys, mouse)
@@ -322,13 +352,7 @@ class TinyWorldModel(WorldModel):
                 k, v, kf = (x.index_select(0, state.slots) for x in (k_pool, v_pool, ring_frame))
             if self._slopes is None or self._slopes.device != k_pool.device:
                 self._slopes = alibi_slopes(cfg.heads).to(k_pool.device)
-            c0 = cond.frame_index[:, :1]  # (B, 1)
-            visible = (kf >= 0) & (((kf >= c0 - cfg.window_frames) & (kf < c0)) | ((kf < cfg.sink_frames) & (kf < c0)))
-            age = (c0 - kf).float()  # (B, P)
-            age = torch.where((kf < cfg.sink_frames) & (age > cfg.window_frames + 1),
-                              torch.full_like(age, cfg.window_frames + 1), age)
-            bias = (-self._slopes[None, :, None] * age[:, None, :]).masked_fill(~visible[:, None, :], float("-inf"))
-            bias = bias.repeat_interleave(cfg.tokens_per_frame, dim=-1)  # (B, H, L)
+            bias = ring_bias(kf, cond.frame_index[:, :1], self._slopes, cfg)  # (B, H, L)
             own = torch.zeros((*bias.shape[:2], cfg.tokens_per_frame), device=bias.device)  # (B, H, T)
             mask = torch.cat([bias, own], dim=-1)[:, :, None].to(self.precision)  # (B, H, 1, L + T)
             memo = cond.memo["ring"] = (k, v, mask)

