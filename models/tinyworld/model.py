@@ -197,7 +197,8 @@ class TinyWorldModel(WorldModel):
         self._precision = torch.float32
         self.theme_prompts = theme_prompts.float().cpu().numpy()
         self.spec = make_spec(cfg)
-        self.prompts = prompt_encoder or PromptEncoder(EmbeddingStore(default_store_path()))
+        store = default_store_path()
+        self.prompts = prompt_encoder or PromptEncoder(EmbeddingStore(store) if store is not None else None)
         self._maps: dict[int, world.WorldMap] = {}
         self._slopes: torch.Tensor | None = None  #: ALiBi slopes on the device (a constant)
         self._wrap: StepWrap | None = None

@@ -15,9 +15,9 @@ the encoder; the server loads it beside the warm-up (`load`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import math
 import os
 import tempfile
 import threading
@@ -93,10 +93,23 @@ def encoder_key() -> str:
     return " ".join(parts)
 
 
-def default_store_path() -> Path:
-    """`$XDG_CACHE_HOME/worldcast/prompt-embeddings.json` (XDG_CACHE_HOME defaults to ~/.cache)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+def default_store_path() -> Path | None:
+    """`$XDG_CACHE_HOME/worldcast/prompt-embeddings.json`; XDG_CACHE_HOME defaults to ~/.cache and, as the
+    XDG Base Directory spec says, a relative value is ignored. None when neither gives a folder (no home
+    directory): then nothing is kept."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        base = Path(xdg)
+    else:
+        try:
+            base = Path.home() / ".cache"
+        except RuntimeError:  # no HOME and a user the password database does not know
+            return None
     return base / "worldcast" / "prompt-embeddings.json"
+
+
+#: How far from 1 a stored embedding's norm may be (float32 rounding of a normalised vector is ~1e-7).
+NORM_TOLERANCE = 1e-5
 
 
 class EmbeddingStore:
@@ -105,50 +118,73 @@ class EmbeddingStore:
     The file is JSON, `{"encoder": encoder_key(), "embeddings": {text: [PROMPT_DIM floats]}}`
     (float32 values written as JSON numbers round-trip exactly). Only texts a caller chooses are
     kept (`TinyWorldModel` keeps its default prompt's), never users' prompts. A file written for
-    another encoder, one that does not parse, and an entry that is not a finite unit vector of
-    PROMPT_DIM floats are ignored (`get` returns None) and replaced by the next `put`. Writes go
-    to a temporary file renamed over the old one, so a reader never sees half a file; at most
-    `max_entries` texts are kept (the newest). Thread-safe.
+    another encoder, one that does not parse (whatever the reason), and an entry that is not a unit
+    vector (within `NORM_TOLERANCE`) of PROMPT_DIM JSON numbers are ignored (`get` returns None) and
+    replaced by the next `put`. Writes go to a temporary file renamed over the old one (removed if
+    the write fails), so a reader never sees half a file; at most `max_entries` texts are kept (the
+    newest). A write that fails is logged once and not tried again by this store. Hits are
+    remembered in memory. Thread-safe.
 
     Args:
         path: the file (created, with its folder, on the first `put`).
         key: the encoder identity the file must carry (default `encoder_key()`).
-        max_entries: texts kept.
+        max_entries: texts kept (>= 1).
+
+    Raises:
+        ValueError: max_entries < 1.
     """
 
     def __init__(self, path: Path, *, key: str | None = None, max_entries: int = 16) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, not {max_entries}")
         self.path, self.key, self.max_entries = Path(path), key or encoder_key(), max_entries
         self._lock = threading.Lock()
+        self._hits: dict[str, np.ndarray] = {}
+        self._writable = True
 
-    def _read(self) -> dict[str, list[float]]:
+    def _read(self) -> dict[str, object]:
         try:
             doc = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+        except Exception:  # noqa: BLE001 - unreadable for any reason (OSError, bad JSON, too deep): a miss
             return {}
         if not isinstance(doc, dict) or doc.get("encoder") != self.key or not isinstance(doc.get("embeddings"), dict):
             return {}
         return doc["embeddings"]
 
-    def get(self, text: str) -> np.ndarray | None:
-        """float32 (PROMPT_DIM,) the stored embedding of `text`, or None (absent, or not a valid one)."""
-        with self._lock:
-            v = self._read().get(text)
-        if not isinstance(v, list) or len(v) != PROMPT_DIM or not all(isinstance(x, (int, float)) for x in v):
+    @staticmethod
+    def _valid(v: object) -> np.ndarray | None:
+        # each component of a unit vector lies in [-1, 1]: checked on the JSON numbers themselves, so a
+        # huge integer or a value past float32's range never reaches numpy; bools (an int subclass) refused
+        if not isinstance(v, list) or len(v) != PROMPT_DIM:
+            return None
+        if not all(type(x) in (int, float) and -1.0 <= x <= 1.0 for x in v):
             return None
         a = np.asarray(v, dtype=np.float32)
-        if not np.isfinite(a).all() or not math.isclose(float(np.linalg.norm(a)), 1.0, abs_tol=1e-3):
-            return None
-        return a
+        return a if abs(float(np.linalg.norm(a.astype(np.float64))) - 1.0) <= NORM_TOLERANCE else None
+
+    def get(self, text: str) -> np.ndarray | None:
+        """float32 (PROMPT_DIM,) the stored embedding of `text` (a copy), or None (absent, or not a valid one)."""
+        with self._lock:
+            a = self._hits.get(text)
+            if a is None:
+                a = self._valid(self._read().get(text))
+                if a is not None:
+                    self._hits[text] = a
+        return None if a is None else a.copy()
 
     def put(self, text: str, vector: np.ndarray) -> None:
-        """Keep `vector` (float32 (PROMPT_DIM,)) for `text`; a write that fails is logged, not raised
+        """Keep `vector` (float32 (PROMPT_DIM,)) for `text`; a write that fails is logged once, not raised
         (the store only saves time)."""
         with self._lock:
+            if not self._writable:
+                return
+            self._hits.pop(text, None)
             entries = self._read()
             entries.pop(text, None)
             entries[text] = [float(x) for x in np.asarray(vector, dtype=np.float32)]
             while len(entries) > self.max_entries:
                 entries.pop(next(iter(entries)))
+            tmp = None
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".prompt-embeddings.")
@@ -156,7 +192,11 @@ class EmbeddingStore:
                     json.dump({"encoder": self.key, "embeddings": entries}, f)
                 os.replace(tmp, self.path)
             except OSError as e:
-                logger.warning("EmbeddingStore: could not write %s: %s", self.path, e)
+                self._writable = False
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                logger.warning("EmbeddingStore: could not write %s (not trying again): %s", self.path, e)
 
 
 class PromptEncoder:
