@@ -188,7 +188,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--moves", type=int, default=10, help="moves of one streaming session")
     p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results/<time>)")
     p = sub.add_parser("startup", help="start-up to ready: a server started --runs times in a row, with its "
-                                       "warm-up phases", formatter_class=fmt)
+                                       "warm-up phases", formatter_class=fmt,
+                       description="Start a server --runs times, one after another; each is timed from its process "
+                                   "start to the first 200 from /readyz (s), with its warm-up phases from /metrics "
+                                   "(s) and what came after the warm-up (the encoders' load, the app's start).")
     p.add_argument("--runs", type=int, default=3, help="servers started, one after another")
     p.add_argument("--profile", default="static", help=prof_help)
     p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results/<time>)")
@@ -261,7 +264,7 @@ def run_startup(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {type(e).__name__}: {e}") from None
     report.table(f"start-up to ready ({profile.name})", startup_mod.columns(runs))
     data = {"command": "startup", "machine": platform.platform(), "processor": platform.processor() or
-            platform.machine(), "profile": profile.flags()} | startup_mod.summary(runs)
+            platform.machine(), "cpu": startup_mod.cpu_model(), "profile": profile.flags()} | startup_mod.summary(runs)
     report.write_json(out / "report.json", data)
     print(f"report: {out / 'report.json'}")
 

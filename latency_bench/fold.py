@@ -12,9 +12,10 @@ committed ring) and folded (`models/tinyworld/fold.py`: one forward over
 both frames from the ring before the commit). The check is the largest
 absolute difference between the ways' x0 and between the K/V they write;
 the times are medians over interleaved rounds on `timing.work_clock`, the
-masks and rings built once, as serving builds them once per chunk. A chunk
-is `denoising_steps` denoise passes, a decode and a commit unfolded; the
-fold replaces the commit and one denoise pass.
+masks and rings built once, as serving builds them once per chunk. The
+chunk times printed are sums of timed parts: unfolded, `denoising_steps`
+denoise passes, a decode and the commit pass; folded, the folded forward in
+place of the commit and the first denoise pass.
 """
 
 from __future__ import annotations
@@ -34,9 +35,14 @@ from worldcast.engine.state_pool import PoolView
 from worldcast.engine.timing import work_clock
 from worldcast.engine.warmup import ChunkRunner, check_context
 from worldcast.models.base import ChunkConditioning
+from worldcast.models.spec import dtype_name
 from worldcast.models.tinyworld.fold import fold_mask, fold_step
 from worldcast.models.tinyworld.model import TinyWorldModel
 from worldcast.models.tinyworld.network import alibi_slopes
+
+#: Largest difference between the ways that still counts as the same math in float32 (measured: 1e-7 for x0,
+#: 4e-6 for K/V; a wrong mask gives more than 1e-3: tests/latency_bench/test_fold.py).
+CHECK_TOLERANCE = 1e-4
 
 
 @dataclass
@@ -170,8 +176,9 @@ def measure(case: FoldCase, *, repeats: int) -> FoldResult:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m worldcast.latency_bench.fold", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4],
+                    help="batch sizes (sessions per forward), each 1..16 (default: 1 2 4)")
+    ap.add_argument("--repeats", type=int, default=20, help="timed interleaved rounds, 1..1000 (default: 20)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--compiled", action="store_true",
                     help="run the model's steps and the folded forward through torch.compile (builds first)")
@@ -197,10 +204,13 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 case.runner.close()
             results.append(r)
-            print(f"batch {b}: check max |dx0| {r.max_abs_x0:.2e}, max |dK/V| {r.max_abs_kv:.2e}; "
-                  f"commit + first step {r.unfolded_ms:.1f} ms, folded step {r.folded_ms:.1f} ms; "
-                  f"chunk {r.chunk_unfolded_ms:.1f} -> {r.chunk_folded_ms:.1f} ms "
-                  f"({(1 - r.chunk_folded_ms / r.chunk_unfolded_ms) * 100:+.1f} % saved)", flush=True)
+            saved = 1 - r.chunk_folded_ms / r.chunk_unfolded_ms
+            ok = "within" if max(r.max_abs_x0, r.max_abs_kv) <= CHECK_TOLERANCE else "OVER"
+            print(f"batch {b} ({dtype_name(model.precision)}): check max |dx0| {r.max_abs_x0:.2e}, max |dK/V| "
+                  f"{r.max_abs_kv:.2e} ({ok} {CHECK_TOLERANCE:g}); commit + first step {r.unfolded_ms:.1f} ms, "
+                  f"folded step {r.folded_ms:.1f} ms; chunk (the other steps and decode added) "
+                  f"{r.chunk_unfolded_ms:.1f} -> {r.chunk_folded_ms:.1f} ms "
+                  f"({abs(saved) * 100:.1f} % {'saved' if saved >= 0 else 'lost'})", flush=True)
     if args.json:
         out: dict[str, Any] = {"threads": args.threads, "compiled": args.compiled,
                                "results": [asdict(r) for r in results]}

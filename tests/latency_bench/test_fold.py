@@ -43,7 +43,7 @@ def test_the_check_fails_for_a_fold_that_gets_the_mask_wrong(case: FoldCase, how
 def test_the_bench_prints_both_ways_and_writes_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     main(["--batches", "1", "--repeats", "2", "--json", str(tmp_path / "fold.json")])
     line = capsys.readouterr().out
-    assert "batch 1: check max |dx0|" in line and "folded step" in line
+    assert "batch 1 (float32): check max |dx0|" in line and "within 0.0001" in line and "folded step" in line
     import json
 
     (r,) = json.loads((tmp_path / "fold.json").read_text())["results"]

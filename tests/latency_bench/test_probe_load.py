@@ -154,7 +154,7 @@ def test_cli_startup_times_each_server_to_ready_with_its_warmup_phases(tmp_path)
     (run,) = rep["runs"]
     assert set(run["phases_s"]) >= {"threads", "precision", "costs", "total"}
     assert 0 < run["phases_s"]["total"] < run["ready_s"] == rep["ready_s_median"]
-    assert "--threads" in rep["profile"]
+    assert "--threads" in rep["profile"] and rep["cpu"]
 
 
 def test_missing_frames_are_the_gaps_in_stamped_indices() -> None:
