@@ -181,6 +181,9 @@ class WorldModel(abc.ABC):
 
     spec: WorldModelSpec
     device: torch.device
+    #: whether `load_encoders` uses only the CPU (no device an engine measures at its warm-up), so the server
+    #: may run it beside engine processes' warm-ups
+    encoders_on_cpu: bool = False
 
     # -- precision and compiled steps (warm-up, before any session) -----------------------------
 

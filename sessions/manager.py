@@ -161,17 +161,18 @@ class SessionManager:
         starts = [e.start(warmup=self.config.warmup) for e in self.engines]
         if not self.config.warmup:
             await asyncio.gather(*starts)
-        elif all(e.process for e in self.engines):
+        elif all(e.process for e in self.engines) and self.model.encoders_on_cpu:
             # the conditioning encoders load now, not on the first user's request: here beside the engines'
-            # warm-ups, which run in processes of their own (and choose by thread CPU time: engine/warmup.py)
+            # warm-ups, which run in processes of their own (and choose by thread CPU time: engine/warmup.py);
+            # an encoder on an engine's device would skew what its warm-up measures (memory, step times)
             done = await asyncio.gather(*starts, self._loop.run_in_executor(None, self.model.load_encoders),
                                         return_exceptions=True)  # every start has ended before one is raised
             for r in done:
                 if isinstance(r, BaseException):
                     raise r
         else:
-            # after an in-process warm-up: loading beside it slowed it down as much as it gained (both are
-            # mostly Python holding the interpreter lock; BENCHMARKS, "Start-up to ready")
+            # after the warm-ups: beside an in-process one, loading slowed it down as much as it gained (both
+            # are mostly Python holding the interpreter lock; BENCHMARKS, "Start-up to ready")
             await asyncio.gather(*starts)
             await self._loop.run_in_executor(None, self.model.load_encoders)
         self._tick_task = asyncio.create_task(self._tick_loop(), name="session-manager-tick")

@@ -178,6 +178,8 @@ class TinyWorldModel(WorldModel):
         ae, net: the modules of the current precision (`set_precision`).
     """
 
+    encoders_on_cpu = True  #: the sentence encoder runs on the CPU (`prompts.PromptEncoder`)
+
     def __init__(
         self,
         cfg: TinyWorldConfig,

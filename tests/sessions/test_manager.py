@@ -189,10 +189,12 @@ class GatedEngine(LocalEngine):
         self._set_state("ready")
 
 
-@pytest.mark.parametrize("process", [True, False])
+@pytest.mark.parametrize("process, on_cpu", [(True, True), (False, True), (True, False)])
 async def test_the_encoders_load_at_start_beside_engine_processes_and_after_an_in_process_warmup(
-        model, monkeypatch, process: bool) -> None:  # type: ignore[no-untyped-def]
+        model, monkeypatch, process: bool, on_cpu: bool) -> None:  # type: ignore[no-untyped-def]
     engine = GatedEngine(model, process=process)
+    monkeypatch.setattr(model, "encoders_on_cpu", on_cpu)  # False: they would share the engines' device
+    beside = process and on_cpu
     seen: list[bool] = []
     loaded = threading.Event()
 
@@ -204,7 +206,7 @@ async def test_the_encoders_load_at_start_beside_engine_processes_and_after_an_i
     m = SessionManager(model, engine_config=engine.config, config=SessionConfig(tick_s=3600), engines=[engine])
     start = asyncio.create_task(m.start())
     loop = asyncio.get_running_loop()
-    if process:  # loads while the engine process still warms up
+    if beside:  # loads while the engine process still warms up
         assert await loop.run_in_executor(None, loaded.wait, 30)
         assert seen == [False] and not start.done()
     else:
@@ -214,7 +216,7 @@ async def test_the_encoders_load_at_start_beside_engine_processes_and_after_an_i
     engine.gate.set()
     await asyncio.wait_for(start, 30)
     try:
-        assert seen == [not process]
+        assert seen == [not beside]
     finally:
         await m.aclose()
 
