@@ -50,14 +50,17 @@ class FoldCase:
     """Both ways' inputs at one chunk boundary, for `batch` sessions (tensors on the model's device).
 
     Attributes:
+        runner: the scripted sessions and their pool; view: their slots, as one batch.
         x0_prev: (B, 1, C, h, w) chunk j's clean latent; prev_prev: (B, 1, C, h, w) chunk j - 1's.
         cond_prev, cond_new: chunk j's and chunk j + 1's batch conditioning.
         k_ring, v_ring: (B, layers, L, H, hd) the ring before chunk j's commit; mask: its `fold_mask`.
         x_t: (B, 1, C, h, w) chunk j + 1's noise; t: (B,) its first flow time.
         ref_x0, ref_k, ref_v: the unfolded way's x0 of chunk j + 1 and chunk j's committed K/V.
+        fold_fn: `fold_step`, eager or compiled.
     """
 
     runner: ChunkRunner
+    view: PoolView
     x0_prev: torch.Tensor
     prev_prev: torch.Tensor
     cond_prev: ChunkConditioning
@@ -75,8 +78,8 @@ class FoldCase:
     def unfolded(self) -> None:
         """The commit pass over chunk j, then chunk j + 1's first denoising pass (nothing applied)."""
         m = self.runner.model
-        m.commit(self.x0_prev, self.cond_prev, self._view())
-        m.denoise(self.x_t, self.t, self.cond_new, self._view())
+        m.commit(self.x0_prev, self.cond_prev, self.view)
+        m.denoise(self.x_t, self.t, self.cond_new, self.view)
 
     def folded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The one folded forward: x0 of chunk j + 1 and chunk j's K/V."""
@@ -86,10 +89,6 @@ class FoldCase:
         prompt_new = self.cond_new.context["prompt"][:, None]
         return self.fold_fn(m.net, self.x0_prev, self.prev_prev, self.x_t, self.t[:, None], self.cond_prev.action,
                             self.cond_new.action, prompt_prev, prompt_new, self.k_ring, self.v_ring, self.mask)
-
-    def _view(self) -> PoolView:
-        r = self.runner
-        return r.pool.view(tuple(x.slot for x in r.rollouts))
 
 
 def make_case(model: TinyWorldModel, *, batch: int, warm_chunks: int = 6,
@@ -123,7 +122,7 @@ def make_case(model: TinyWorldModel, *, batch: int, warm_chunks: int = 6,
     ref_x0 = model.denoise(x_t, t, b_new.cond, b_new.view)
     mask = fold_mask(kf, b_new.cond.frame_index[:, :1], alibi_slopes(model.cfg.heads).to(kf.device), model.cfg,
                      model.precision)
-    return FoldCase(runner, x0_prev, prev_prev, cond_prev, b_new.cond, k_ring, v_ring, mask, x_t, t,
+    return FoldCase(runner, b_new.view, x0_prev, prev_prev, cond_prev, b_new.cond, k_ring, v_ring, mask, x_t, t,
                     ref_x0, ref_k, ref_v, fold_fn)
 
 
@@ -154,8 +153,8 @@ def measure(case: FoldCase, *, repeats: int) -> FoldResult:
     m = case.runner.model
     clock = work_clock(m.device)
     ways = {"unfolded": case.unfolded, "folded": case.folded,
-            "denoise": lambda: m.denoise(case.x_t, case.t, case.cond_new, case._view()),
-            "decode": lambda: m.decode(case.x0_prev, case.cond_prev, case._view())}
+            "denoise": lambda: m.denoise(case.x_t, case.t, case.cond_new, case.view),
+            "decode": lambda: m.decode(case.x0_prev, case.cond_prev, case.view)}
     samples: dict[str, list[float]] = {k: [] for k in ways}
     for fn in ways.values():  # untimed: first calls pay one-time costs
         fn()

@@ -70,9 +70,7 @@ def measure(profile: ServerProfile, *, runs: int) -> list[StartupRun]:
 
 def summary(runs: list[StartupRun]) -> dict[str, Any]:
     """Per run its ready time and phases, and the median ready time, for `report.table` and report.json."""
-    cols: dict[str, Any] = {"runs": [asdict(r) for r in runs],
-                            "ready_s_median": statistics.median(r.ready_s for r in runs)}
-    return cols
+    return {"runs": [asdict(r) for r in runs], "ready_s_median": statistics.median(r.ready_s for r in runs)}
 
 
 def columns(runs: list[StartupRun]) -> dict[str, dict[str, Any]]:

@@ -238,8 +238,9 @@ class WorldModel(abc.ABC):
 
     def load_encoders(self) -> None:
         """Load what `encode_conditioning` needs (a text encoder, say), so no user's first request pays
-        for it. The session manager calls it once at start, on a worker thread, while the engines warm
-        up. The default encodes the default conditioning, where the model has one.
+        for it. The session manager calls it once at start, on a worker thread: beside engine processes'
+        warm-ups where `encoders_on_cpu`, else after the warm-ups. The default encodes the default
+        conditioning, where the model has one.
 
         Raises:
             whatever `encode_conditioning` raises (an install problem: the encoder is missing).
