@@ -111,12 +111,17 @@ class ServerProfile:
 
     @classmethod
     def parse(cls, text: str) -> ServerProfile:
-        """Parse `name` or `name:key=value,...`.
+        """Parse a preset `name`, or `name:key=value,...` (a preset's settings changed, or, for a name that is
+        no preset, a profile of that name on "shared"'s settings).
 
         Raises:
-            ValueError: unknown key or a value of the wrong type.
+            ValueError: a bare name that is no preset (a typo would otherwise run "shared"), an unknown
+                key, or a value of the wrong type.
         """
         name, _, rest = text.partition(":")
+        if not rest and name not in PRESETS:
+            raise ValueError(f"no profile preset {name!r} (presets: {', '.join(PRESETS)}; name:key=value,... "
+                             "names a profile of your own)")
         base = PRESETS.get(name, dataclasses.replace(PRESETS["shared"], name=name))
         if not rest:
             return base

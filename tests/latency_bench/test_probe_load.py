@@ -128,6 +128,8 @@ def test_profiles_parse_presets_and_overrides() -> None:
     assert "--max-batch" in custom.flags() and "2" in custom.flags()
     with pytest.raises(ValueError, match="key=value"):
         ServerProfile.parse("shared:bogus=1")
+    with pytest.raises(ValueError, match="no profile preset 'statc'"):
+        ServerProfile.parse("statc")  # a typo of "static" does not quietly run "shared"
     with pytest.raises(ValueError, match="bad value for max_batch"):
         ServerProfile.parse("shared:max_batch=lots")
     assert replace(p, threads=1).flags()[-2:] == ["--threads", "1"]
@@ -171,6 +173,7 @@ def test_missing_frames_are_the_gaps_in_stamped_indices() -> None:
     (["compare", "--url", "http://127.0.0.1:1"], "starts its own servers"),
     (["startup", "--runs", "0"], "need 1 <= --runs <= 50"),
     (["startup", "--profile", "shared:bogus=1"], "expected key=value"),
+    (["mtp", "--profile", "statc"], "no profile preset 'statc'"),
 ])
 def test_cli_rejects_bad_input_with_one_error_line(argv, message, capsys) -> None:  # type: ignore[no-untyped-def]
     from worldcast.latency_bench.__main__ import main
