@@ -25,7 +25,7 @@ import numpy as np
 #: A later (more complex) way must be this share faster than the best simpler one.
 MIN_GAIN = 0.05
 
-#: A non-reference dtype whose eager check ran this many times slower than the reference's gets no graphs.
+#: A non-reference dtype whose warm eager chunk ran this many times slower than the reference's gets no graphs.
 #: Compiled steps (graphs or packages) took 0.59-1.0x of the same dtype's eager chunk on the machines measured
 #: (BENCHMARKS.md, the issue 19 chunk tables), so a dtype 2x slower eager cannot win compiled; on a CPU
 #: without bf16 units (AVX2 only: bf16 eager is 5-6x fp32) its graphs would only add a minute to a cold start.
@@ -33,11 +33,11 @@ MAX_COMPILE_RATIO = 2.0
 
 
 def worth_compiling(eager_s: float, reference_eager_s: float, *, max_ratio: float = MAX_COMPILE_RATIO) -> bool:
-    """Whether to build a dtype's graphs, from the time of its eager check and the reference's (s, each on
+    """Whether to build a dtype's graphs, from its warm eager chunk time and the reference's (s, each on
     `timing.work_clock`: thread CPU time on a one-thread CPU).
 
-    Both times are of the same check (the same chunks, eager); the reference's includes first-call
-    costs, which only makes this more willing to compile.
+    Both are the fastest chunk after the first of the same quality check (`warmup._timed_check`): first
+    calls pay costs that differ between dtypes and say nothing of the steady state.
     """
     return eager_s <= max_ratio * reference_eager_s
 

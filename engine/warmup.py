@@ -225,11 +225,31 @@ def use_way(model: WorldModel, compiler: StepCompiler, dtype: torch.dtype, *, co
 
 def _check(model: WorldModel, context: Conditioning, chunks: int) -> list[np.ndarray]:
     """The quality check's frames: `chunks` chunks of one fixed scripted session."""
+    return _timed_check(model, context, chunks, None)[0]
+
+
+def _timed_check(model: WorldModel, context: Conditioning, chunks: int,
+                 clock: Callable[[], float] | None) -> tuple[list[np.ndarray], float]:
+    """The quality check's frames, and its warm chunk time on `clock`, s (0.0 without a clock).
+
+    The warm chunk time is the fastest chunk after the first: a dtype's first chunk pays its first-call
+    costs (kernel selection and weight prepacking in oneDNN, allocations), which differ between dtypes
+    (a bfloat16 check measured 3.2x float32's on an AVX-512 CPU whose warm bfloat16 chunk is the faster),
+    so only warm chunks compare dtypes. With one chunk it is that chunk's time.
+    """
     runner = ChunkRunner(model, batch=1, context=context)
+    frames: list[np.ndarray] = []
+    times: list[float] = []
     try:
-        return [f for _ in range(chunks) for f in runner.chunk()]
+        for _ in range(chunks):
+            _sync(model)
+            t0 = clock() if clock is not None else 0.0
+            frames += runner.chunk()
+            _sync(model)
+            times.append(clock() - t0 if clock is not None else 0.0)
     finally:
         runner.close()
+    return frames, min(times[1:] or times)
 
 
 def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: int = 5,
@@ -237,7 +257,8 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
     """Measure every declared dtype at batch 1, eager and compiled, and choose (`engine/precision.py`).
 
     Per dtype: weights converted, the quality check run eager, then (where steps compile, and the dtype's
-    eager check was not far slower than the reference's: `precision.worth_compiling`) the batch-1 graphs
+    warm eager chunk in that check was not far slower than the reference's: `precision.worth_compiling`,
+    `_timed_check`) the batch-1 graphs
     built and the check run again compiled. Then every way that ran times `repeats` chunks in
     interleaved rounds (each way once per round), so a drift in the machine's speed touches all alike;
     the median is kept. Leaves the model in the chosen dtype with its steps wrapped by `compiler`, batch 1
@@ -272,25 +293,23 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
     for dt in dtypes:
         name = dtype_name(dt)
         logger.info("warm-up: %s: converting the weights, checking its frames eager", name)
-        t0 = clock()
         try:
             use_way(model, compiler, dt, compiled=False)
-            frames = _check(model, context, spec.check_chunks)
+            frames, warm_s = _timed_check(model, context, spec.check_chunks, clock)
         except Exception as e:  # noqa: BLE001 - a dtype this machine cannot run is not chosen
             if reference is None:
                 raise  # the reference dtype must run: nothing can be served otherwise
             logger.warning("warm-up: %s failed: %r", name, e)
             found[name] = {"error": f"{type(e).__name__}: {e}"[:200]}
             continue
-        check_s = clock() - t0
         if reference is None:
-            reference, reference_check_s = frames, check_s
+            reference, reference_warm_s = frames, warm_s
         found[name] = {"psnr_db": math.inf if frames is reference else min_psnr_db(frames, reference)}
         ways.append((dt, False))
         if not compiles:
             continue
-        if frames is not reference and not worth_compiling(check_s, reference_check_s):
-            why = f"eager check {check_s / reference_check_s:.1f}x the reference's"
+        if frames is not reference and not worth_compiling(warm_s, reference_warm_s):
+            why = f"warm eager chunk {warm_s / reference_warm_s:.1f}x the reference's"
             logger.info("warm-up: %s: no graphs built (%s: compiling cannot make it the fastest)", name, why)
             found[name]["compile_skipped"] = why
             continue
