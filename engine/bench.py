@@ -6,6 +6,7 @@
     python -m worldcast.engine.bench --math                                 # GFLOP/s vs the matmul peak
     python -m worldcast.engine.bench --math --precision bfloat16 --compiled # ... of the precision used
     python -m worldcast.engine.bench --chunks                               # chunk time per dtype x steps x batch
+    python -m worldcast.engine.bench --gil --precision bfloat16             # the interpreter lock held per step
 
 Serving modes warm up as a server does (threads, precision and compiled
 steps chosen by measurement) unless `--precision` / `--no-compile` fix them.
@@ -227,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
                     "matmul peak in the precision used, at batch 1 and 4 (engine/model_math.py)")
     ap.add_argument("--chunks", action="store_true", help="chunk time per declared dtype x eager/compiled x batch "
                     "(engine/bench_chunks.py)")
+    ap.add_argument("--gil", action="store_true", help="main-thread wake delay while a device thread runs chunks, "
+                    "eager, from graphs and from packages (engine/bench_gil.py; --precision picks the dtype)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4], help="--chunks: batch sizes")
     ap.add_argument("--repeats", type=int, default=20, help="--chunks: timed chunks per way and batch")
     ap.add_argument("--precision", default=None, help="serve (or --math: run) in this dtype, e.g. float32, "
@@ -255,6 +258,14 @@ def main(argv: list[str] | None = None) -> None:
         print(table(rows))
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=2))
+        return
+    if args.gil:
+        from worldcast.engine.bench_gil import measure_gil
+        from worldcast.models.spec import dtype_from_name
+
+        torch.set_num_threads(args.threads or 1)
+        for r in measure_gil(model, dtype_from_name(args.precision or "float32")):
+            print(json.dumps(r))
         return
     if args.faults:
         print(json.dumps(run_faults(model, sessions=args.sessions, seconds=args.seconds, threads=args.threads,

@@ -48,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="engine cores on --device (default 1); more than one run in processes of their own, "
                         "and on a CPU each takes an equal share of the cores left after --reserved-cores")
     s.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the engine core(s) in processes of their own: crash-isolated and restarted "
-                        "(default: only with more than one engine)")
+                   help="run the engine core(s) in processes of their own: crash-isolated and restarted, and the "
+                        "event loop never waits for the device thread's interpreter lock (default: yes on a CPU; "
+                        "on an accelerator only with more than one engine)")
     s.add_argument("--restart-backoff", type=float, default=0.5, metavar="S",
                    help="seconds before restarting a lost engine process; doubles per failed restart, up to 30")
     s.add_argument("--admin-token", default=os.environ.get("WORLDCAST_ADMIN_TOKEN"), metavar="TOKEN",
@@ -336,6 +337,24 @@ def server_config_from(args: argparse.Namespace, *, livekit: LiveKitConfig | Non
     return _server_config(args, livekit, agent)
 
 
+def engine_processes(args: argparse.Namespace) -> bool | None:
+    """`--engine-process` as given; when not given, True if every engine is on a CPU, else None (the server's
+    own default: in processes of their own only when there are several).
+
+    On a CPU an engine in the server's process shares the interpreter lock with the event loop, which
+    then takes actions off the data channel, and sends frames, only between the device thread's steps
+    (an ahead-of-time package holds the lock for a whole step: `python -m worldcast.engine.bench --gil`).
+    Served motion-to-photon over WebRTC measured p50 / p95 28.5-32.9 / 43-57 ms with the engine in its
+    own process against 30-44 / 51-73 ms in the server's (BENCHMARKS.md, "An AMD EPYC with AVX-512 and
+    bf16 dot products"). On an accelerator the engine stays in the server's process by default: a
+    process of its own means a second copy of the model on the host for encoding actions and prompts.
+    """
+    if args.engine_process is not None:
+        return bool(args.engine_process)
+    devices = args.devices or (args.device,)
+    return True if all(str(d).strip().split(":")[0] == "cpu" for d in devices) else None
+
+
 def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConfig | None,
                    agent: livekit_config.AgentWorkerConfig | None) -> ServerConfig:
     """`serve`'s arguments as a ServerConfig.
@@ -371,7 +390,7 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
                             **({} if args.compile is None else {"compile": args.compile})),
         engines=args.engines,
         devices=args.devices,
-        engine_processes=args.engine_process,
+        engine_processes=engine_processes(args),
         restart=RestartPolicy(initial_backoff_s=args.restart_backoff,
                               max_backoff_s=max(30.0, args.restart_backoff)),
         admin_token=args.admin_token,

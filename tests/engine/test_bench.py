@@ -57,3 +57,25 @@ def test_admission_replay_follows_the_trace_and_the_policy(model) -> None:  # ty
     assert (r["arrived"], r["admitted"], r["peak_admitted_at_once"]) == (2, 1, 1)
     assert r["refusals"] >= 3  # b asked every 0.3 s while a held the only place
     assert r["frames"] > 5 and 0.0 <= r["on_time_share"] <= 1.0
+
+
+def test_the_gil_bench_measures_each_way_and_stops_its_device_thread(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`--gil`: one row per way that runs here (eager, graphs; packages only where built), each with oversleeps
+    (never negative: a sleep lasts at least what was asked) and the chunk's own time; no thread left behind.
+    Fake compiler: `torch.compile` returns the step itself, so "graphs" need no build."""
+    import threading
+
+    import torch
+
+    from worldcast.engine.bench_gil import measure_gil
+    from worldcast.models.tinyworld import TinyWorldModel
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # an empty cache: no packages can be found
+    m = TinyWorldModel.from_pretrained()
+    rows = measure_gil(m, torch.float32, samples=20)
+    assert [r["mode"] for r in rows] == ["eager", "compiled"]
+    for r in rows:
+        assert 0 <= r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"] and r["chunk_ms"] > 0
+    assert not any(t.name == "gil-bench-device" for t in threading.enumerate())
+    assert m.precision is torch.float32

@@ -68,7 +68,11 @@ def test_engine_flags_become_the_engine_layout(tmp_path) -> None:  # type: ignor
     cfg = _server_config(a, None, None)
     assert cfg.engine_devices == ["cuda:0", "cuda:1"] and cfg.isolated
     one = _server_config(build_parser().parse_args(["serve"]), None, None)
-    assert one.engine_devices == ["cpu"] and not one.isolated  # one engine stays in the server's process
+    assert one.engine_devices == ["cpu"] and one.isolated  # a CPU engine runs in its own process (engine_processes)
+    kept = _server_config(build_parser().parse_args(["serve", "--no-engine-process"]), None, None)
+    assert kept.engine_devices == ["cpu"] and not kept.isolated
+    gpu = _server_config(build_parser().parse_args(["serve", "--device", "cuda:0"]), None, None)
+    assert gpu.engine_devices == ["cuda:0"] and not gpu.isolated  # one accelerator engine stays in the server
     forced = _server_config(build_parser().parse_args(["serve", "--engine-process"]), None, None)
     assert forced.isolated and forced.engine_devices == ["cpu"]
 
