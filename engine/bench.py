@@ -264,8 +264,11 @@ def main(argv: list[str] | None = None) -> None:
         from worldcast.models.spec import dtype_from_name
 
         torch.set_num_threads(args.threads or 1)
-        for r in measure_gil(model, dtype_from_name(args.precision or "float32")):
+        rows = measure_gil(model, dtype_from_name(args.precision or "float32"))
+        for r in rows:
             print(json.dumps(r))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2))
         return
     if args.faults:
         print(json.dumps(run_faults(model, sessions=args.sessions, seconds=args.seconds, threads=args.threads,

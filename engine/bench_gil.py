@@ -30,12 +30,20 @@ from worldcast.models.spec import dtype_name
 
 def wake_delays_ms(work: ChunkRunner, *, samples: int = 1000, sleep_ms: float = 0.5) -> list[float]:
     """Oversleep of the calling thread, ms, `samples` sleeps of `sleep_ms` each, while another thread runs
-    `work`'s chunks without pause (stopped and joined before returning)."""
+    `work`'s chunks without pause (stopped and joined before returning).
+
+    Raises:
+        RuntimeError: a chunk raised in the other thread (chained).
+    """
     stop = threading.Event()
+    failed: list[BaseException] = []
 
     def loop() -> None:
-        while not stop.is_set():
-            work.chunk()
+        try:
+            while not stop.is_set():
+                work.chunk()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the measuring thread
+            failed.append(e)
 
     t = threading.Thread(target=loop, name="gil-bench-device", daemon=True)
     t.start()
@@ -48,6 +56,8 @@ def wake_delays_ms(work: ChunkRunner, *, samples: int = 1000, sleep_ms: float = 
     finally:
         stop.set()
         t.join()
+    if failed:
+        raise RuntimeError("the device thread's chunk failed: its delays would measure nothing") from failed[0]
     return out
 
 
@@ -68,7 +78,9 @@ def measure_gil(model: WorldModel, dtype: torch.dtype, *, samples: int = 1000) -
     if store is not None:
         use_way(model, compiler, dtype, compiled=(1,))
         with compiler.compiling((1,)):
-            ChunkRunner(model, batch=1).chunk()
+            builder = ChunkRunner(model, batch=1)
+            builder.chunk()
+        builder.close()
         ways.append(("compiled", ChunkRunner(model, batch=1)))
         if compiler.load_packages(store, model.device, (1,)):
             ways.append(("packages", ChunkRunner(model, batch=1)))
@@ -79,7 +91,7 @@ def measure_gil(model: WorldModel, dtype: torch.dtype, *, samples: int = 1000) -
         runner.chunk()
         chunk_ms = runner.time_chunks(5) * 1e3
         d = sorted(wake_delays_ms(runner, samples=samples))
-        q = statistics.quantiles(d, n=100)
+        q = statistics.quantiles(d, n=100, method="inclusive")  # within the samples (never past the max)
         rows.append({"dtype": dtype_name(dtype), "mode": mode, "p50_ms": round(q[49], 2), "p95_ms": round(q[94], 2),
                      "p99_ms": round(q[98], 2), "max_ms": round(d[-1], 2), "chunk_ms": round(chunk_ms, 2)})
         runner.close()

@@ -308,7 +308,7 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
         ways.append((dt, False))
         if not compiles:
             continue
-        if frames is not reference and not worth_compiling(warm_s, reference_warm_s):
+        if frames is not reference and reference_warm_s > 0 and not worth_compiling(warm_s, reference_warm_s):
             why = f"warm eager chunk {warm_s / reference_warm_s:.1f}x the reference's"
             logger.info("warm-up: %s: no graphs built (%s: compiling cannot make it the fastest)", name, why)
             found[name]["compile_skipped"] = why

@@ -6,8 +6,9 @@
 Starts `worldcast serve` in a child process (profile `static`, so every session is admitted) and runs
 `--peaks` peaks: each opens `--sessions` sessions at once, half over WebRTC (aiortc peers), half over the
 WebSocket stream (fMP4), waits for each one's first frame, lets them stream `--hold` s, deletes them all,
-waits `--settle` s (longer than the server's heap-trim delay) and reads the server's RSS
-(`process_resident_memory_bytes` on /metrics). The first peak is the warm-up (codecs, thread pools and
+waits `--settle` s (longer than the server's heap-trim delay) and reads the server's RSS with its engine
+processes' (`process_resident_memory_bytes` and `worldcast_engine_process_resident_memory_bytes` on
+/metrics). The first peak is the warm-up (codecs, thread pools and
 caches are made once); every later RSS is compared with the RSS after it. The bar (issue 22): every later
 value within 5 % of that first post-warm-up value. The machine is shared: RSS does not depend on load, but
 the time each peak takes does.
@@ -25,15 +26,23 @@ from pathlib import Path
 from typing import Any
 
 from worldcast.latency_bench import report
-from worldcast.latency_bench.server import ServerProfile, process_metric, spawn
+from worldcast.latency_bench.server import ServerProfile, metric_samples, resident_bytes, spawn
 
 #: The bar: RSS after each later peak within this share of the first post-warm-up value.
 BAR = 0.05
 
 
 async def rss_bytes(url: str) -> float:
-    """The server process's resident memory, bytes (from its own /metrics)."""
-    return await process_metric(url, "process_resident_memory_bytes")
+    """The server's resident memory with its engine processes' (`server.resident_bytes`), bytes, from its
+    /metrics.
+
+    Raises:
+        RuntimeError: the server exports no `process_resident_memory_bytes`.
+    """
+    b = resident_bytes(await metric_samples(url))
+    if b != b:  # NaN
+        raise RuntimeError(f"no process_resident_memory_bytes on {url}/metrics")
+    return b
 
 
 async def peak(url: str, *, sessions: int, hold_s: float, seed: int, kinds: str = "both") -> dict[str, Any]:

@@ -234,6 +234,34 @@ def _tail(path: str, chars: int = 2000) -> str:
         return f.read()[-chars:]
 
 
+#: Resident memory of engine cores in processes of their own (`transport/metrics.py`), one sample per engine.
+ENGINE_RSS = "worldcast_engine_process_resident_memory_bytes"
+
+
+def resident_bytes(samples: dict[str, list[float]]) -> float:
+    """The server's resident memory with its engine processes', bytes, from /metrics samples by name (every
+    sample of each name): `process_resident_memory_bytes` plus each `ENGINE_RSS` sample (NaN without the former)."""
+    own = samples.get("process_resident_memory_bytes")
+    return own[0] + sum(samples.get(ENGINE_RSS, [])) if own else float("nan")
+
+
+async def metric_samples(url: str) -> dict[str, list[float]]:
+    """Every sample of the server's `/metrics`, by name (labelled samples in the order exported).
+
+    Raises:
+        httpx.HTTPError: the server did not answer.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        text = (await http.get("/metrics")).text
+    out: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            out.setdefault(sample.name, []).append(float(sample.value))
+    return out
+
+
 async def process_metric(url: str, name: str) -> float:
     """One unlabelled sample of the server's own `/metrics` (Prometheus text format), e.g.
     `process_cpu_seconds_total` (s) or `process_resident_memory_bytes` (bytes).

@@ -5,7 +5,8 @@
 It starts `worldcast serve` in a child process (profile `--profile`, default `shared`), opens a session
 and closes it again (codecs and pools warmed), records the server's baseline resources from /metrics
 (`process_open_fds`, `worldcast_threads`, `worldcast_event_loop_tasks`, `worldcast_peer_connections`,
-`process_resident_memory_bytes`), then opens `--sessions` stamped sessions (latency_bench's
+`process_resident_memory_bytes`, with each engine process's `worldcast_engine_process_resident_memory_bytes`
+added), then opens `--sessions` stamped sessions (latency_bench's
 `SessionProbe`) that send actions at `--action-hz` throughout. It samples the server every
 `--sample-s` and reports:
 
@@ -38,7 +39,7 @@ import httpx
 
 from worldcast.latency_bench import report, stats
 from worldcast.latency_bench.probe import SessionProbe, model_fps
-from worldcast.latency_bench.server import ServerProfile, spawn
+from worldcast.latency_bench.server import ServerProfile, resident_bytes, spawn
 
 GAUGES = {"rss_bytes": "process_resident_memory_bytes", "fds": "process_open_fds", "threads": "worldcast_threads",
           "tasks": "worldcast_event_loop_tasks", "peers": "worldcast_peer_connections"}
@@ -49,8 +50,13 @@ async def server_gauges(http: httpx.AsyncClient) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = (await http.get("/metrics")).text
-    values = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
-    return {k: values.get(v, float("nan")) for k, v in GAUGES.items()}
+    by_name: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            by_name.setdefault(s.name, []).append(float(s.value))
+    out = {k: by_name[v][0] if by_name.get(v) else float("nan") for k, v in GAUGES.items()}
+    out["rss_bytes"] = resident_bytes(by_name)  # with the engine processes'
+    return out
 
 
 def _median_last(samples: list[dict[str, float]], key: str, before_s: float | None = None, n: int = 3) -> float:

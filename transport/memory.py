@@ -39,6 +39,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -78,11 +79,15 @@ def fix_mmap_threshold(nbytes: int) -> bool:
 
 
 def configure_malloc(config: MemoryConfig) -> None:
-    """Apply `config`'s start-up settings (before threads and codecs allocate; idempotent)."""
+    """Apply `config`'s start-up settings (before threads and codecs allocate; idempotent), here and, through
+    glibc's tunables in the environment (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, read at a process's
+    start; glibc manual, "Memory Allocation Tunables"), in the engine processes started after it."""
     if config.malloc_arena_max is not None:
         limit_malloc_arenas(config.malloc_arena_max)
+        os.environ["MALLOC_ARENA_MAX"] = str(config.malloc_arena_max)
     if config.mmap_threshold_bytes is not None:
         fix_mmap_threshold(config.mmap_threshold_bytes)
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(config.mmap_threshold_bytes)
 
 
 def trim_heap() -> bool:

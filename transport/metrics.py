@@ -11,6 +11,7 @@ scrape time by a custom collector, so they are never stale.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,6 +38,16 @@ class _Union(Collector):
 
     def collect(self) -> Iterator[Any]:
         yield from self.registry.collect()
+
+
+def process_rss_bytes(pid: int) -> float | None:
+    """Resident memory of process `pid`, bytes: `/proc/<pid>/statm`'s resident pages times the page size
+    (proc(5)); None where it cannot be read (no such process, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _LiveCollector(Collector):
@@ -84,6 +95,8 @@ class _LiveCollector(Collector):
         restarts = CounterMetricFamily("worldcast_engine_restarts", "Restarts of each engine core after a loss",
                                        labels=["engine"])
         losses = CounterMetricFamily("worldcast_engine_losses", "Deaths of each engine core", labels=["engine"])
+        rss = GaugeMetricFamily("worldcast_engine_process_resident_memory_bytes", "Resident memory of each engine "
+                                "core running in a process of its own, bytes (Linux /proc)", labels=["engine"])
         for e, snap in zip(engines, snaps, strict=True):
             eid = str(e.id)
             by_state.add_metric([eid, e.device, e.state], 1.0)
@@ -92,7 +105,9 @@ class _LiveCollector(Collector):
             per_kv.add_metric([eid, "budget"], snap.budget_bytes)
             restarts.add_metric([eid], e.restarts)
             losses.add_metric([eid], e.losses)
-        yield from (by_state, per_sessions, per_kv, restarts, losses)
+            if e.process and e.pid is not None and (b := process_rss_bytes(e.pid)) is not None:
+                rss.add_metric([eid], b)
+        yield from (by_state, per_sessions, per_kv, restarts, losses, rss)
         ready = [e for e in engines if e.ready]
         yield GaugeMetricFamily("worldcast_device_degraded", "1 if the measured costs say no engine can carry "
                                 "one session in real time (each then serves one session at a time)",

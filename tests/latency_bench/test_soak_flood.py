@@ -38,3 +38,21 @@ async def test_process_metric_reads_the_servers_own_samples(live_server) -> None
     assert 0 < cpu0 <= cpu1
     with pytest.raises(RuntimeError, match="no worldcast_no_such_sample"):
         await process_metric(live_server.url, "worldcast_no_such_sample")
+
+
+def test_resident_memory_adds_each_engine_process() -> None:
+    """`rss` and `soak` read the server's RSS with its engine processes' (`server.resident_bytes`)."""
+    from worldcast.latency_bench.server import ENGINE_RSS, resident_bytes
+
+    assert resident_bytes({"process_resident_memory_bytes": [100.0]}) == 100.0  # an engine in the server's process
+    assert resident_bytes({"process_resident_memory_bytes": [100.0], ENGINE_RSS: [30.0, 20.0]}) == 150.0
+    assert resident_bytes({ENGINE_RSS: [30.0]}) != resident_bytes({ENGINE_RSS: [30.0]})  # NaN: no server figure
+
+
+async def test_rss_reads_a_server_with_its_engine_in_process(live_server) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.latency_bench.rss import rss_bytes
+    from worldcast.latency_bench.server import ENGINE_RSS, metric_samples
+
+    samples = await metric_samples(live_server.url)
+    assert ENGINE_RSS not in samples  # the test server's engine runs in its process: no engine process to add
+    assert await rss_bytes(live_server.url) == pytest.approx(samples["process_resident_memory_bytes"][0], rel=0.2)

@@ -96,6 +96,22 @@ async def engines(http: httpx.AsyncClient) -> dict[int, dict[str, Any]]:
     return {e["id"]: e for e in (await http.get("/v1/engines")).json()["engines"]}
 
 
+async def test_each_engine_process_reports_its_resident_memory(server: str) -> None:
+    """`worldcast_engine_process_resident_memory_bytes`: one sample per engine process, read from its /proc entry
+    (the `rss` and `soak` benchmarks add them to the server's own)."""
+    from worldcast.latency_bench.server import ENGINE_RSS
+    from worldcast.transport.metrics import process_rss_bytes
+
+    async with httpx.AsyncClient(base_url=server, timeout=30) as http:
+        text = (await http.get("/metrics")).text
+        pids = {e["id"]: e["pid"] for e in (await engines(http)).values()}
+    rss = {line.split('engine="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+           for line in text.splitlines() if line.startswith(ENGINE_RSS + "{")}
+    assert set(rss) == {"0", "1"} and all(v > 50 * 2**20 for v in rss.values()), rss  # torch and a model each
+    assert all(pid != os.getpid() and process_rss_bytes(pid) is not None for pid in pids.values())
+    assert process_rss_bytes(2**22 + 12345) is None  # no such process
+
+
 async def test_a_killed_engine_takes_only_its_sessions_and_comes_back(server: str) -> None:
     async with httpx.AsyncClient(base_url=server, timeout=30) as http:
         a = await StreamClient.connect(server, decode=False, seed=1)
