@@ -70,7 +70,7 @@ def measure_gil(model: WorldModel, dtype: torch.dtype, *, samples: int = 1000) -
         chunk alone, thread CPU time)}.
     """
     compiler = StepCompiler(model.device, buckets=(1,), enabled=True)
-    # first: once anything has run, TorchInductor may have set its cache directory to its own default
+    # first: once a step has run, TorchInductor has set TORCHINDUCTOR_CACHE_DIR to its own default (/tmp/...)
     store = PackageStore.in_cache(configure_cache(None)) if compiler.mode != "eager" else None
     ways: list[tuple[str, ChunkRunner]] = []
     use_way(model, compiler, dtype, compiled=False)
