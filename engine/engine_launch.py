@@ -8,8 +8,10 @@ pipe, a frame ring the server creates and owns); `EngineClient`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from worldcast.engine import engine_messages as msg
+from worldcast.engine.compiled import default_cache_dir
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.engine.engine_process import engine_main
@@ -40,7 +43,9 @@ class EngineLaunch:
         weights: its weights (None: the variant's default).
         options: the family's options by key.
         device: torch device of this engine.
-        config: its device worker's settings.
+        config: its device worker's settings; a `compile_cache_dir` of None is resolved at construction (the
+            environment's TORCHINDUCTOR_CACHE_DIR, else `compiled.default_cache_dir()`), so every incarnation
+            uses the same cache.
         thread_share: cores it may take for intra-op threads (CPU engines sharing a host; None: all but
             `config.reserved_cores`).
         family_modules: extra modules the process imports first (each registers a model family).
@@ -57,6 +62,18 @@ class EngineLaunch:
     family_modules: tuple[str, ...] = ()
     log_level: int = logging.INFO
     status_interval_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        # The compile cache is fixed now, as the server starts: once anything in this process has made a
+        # torch.compile wrapper, TorchInductor sets TORCHINDUCTOR_CACHE_DIR to its own default (/tmp/...), and
+        # a restarted engine process would inherit that, build every graph cold (115 s to ready, measured)
+        # and find no ahead-of-time packages.
+        if self.config.compile_cache_dir is None:
+            try:
+                pinned = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
+            except RuntimeError:  # no home directory: the process resolves it (or fails) itself
+                return
+            object.__setattr__(self, "config", dataclasses.replace(self.config, compile_cache_dir=pinned))
 
 
 @dataclass(frozen=True)

@@ -220,3 +220,19 @@ def test_a_mirror_counts_the_inputs_it_is_pushed(model) -> None:  # type: ignore
     mirror.update(dataclasses.replace(state(model), epoch=1, context=None))
     assert mirror.input_version() == 7 and mirror.current_epoch() == 1
     assert mirror.conditioner_state().input_version == 7, "a move carries the count"
+
+
+def test_an_engine_launch_pins_the_compile_cache_for_every_incarnation(model, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Once a torch.compile wrapper exists in the server's process, TorchInductor sets TORCHINDUCTOR_CACHE_DIR to
+    its own default, which a restarted engine process would inherit (a cold cache, no packages): the launch
+    resolves the cache when made and hands every incarnation that path."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "ours"))
+    la = launch(model)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch-default"))  # set later by torch
+    assert la.config.compile_cache_dir == tmp_path / "ours"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert launch(model).config.compile_cache_dir == tmp_path / "xdg" / "worldcast" / "torch-compile"
+    cfg = EngineConfig(kv_budget_bytes=2**24, compile_cache_dir=tmp_path / "given")
+    assert EngineLaunch(model="tinyworld", weights=None, options={}, device="cpu",
+                        config=cfg).config.compile_cache_dir == tmp_path / "given"
