@@ -270,12 +270,7 @@ async def process_metric(url: str, name: str) -> float:
         RuntimeError: the server exports no sample of that name.
         httpx.HTTPError: the server did not answer.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        text = (await http.get("/metrics")).text
-    for fam in text_string_to_metric_families(text):
-        for sample in fam.samples:
-            if sample.name == name:
-                return float(sample.value)
-    raise RuntimeError(f"no {name} on {url}/metrics")
+    found = (await metric_samples(url)).get(name)
+    if not found:
+        raise RuntimeError(f"no {name} on {url}/metrics")
+    return found[0]
