@@ -32,19 +32,24 @@ def part_not_passed(cpu: bool) -> dict[str, object]:
     return {"passed": False, "why": "a checked number out of bounds"}
 
 
+def part_not_here(cpu: bool) -> dict[str, object]:
+    return {"not_applicable": "needs something this machine lacks"}
+
+
 def _fake(name: str, fn: str, timeout_s: float = 300) -> Part:
     return Part(name, f"tests.engine.test_gpu_check:{fn}", timeout_s, timeout_s)
 
 
 def test_a_failing_or_hanging_part_is_reported_and_the_rest_still_runs(tmp_path: Path) -> None:
     parts = [_fake("raises", "part_raises"), _fake("hangs", "part_hangs", timeout_s=20),
-             _fake("not_passed", "part_not_passed"), _fake("ok", "part_ok")]
+             _fake("not_passed", "part_not_passed"), _fake("not_here", "part_not_here"), _fake("ok", "part_ok")]
     t0 = time.monotonic()
     report = run_check(parts, cpu=True, out=tmp_path, budget_s=900)
     assert time.monotonic() - t0 < 300, "the hanging part was not killed at its timeout"
     rows = report["parts"]
-    assert [rows[n]["status"] for n in ("raises", "hangs", "not_passed", "ok")] == ["failed", "timeout", "failed",
-                                                                                     "ok"]
+    assert [rows[n]["status"] for n in ("raises", "hangs", "not_passed", "not_here", "ok")] == [
+        "failed", "timeout", "failed", "n/a", "ok"]
+    assert rows["not_here"]["error"] == "needs something this machine lacks"
     assert "RuntimeError: planted failure in a part" in rows["raises"]["error"]
     assert "Traceback" in rows["raises"]["log_tail"] and "part_raises" in rows["raises"]["log_tail"]
     assert rows["hangs"]["returncode"] is None and rows["hangs"]["timeout_s"] == 20
@@ -63,11 +68,18 @@ def test_parts_beyond_the_budget_are_skipped_not_started(tmp_path: Path) -> None
                        out=tmp_path, budget_s=25)
     assert report["parts"]["hangs"]["status"] == "timeout" and report["parts"]["hangs"]["timeout_s"] <= 25
     assert report["parts"]["ok"]["status"] == "skipped"
+    assert report["passed"] is False
+
+
+def test_parts_that_do_not_apply_leave_the_check_passed(tmp_path: Path) -> None:
+    report = run_check([_fake("not_here", "part_not_here"), _fake("ok", "part_ok")], cpu=True, out=tmp_path,
+                       budget_s=300)
+    assert [r["status"] for r in report["parts"].values()] == ["n/a", "ok"] and report["passed"] is True
 
 
 def test_the_default_parts_fit_the_gpu_budget_in_order() -> None:
     assert [p.name for p in PARTS] == ["environment", "pytest_gpu", "ring_attention", "causal_wan", "matrix_game",
-                                       "tinyworld_bench"]
+                                       "tinyworld_eager", "tinyworld_graphs"]
     with pytest.raises(ValueError, match="module:function"):
         Part("x", "no_colon", 1, 1)
 
