@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from worldcast.engine import gpu_check_parts
-from worldcast.engine.gpu_check import PARTS, Part, run_check, table
+from worldcast.engine.gpu_check import GPU_BUDGET_S, PARTS, Part, run_check, table
 
 # Parts for the isolation test, run by the check in processes of their own (`tests.engine.test_gpu_check:...`).
 
@@ -80,6 +80,7 @@ def test_parts_that_do_not_apply_leave_the_check_passed(tmp_path: Path) -> None:
 def test_the_default_parts_fit_the_gpu_budget_in_order() -> None:
     assert [p.name for p in PARTS] == ["environment", "pytest_gpu", "ring_attention", "causal_wan", "matrix_game",
                                        "tinyworld_eager", "tinyworld_graphs"]
+    assert GPU_BUDGET_S < 8 * 60 and all(p.gpu_timeout_s <= GPU_BUDGET_S for p in PARTS)  # issue 34: under 8 min
     with pytest.raises(ValueError, match="module:function"):
         Part("x", "no_colon", 1, 1)
 
