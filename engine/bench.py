@@ -45,6 +45,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,11 +90,14 @@ class _Collector:
 
 def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: int,
              threads: int | None, precision: str | None = None, compile: bool | None = None,
-             freeze: bool = False) -> DeviceWorker:
+             freeze: bool = False, compile_buckets: tuple[int, ...] | None = None) -> DeviceWorker:
     """A warmed-up, started device worker serving sessions s0..s{N-1}, reporting to `col`
     (`precision` None: measured; `compile` None: EngineConfig's default; `freeze`: start-up objects frozen
-    out of garbage collection after the warm-up, as the server does, `engine.memory.freeze_startup_objects`)."""
-    extra = {} if compile is None else {"compile": compile}
+    out of garbage collection after the warm-up, as the server does, `engine.memory.freeze_startup_objects`;
+    `compile_buckets` None: EngineConfig's default batch sizes)."""
+    extra: dict[str, Any] = {} if compile is None else {"compile": compile}
+    if compile_buckets is not None:
+        extra["compile_buckets"] = compile_buckets
     w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * (sessions + 4),
                                          max_batch=max_batch, torch_threads=threads, precision=precision, **extra),
                      on_frames=col.on_frames, on_error=col.on_error)
@@ -170,11 +174,12 @@ class _FullCollections:
 
 def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int, threads: int | None,
              warmup_s: float = 2.0, precision: str | None = None, compile: bool | None = None,
-             freeze: bool = False) -> dict[str, object]:
-    """Serve `sessions` always-on sessions for `seconds` (after `warmup_s`) and report (`freeze`: `_serving`)."""
+             freeze: bool = False, compile_buckets: tuple[int, ...] | None = None) -> dict[str, object]:
+    """Serve `sessions` always-on sessions for `seconds` (after `warmup_s`) and report (`freeze`,
+    `compile_buckets`: `_serving`)."""
     col = _Collector()
     w = _serving(model, col, sessions=sessions, max_batch=max_batch, threads=threads, precision=precision,
-                 compile=compile, freeze=freeze)
+                 compile=compile, freeze=freeze, compile_buckets=compile_buckets)
     warm = w.snapshot.warmup
     load = os.getloadavg()[0]
     time.sleep(warmup_s)

@@ -168,10 +168,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ring: to
     _check(q, k, v, k_ring, v_ring, batch)
     if q.is_cuda and triton_enabled(q.device) and q.shape[-1] >= 16 and q.shape[-1] & (q.shape[-1] - 1) == 0:
         return ring_attention_triton(q, k, v, k_ring, v_ring, batch)
-    return _ring_attention_torch(q, k, v, k_ring, v_ring, batch)
+    return ring_attention_torch(q, k, v, k_ring, v_ring, batch)
 
 
-def _ring_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ring: torch.Tensor,
+def ring_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_ring: torch.Tensor,
                           v_ring: torch.Tensor, batch: RingBatch) -> torch.Tensor:
     """The PyTorch path: per session, logits against views of its ring and of its own keys.
 

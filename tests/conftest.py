@@ -9,14 +9,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
-from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
-from worldcast.engine.device_worker import EngineConfig
-from worldcast.sessions.manager import SessionConfig
-from worldcast.transport.config import ServerConfig
+if TYPE_CHECKING:  # the network edge (pydantic, fastapi) is imported by the fixtures that serve, not here:
+    # the device check runs tests/gpu on an image without those packages (engine/gpu_check.py)
+    from worldcast.transport.config import ServerConfig
 
 torch.set_num_threads(1)  # 2 cores: leave one for the event loop, aiortc and the browser
 # Engines in tests (and the servers they spawn) run float32, eager, unless a test asks otherwise: compiling
@@ -87,6 +87,11 @@ def _serve(config: ServerConfig, model) -> Iterator[LiveServer]:  # type: ignore
 
 
 def server_config(**overrides) -> ServerConfig:  # type: ignore[no-untyped-def]
+    from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
+    from worldcast.engine.device_worker import EngineConfig
+    from worldcast.sessions.manager import SessionConfig
+    from worldcast.transport.config import ServerConfig
+
     base = ServerConfig(
         host="127.0.0.1",
         port=free_port(),
