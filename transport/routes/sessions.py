@@ -69,16 +69,16 @@ async def create_session(
                 raise HTTPException(502, str(e)) from None
         return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model),
                                      livekit=livekit)
-    except HTTPException:
-        manager.close(s.id, CloseReason.ERROR)
+    except HTTPException as e:
+        manager.close(s.id, CloseReason.ERROR, detail=f"create refused ({e.status_code}): {e.detail}")
         raise
     except Exception as e:
-        manager.close(s.id, CloseReason.ERROR)
+        manager.close(s.id, CloseReason.ERROR, detail=f"create failed: {type(e).__name__}: {e}")
         logger.exception("Session(%s): create failed", s.id)
         raise HTTPException(500, f"internal error while creating the session ({type(e).__name__}); "
                                  "nothing was kept") from None
     except BaseException:  # cancelled: the client went away mid-request
-        manager.close(s.id, CloseReason.ERROR)
+        manager.close(s.id, CloseReason.ERROR, detail="the client went away during the create")
         raise
 
 
