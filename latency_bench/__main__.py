@@ -273,8 +273,8 @@ def run_engines(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """`engines`: kill and move measurements (latency_bench/engines.py) on a server with two engine processes."""
     from worldcast.latency_bench import engines as engines_mod
 
-    if args.url and not args.admin_token and args.moves:
-        ap.error("--url needs --admin-token for moves (or --moves 0)")
+    if args.url and not args.admin_token and (args.moves or args.kills):
+        ap.error("--url needs --admin-token (kills read pids from GET /v1/engines; moves are operator calls)")
     if not (0 <= args.kills <= 100 and 0 <= args.moves <= 1000):
         ap.error("need 0 <= --kills <= 100 and 0 <= --moves <= 1000")
     token = args.admin_token or engines_mod.new_token()

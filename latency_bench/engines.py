@@ -8,7 +8,7 @@ Runs against a server with two engine processes (started here with
 stream (fMP4, not decoded: the client only reads events) with 4 actions/s.
 
 - kill: two sessions on different engines; SIGKILL of one engine's pid (from
-  `GET /v1/engines`); measured: kill -> the victim's `engine_lost` event, kill
+  `GET /v1/engines` with the admin token); measured: kill -> the victim's `engine_lost` event, kill
   -> the engine `ready` again, the survivor's frames in the 4 s before and
   after the kill.
 - move: one session moved back and forth between the engines
@@ -193,7 +193,8 @@ async def moves(url: str, http: httpx.AsyncClient, *, admin_token: str, count: i
 
 async def run(url: str, *, admin_token: str, kills: int, move_count: int) -> EnginesReport:
     rep = EnginesReport()
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+    # the admin token on every request: `GET /v1/engines` names pids and sessions only to the operator
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers={"Authorization": f"Bearer {admin_token}"}) as http:
         for _ in range(kills):
             rep.kills.append(await one_kill(url, http))
         if move_count:

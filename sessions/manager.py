@@ -376,8 +376,13 @@ class SessionManager:
             raise SessionNotFound(f"no session {session_id!r}")
         return s
 
-    def close(self, session_id: str, reason: CloseReason = CloseReason.CLIENT) -> None:
-        """Close a session and free its engine state (idempotent)."""
+    def close(self, session_id: str, reason: CloseReason = CloseReason.CLIENT, *, detail: str | None = None) -> None:
+        """Close a session and free its engine state (idempotent).
+
+        Args:
+            detail: what happened, logged with the close at INFO (every `CloseReason.ERROR` close gives one,
+                so that no session ends in error without its reason in the log; issue 31).
+        """
         s = self.sessions.pop(session_id, None)
         if s is None:
             return
@@ -388,7 +393,9 @@ class SessionManager:
         e = self._placed.pop(session_id, None)
         if e is not None:
             e.remove_session(session_id)
-        logger.info("Session(%s): closed (%s)", session_id, reason.value)
+        if detail is None and reason == CloseReason.ERROR:
+            detail = "no reason given"
+        logger.info("Session(%s): closed (%s%s)", session_id, reason.value, f": {detail}" if detail else "")
         if self.on_close is not None:
             self.on_close(s)
 
@@ -411,8 +418,9 @@ class SessionManager:
             s = self.sessions.get(sid)
             if s is not None and self._placed.get(sid) is engine:
                 self._placed.pop(sid, None)
-                s.fail(f"engine {engine.id} ({engine.device}) was lost: {reason}", code="engine_lost")
-                self.close(sid, CloseReason.ERROR)
+                why = f"engine {engine.id} ({engine.device}) was lost: {reason}"
+                s.fail(why, code="engine_lost")
+                self.close(sid, CloseReason.ERROR, detail=why)
 
     def _dispatch_frames(self, frames: list[FrameOut]) -> None:
         """Deliver each frame now, or at `send_ahead_frames` periods before its presentation time if that is later.
@@ -446,7 +454,7 @@ class SessionManager:
         s = self.sessions.get(session_id)
         if s is not None and self._placed.get(session_id) is engine:  # not an old engine of a moved session
             s.fail(reason)
-            self.close(session_id, CloseReason.ERROR)
+            self.close(session_id, CloseReason.ERROR, detail=f"failed on engine {engine.id}: {reason}")
 
     # -- housekeeping --------------------------------------------------------------------------------
 

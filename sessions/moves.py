@@ -156,7 +156,7 @@ async def _move_steps(m: SessionManager, s: Session, src: EngineHandle, target: 
         logger.error("Session(%s): moving to engine %d failed: %r", session_id, target.id, e)
         if s.state != SessionState.CLOSED:  # (the target's own failure report may have closed it already)
             s.fail(f"moving to engine {target.id} failed: {e}")
-            m.close(session_id, CloseReason.ERROR)
+            m.close(session_id, CloseReason.ERROR, detail=f"moving to engine {target.id} failed: {e}")
         raise MoveFailed(f"moving to engine {target.id} failed: {e}; the session is closed") from None
     t2 = time.perf_counter()
     for delta in m.moving.pop(session_id, []):

@@ -4,8 +4,8 @@ The rules above segments (`sessions/directing.py`) that a directing app's protoc
 Dreamverse's, `transport/dreamverse.py`, follows `apps/dreamverse/dreamverse/session/controller.py`): a
 *project* holds seed prompts; a *rollout* plays them from the first, one segment each, and ends after `cap`
 segments; loop generation replays them, auto-extension continues the last prompt; a rewrite (here a rule,
-`rewrite_window`: no language model) replaces the seeds and starts a new rollout. Pure state: nothing here
-touches a session or a socket.
+`rewrite_window`: no language model) writes the instruction into every seed and starts a new rollout. Pure
+state: nothing here touches a session or a socket.
 """
 
 from __future__ import annotations
@@ -23,27 +23,30 @@ REWRITE_SEGMENTS = 6
 DEFAULT_SEGMENT_CAP = 6
 
 
-def rewrite_window(instruction: str | None, window: list[str], played: int) -> list[str]:
-    """The rule-based `rewrite_seed_prompts` (no language model): the instruction becomes the next
-    direction, the window's prompts are kept after it.
+#: The rewrite's rule, as the Dreamverse client is told it (`/prompt-system-config`, `seed_prompts_updated`).
+REWRITE_RULE = ("worldcast has no language model: a rewrite instruction replaces every prompt of the window "
+                f"(at least {REWRITE_SEGMENTS}), so each segment of the rollout plays it; without an instruction "
+                "the window plays again from its first prompt.")
+
+
+def rewrite_window(instruction: str | None, window: list[str]) -> list[str]:
+    """The rule-based `rewrite_seed_prompts` (no language model, `REWRITE_RULE`): the instruction is written
+    into every prompt of the window, as Dreamverse's rewrite (a language model asked to rewrite the whole
+    window) and its mock server do, so an edit never reverts to an old prompt a segment later.
 
     Args:
         instruction: the composer's text (None: a rewrite without one).
         window: the client's prompt window (`prompt_window_prompts`, already cleaned), or the project's
             seeds when it sent none.
-        played: how many of `window`'s first prompts the current rollout has already started (they are
-            not replayed after the instruction).
 
     Returns:
         the new window, played from its first prompt: without an instruction the window itself; with one,
-        `[instruction] + window[played:]`, filled with the instruction up to REWRITE_SEGMENTS prompts (a
-        scene continues under the same direction), at most MAX_SEEDS.
+        the instruction as each of the window's prompts, at least REWRITE_SEGMENTS of them (Dreamverse's
+        client pads its windows to that many) and at most MAX_SEEDS.
     """
     if instruction is None:
         return list(window[:MAX_SEEDS])
-    out = [instruction] + [p for p in window[played:] if p != instruction]
-    out += [instruction] * (REWRITE_SEGMENTS - len(out))
-    return out[:MAX_SEEDS]
+    return [instruction] * min(MAX_SEEDS, max(REWRITE_SEGMENTS, len(window)))
 
 
 @dataclass
@@ -97,7 +100,7 @@ class Project:
 
     def begin(self, init: ProjectStart) -> None:
         """Start a project: its seeds (the custom prompt's rewrite, or the curated prompts) and flags."""
-        self.seeds = rewrite_window(init.initial_prompt, [], 0) if init.initial_prompt else list(init.prompts)
+        self.seeds = rewrite_window(init.initial_prompt, []) if init.initial_prompt else list(init.prompts)
         self.preset_id = init.preset_id if init.preset_id is not None else ("custom" if init.initial_prompt else None)
         self.preset_label = init.preset_label or ("Custom rollout" if init.initial_prompt else "")
         self.enhancement, self.auto_extension, self.loop = init.enhancement, init.auto_extension, init.loop
@@ -141,9 +144,3 @@ class Project:
         i = self.next_seed
         self.next_seed += 1
         return self.seeds[i], i
-
-    def window_played(self, window: list[str]) -> int:
-        """How many of `window`'s first prompts this rollout has started (0 unless `window` begins with
-        this rollout's seeds: a window from an archived clip is taken whole)."""
-        k = min(self.next_seed, len(self.seeds))
-        return k if window[:k] == self.seeds[:k] else 0

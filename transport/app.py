@@ -14,7 +14,7 @@ Routes (`transport/routes/`):
     GET    /status, /prompt-system-config, /curated-presets   Dreamverse's client's HTTP reads           streams.py
     GET    /v1/model, /v1/models        the model's declared geometry; the model families                 admin.py
     GET    /v1/agent                    agent worker status (worldcast worker only)                        admin.py
-    GET    /v1/engines[/{id}]           engine cores: device, pid, state, sessions, load (engine_api.py)   admin.py
+    GET    /v1/engines[/{id}]           engine cores: id, state; with the admin token also pid, sessions, load   admin.py
     POST   /v1/engines/{id}/drain       move its sessions off, stop placing on it (operator; also undrain) admin.py
     POST   /v1/sessions/{id}/move       move one session to another engine (operator)                      admin.py
     GET    /healthz, /readyz            liveness (with `service`); readiness                               health.py

@@ -226,7 +226,7 @@ class DreamverseConnection:
             base = obj["window"] or p.seeds
             instruction = obj["instruction"]
             open_ = self.director.current is not None
-            p.new_rollout(rewrite_window(instruction, base, p.window_played(base) if instruction else 0))
+            p.new_rollout(rewrite_window(instruction, base))
             self.events.rewrite(instruction)
             self._unpause()
             self.events.announce("rewrite_during_generation" if open_ else "rewrite_rollout")

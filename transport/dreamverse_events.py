@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worldcast.sessions.directing import DirectingSession, Segment, SegmentEnd
-from worldcast.sessions.projects import Project
+from worldcast.sessions.projects import REWRITE_RULE, Project
 from worldcast.transport.dreamverse_prompts import REWRITE_MODEL, ProjectInit
 from worldcast.transport.fmp4 import Fmp4Fragmenter
 from worldcast.transport.stream_socket import StreamSocket, dumps
@@ -122,7 +122,7 @@ class DreamverseEvents:
                   "model": REWRITE_MODEL, "latency_ms": 0.0}
         self.send("seed_prompts_updated", prompts=p.seeds, reason="rewrite", raw_llm_output=None,
                   rewrite_instruction=instruction or "", seed_prompt_count=len(p.seeds), **common,
-                  worldcast={"rule": "the instruction is the next direction; the window's unplayed prompts follow"})
+                  worldcast={"rule": REWRITE_RULE})
         self.send("rewrite_seed_prompts_complete", **common)
 
     def _stream_start_fields(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from worldcast.sessions.projects import REWRITE_SEGMENTS
+from worldcast.sessions.projects import REWRITE_RULE
 from worldcast.transport.dreamverse_prompts import REWRITE_MODEL
 
 #: `service` in /healthz and /status.
@@ -87,10 +87,7 @@ async def prompt_system_config() -> dict[str, Any]:
                                       "the current segment at the next denoising step.",
         "auto_extension_system_prompt": "worldcast has no language model: with auto-extension on, when the seed "
                                         "prompts run out the last prompt continues, one segment at a time.",
-        "rewrite_window_system_prompt": "worldcast has no language model: a rewrite instruction becomes the next "
-                                        "direction and the window's unplayed prompts follow it unchanged "
-                                        f"(filled with the instruction up to {REWRITE_SEGMENTS} segments); "
-                                        "without an instruction the window plays again from its first prompt.",
+        "rewrite_window_system_prompt": REWRITE_RULE,
         "rewrite_user_system_prompt": "",
         "rewrite_model": REWRITE_MODEL,
         "rewrite_temperature": 0.0,

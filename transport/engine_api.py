@@ -1,8 +1,9 @@
 """The engine cores at the network edge: building them from the server's config, and their routes.
 
 Routes:
-    GET  /v1/engines                   every engine: id, device, pid, state, sessions, load
-    GET  /v1/engines/{id}              one engine
+    GET  /v1/engines                   every engine: id and state; with the admin token also device, pid,
+                                       sessions, load
+    GET  /v1/engines/{id}              one engine (the same two views)
     POST /v1/engines/{id}/drain        move every session off it, stop placing on it   (operator)
     POST /v1/engines/{id}/undrain      place sessions on it again                       (operator)
     POST /v1/sessions/{id}/move        move one session: {"engine": id | null, "verify": bool} (operator)
@@ -10,6 +11,12 @@ Routes:
 Operator routes need `Authorization: Bearer <admin token>` (`--admin-token`, or the
 WORLDCAST_ADMIN_TOKEN environment variable); a server started without one answers
 them 403.
+
+The two reads answer a caller without an `Authorization` header what `GET /readyz` says and no more (each
+engine's id and state, how many are up): an engine's pid and the ids of the sessions on it are the
+operator's, so that the engine routes do not undo the session routes' uniform 401/404 (issue 31, item 3).
+A header that is not the admin token is refused (401/403, as on the operator routes), never read as
+anonymous.
 """
 
 from __future__ import annotations
@@ -71,7 +78,12 @@ def _manager(request: Request) -> SessionManager:
 
 
 def _admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
-    """The operator routes' check: the admin token, compared in constant time."""
+    """The operator routes' check: the admin token, compared in constant time.
+
+    Raises:
+        HTTPException: 403 when the server has no admin token or the token is another; 401 without a
+            Bearer token.
+    """
     expected: str | None = request.app.state.admin_token
     if expected is None:
         raise HTTPException(403, "operator routes are off: start the server with --admin-token "
@@ -83,7 +95,26 @@ def _admin(request: Request, authorization: Annotated[str | None, Header()] = No
         raise HTTPException(403, "not the admin token")
 
 
+def _operator(request: Request, authorization: Annotated[str | None, Header()] = None) -> bool:
+    """The read routes' check: False for a caller without an `Authorization` header (the public view), True
+    for the admin token.
+
+    Raises:
+        HTTPException: as `_admin` for a header that is not the admin token.
+    """
+    if authorization is None:
+        return False
+    _admin(request, authorization)
+    return True
+
+
+def public_engine_info(engine: EngineHandle) -> dict[str, Any]:
+    """What anyone may know of one engine: its id and state, as `GET /readyz` lists them (`states`)."""
+    return {"id": engine.id, "state": engine.state}
+
+
 Manager = Annotated[SessionManager, Depends(_manager)]
+Operator = Annotated[bool, Depends(_operator)]
 
 
 #: The engine routes (module docstring); `app.state.manager` is the `SessionManager`, `app.state.admin_token`
@@ -92,14 +123,17 @@ router = APIRouter()
 
 
 @router.get("/v1/engines")
-async def list_engines(manager: Manager) -> dict[str, Any]:
-    return {"engines": [e.info() for e in manager.engines], "up": manager.engines_up,
+async def list_engines(manager: Manager, operator: Operator) -> dict[str, Any]:
+    """Every engine: the full `EngineHandle.info()` for the operator, else `public_engine_info`."""
+    return {"engines": [e.info() if operator else public_engine_info(e) for e in manager.engines], "up": manager.engines_up,
             "total": len(manager.engines)}
 
 
 @router.get("/v1/engines/{engine_id}")
-async def get_engine(engine_id: int, manager: Manager) -> dict[str, Any]:
-    return manager.engine(engine_id).info()  # EngineNotFound -> 404
+async def get_engine(engine_id: int, manager: Manager, operator: Operator) -> dict[str, Any]:
+    """One engine, in the caller's view (as `list_engines`); an unknown id is 404 (`EngineNotFound`)."""
+    e = manager.engine(engine_id)
+    return e.info() if operator else public_engine_info(e)
 
 
 @router.post("/v1/engines/{engine_id}/drain", dependencies=[Depends(_admin)])

@@ -82,14 +82,15 @@ class CreateSessionRequest(_Strict):
     transport: Literal["webrtc", "livekit"] = Field(
         "webrtc", description="webrtc: negotiate with POST /v1/sessions/{id}/webrtc; livekit: the server joins "
         "`room` as the session's world and the reply carries the user's LiveKit token")
-    room: str | None = Field(None, pattern=ROOM_PATTERN, description="LiveKit room (transport livekit only)")
+    room: str | None = Field(None, pattern=ROOM_PATTERN, description="LiveKit room (transport livekit only); "
+                             "omitted: the server names a fresh one. A named room must be new: one that another "
+                             "session holds or that exists on the LiveKit server is a 409 unless the request "
+                             "carries the admin token")
 
     _prompt = field_validator("prompt")(check_prompt)
 
     @model_validator(mode="after")
     def _room_with_livekit(self) -> CreateSessionRequest:
-        if self.transport == "livekit" and self.room is None:
-            raise ValueError("room is required when transport is 'livekit'")
         if self.transport != "livekit" and self.room is not None:
             raise ValueError("room is only for transport 'livekit'")
         return self

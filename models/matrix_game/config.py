@@ -138,7 +138,15 @@ class MatrixGameConfig:
     #: (the causal encoder's receptive field: 29 for the Wan 2.1 encoder, measured by
     #: tests/models/matrix_game/receptive_field.py), so frames past the last kept one reuse it.
     cond_latent_frames: int = 30
-    fps: int = 25  #: pixel frames per second (Hz): the release's "real-time [25fps]"; FastVideo's preset
+    #: pixel frames per second (Hz) the video is served at: the rate the release plays its motion at. The
+    #: release writes every video it generates at 12 fps (`Matrix-Game-2/utils/visualize.py` `process_video`,
+    #: `fps = 12`, which `inference.py` and `inference_streaming.py` call), and its benchmark action scripts
+    #: hold each action for 12 pixel frames (`utils/conditions.py` `combine_data`, `selections = [12]`: one
+    #: second at 12 fps). The "25 FPS" of the README ("real-time[25fps]") and of the paper (He et al. 2025,
+    #: arXiv:2508.13009, abstract: "at an ultra-fast speed of 25 FPS") is generation throughput on one H100,
+    #: not a playback rate: served at 25 the same motion plays about twice as fast as the authors show it.
+    #: (FastVideo's preset says 25; worldcast served 25 until issue 31.)
+    fps: int = 12
     frame_height: int = 352  #: pixels
     frame_width: int = 640  #: pixels
     vae: WanVAEConfig = field(default_factory=WanVAEConfig)  #: the VAE decoder
@@ -191,6 +199,17 @@ class MatrixGameConfig:
         chunk's own included (`CausalWanSelfAttention`, `ActionModule` KV-cache branches).
         """
         return self.local_attn_size - self.sink_size - self.frames_per_chunk
+
+    @property
+    def action_window_frames(self) -> int:
+        """Committed latent frames the action module's mouse and keyboard caches show a chunk:
+        local_attn_size - frames_per_chunk, with no sink whatever `sink_size` says.
+
+        The release's `ActionModule.forward` (`Matrix-Game-2/wan/modules/action_module.py`, both KV-cache
+        branches) sets `sink_size = 0` and attends to the last `local_attn_size` frames of each cache, the
+        chunk's own included; only the DiT's self-attention keeps `sink_size` frames.
+        """
+        return self.local_attn_size - self.frames_per_chunk
 
     @property
     def timesteps(self) -> tuple[float, ...]:

@@ -2,11 +2,13 @@
 
 Declared per-session state (`models/spec.py`), all held by the engine's pool,
 staged with the chunk and committed or dropped with it:
-- "kv": the DiT's self-attention ring (no sinks, a window of `local_attn_size - 3`
-  committed latent frames: 3 universal / templerun, 1 GTA), post-RoPE keys;
+- "kv": the DiT's self-attention ring (`sink_size` sinks, 0 in every release config, and a window
+  of `local_attn_size - sink_size - 3` committed latent frames: 3 universal / templerun, 1 GTA),
+  post-RoPE keys;
 - "mouse_kv": per action block, the mouse attention's keys/values, one per
-  (latent frame, token) on the same ring positions (absent without a mouse);
-- "keyboard_kv": per action block, the keyboard attention's, one per latent frame;
+  (latent frame, token) (absent without a mouse); never a sink, a window of `local_attn_size - 3`
+  (`MatrixGameConfig.action_window_frames`, as the release's action module);
+- "keyboard_kv": per action block, the keyboard attention's, one per latent frame (the same rule);
 - "cross": the image's cross-attention cache (blocks, K/V, 257, heads, head dim);
 - "image_latent": the first-frame conditioning, `cond_latent_frames` latent frames
   of the VAE encoding of [image, black frames] (later frames reuse the last);
@@ -105,15 +107,17 @@ class MatrixGameModel(WorldModel):
         self._tokens_per_frame = T
         n_act = len(self.dit.action_blocks)
         ring = dict(window_frames=cfg.window_frames, sink_frames=cfg.sink_size, dtype=self.dtype)
+        # the action caches never keep a sink (the release's action module): `cfg.action_window_frames`
+        action_ring = dict(window_frames=cfg.action_window_frames, sink_frames=0, dtype=self.dtype)
         states: list[StateSpec] = [
             AttentionRingSpec("kv", layers=cfg.layers, heads=cfg.heads, head_dim=cfg.head_dim, tokens_per_frame=T,
                               **ring)]  # type: ignore[arg-type]
         if a.enable_mouse:
             states.append(AttentionRingSpec("mouse_kv", layers=n_act, heads=a.heads, head_dim=a.head_dim,
-                                            tokens_per_frame=T, **ring))  # type: ignore[arg-type]
+                                            tokens_per_frame=T, **action_ring))  # type: ignore[arg-type]
         if a.enable_keyboard:
             states.append(AttentionRingSpec("keyboard_kv", layers=n_act, heads=a.heads, head_dim=a.head_dim,
-                                            tokens_per_frame=1, **ring))  # type: ignore[arg-type]
+                                            tokens_per_frame=1, **action_ring))  # type: ignore[arg-type]
         self._vae_names = [f"vae.{i:02d}" for i in range(len(self.vae.cache_spec(H, W)))]
         states += [
             PromptCacheSpec("cross", shape=(cfg.layers, 2, cfg.image_tokens, cfg.heads, cfg.head_dim),
@@ -219,7 +223,7 @@ class MatrixGameModel(WorldModel):
         return self._memo(cond, "action_attend", lambda: RingActionAttention(
             state.ring("mouse_kv") if a.enable_mouse else None,
             state.ring("keyboard_kv") if a.enable_keyboard else None,
-            state.slots_host, self._first(cond), window=self.cfg.window_frames, sinks=self.cfg.sink_size))
+            state.slots_host, self._first(cond), window=self.cfg.action_window_frames, sinks=0))
 
     def _cross(self, cond: ChunkConditioning, state: StateView) -> list[tuple[torch.Tensor, torch.Tensor]]:
         def make() -> list[tuple[torch.Tensor, torch.Tensor]]:

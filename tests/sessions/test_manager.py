@@ -238,3 +238,24 @@ async def test_an_encoder_that_fails_beside_engine_processes_fails_start_once_th
         await asyncio.wait_for(start, 30)
     assert engine.started
     await m.aclose()
+
+
+async def test_a_failed_session_is_closed_with_its_reason_in_the_log_at_info(model, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Issue 31: a session closed with `error` names why, at INFO, with its id (before, the log said only
+    "closed (error)", and not even at DEBUG did anything say why)."""
+    import logging
+
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, kv_budget_bytes=2**24),
+                       config=SessionConfig(tick_s=3600, warmup=False,
+                                           admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=2)))
+    await m.start()
+    try:
+        s = await m.create(seed=1)
+        engine = m.engine_of(s.id)
+        with caplog.at_level(logging.INFO, logger="worldcast.sessions.manager"):
+            m._on_error(engine, s.id, "the device step raised ValueError: boom")  # as an engine thread does
+            await wait_for(lambda: s.state == SessionState.CLOSED, 10)
+        lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        assert any(s.id in ln and "closed (error" in ln and "boom" in ln for ln in lines), lines
+    finally:
+        await m.aclose()

@@ -7,15 +7,15 @@ import pytest
 from worldcast.sessions.projects import MAX_SEEDS, REWRITE_SEGMENTS, Project, ProjectStart, rewrite_window
 
 
-def test_a_rewrite_puts_the_instruction_next_and_keeps_the_unplayed_window() -> None:
+def test_a_rewrite_writes_the_instruction_into_every_prompt_of_the_window() -> None:
     w = ["a harbor at night", "boats leave", "the market opens"]
-    assert rewrite_window("it starts to rain", w, played=1) == [
-        "it starts to rain", "boats leave", "the market opens", "it starts to rain", "it starts to rain",
-        "it starts to rain"]
-    assert rewrite_window("x", w, played=0)[:4] == ["x", *w]
-    assert rewrite_window(None, w, played=2) == w  # no instruction: the window again, from its first
-    assert rewrite_window("a fox", [], played=0) == ["a fox"] * REWRITE_SEGMENTS  # a custom start's seeds
-    assert len(rewrite_window("x", [f"p{i}" for i in range(100)], 0)) == MAX_SEEDS
+    assert rewrite_window("it starts to rain", w) == ["it starts to rain"] * REWRITE_SEGMENTS  # padded to 6
+    # the client's padded window ([new, old, old, old, old, new] before issue 31): every prompt is the edit
+    padded = ["a fox", "fill", "fill", "fill", "fill", "fill", "fill", "fill"]
+    assert rewrite_window("the fox runs", padded) == ["the fox runs"] * len(padded)
+    assert rewrite_window(None, w) == w  # no instruction: the window again, from its first
+    assert rewrite_window("a fox", []) == ["a fox"] * REWRITE_SEGMENTS  # a custom start's seeds
+    assert rewrite_window("x", [f"p{i}" for i in range(100)]) == ["x"] * MAX_SEEDS
 
 
 def test_rollouts_cap_loop_and_auto_extension() -> None:
@@ -35,7 +35,6 @@ def test_rollouts_cap_loop_and_auto_extension() -> None:
     assert q.next_kind() == "auto"
     q.auto_extension = False
     assert q.next_kind() == "blocked"
-    assert q.window_played(["a", "x"]) == 1 and q.window_played(["z", "a"]) == 0
     q.end()
     assert q.next_kind() == "idle" and not q.seeds
     with pytest.raises(ValueError):

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(240)
 CAP = 2  #: segments per rollout on this server
 #: the client pads a rewrite's window to 6 prompts with this (promptWindowSnapshot.ts); ours, same role
 FILL = "The scene carries on in the same way."
+EDIT = "the fox starts to run"  #: the composer's edit in the replay
 
 
 @pytest.fixture(scope="module")
@@ -83,21 +84,33 @@ async def test_custom_start_composer_rewrite_new_project_and_leave(dv) -> None: 
         # 2. the default composer's next prompt: rewrite_seed_prompts with the padded prompt window
         mark = len(s.msgs)
         window = [*seeds["prompts"][:1], FILL]  # type: ignore[index]
-        await s.send({"type": "rewrite_seed_prompts", "rewrite_instruction": "the fox starts to run",
+        await s.send({"type": "rewrite_seed_prompts", "rewrite_instruction": EDIT,
                       "prompt_window_prompts": window + [FILL] * 4})
         done = await s.wait(of("rewrite_seed_prompts_complete"), mark)
         upd = s.msgs[s.index(of("seed_prompts_updated", reason="rewrite"), mark)]
-        assert upd["prompts"][:2] == ["the fox starts to run", FILL]  # type: ignore[index]
+        assert upd["prompts"] == [EDIT] * 6  # type: ignore[index]  # every prompt of the window is the edit
         assert s.index(of("rewrite_seed_prompts_started"), mark) < done  # type: ignore[operator]
         cut = await s.wait(of("ltx2_segment_complete", segment_idx=1), mark)
         start = await s.wait(of("ltx2_stream_start", loop_iteration=2), mark)
         reset = await s.wait(of("seed_prompts_reset_applied", reason="rewrite_during_generation"), mark)
-        first = await s.wait(of("ltx2_segment_start", segment_idx=1, prompt="the fox starts to run"), mark)
+        first = await s.wait(of("ltx2_segment_start", segment_idx=1, prompt=EDIT), mark)
         assert s.msgs[cut]["cut"] is True and cut < start < reset < first, s.types(mark)  # type: ignore[index]
         c = s.msgs[cut]
         assert c["frames"] == len(check_segment(s, 1)[0]) - 1 and c["dropped"] >= 0  # type: ignore[index]
         init2 = await s.wait(of("media_init", segment_idx=1), first)
         assert s.msgs[init2]["stream_id"].endswith("-2-1")  # type: ignore[index]
+        # every segment after the edit plays it: the rest of this rollout, up to its cap ...
+        capped = await s.wait(of("ltx2_stream_complete"), start)
+        played = [m for m in s.msgs[start:capped] if isinstance(m, dict) and m["type"] == "ltx2_segment_start"]
+        assert [m["segment_idx"] for m in played] == list(range(1, CAP + 1)), s.types(start)
+        assert all(m["prompt"] == EDIT for m in played), [m["prompt"] for m in played]
+        # ... and the rollout after the cap (the page's "restart"), which plays the seeds again
+        mark = len(s.msgs)
+        await s.send({"type": "restart_generation"})
+        start = await s.wait(of("ltx2_stream_start", loop_iteration=3), mark)
+        await s.wait(of("ltx2_segment_start", segment_idx=CAP), start)
+        played = [m for m in s.msgs[start:] if isinstance(m, dict) and m["type"] == "ltx2_segment_start"]
+        assert [m["prompt"] for m in played] == [EDIT] * len(played) and len(played) >= CAP, played
 
         # 3. "New project": end_project_keep_session; the page waits for project_idle
         mark = len(s.msgs)

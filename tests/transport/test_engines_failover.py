@@ -93,7 +93,9 @@ async def until(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-u
 
 
 async def engines(http: httpx.AsyncClient) -> dict[int, dict[str, Any]]:
-    return {e["id"]: e for e in (await http.get("/v1/engines")).json()["engines"]}
+    """The operator's view of the engines (pids and session ids need the admin token)."""
+    r = await http.get("/v1/engines", headers={"Authorization": f"Bearer {ADMIN}"})
+    return {e["id"]: e for e in r.json()["engines"]}
 
 
 async def test_each_engine_process_reports_its_resident_memory(server: str) -> None:

@@ -25,7 +25,7 @@ def mg_server():  # type: ignore[no-untyped-def]
 
 def test_matrix_game_declares_keys_mouse_and_an_image(mg_server) -> None:  # type: ignore[no-untyped-def]
     m = httpx.get(f"{mg_server.url}/v1/model").json()
-    assert m["name"] == "matrix-game-2:tiny" and m["fps"] == 25
+    assert m["name"] == "matrix-game-2:tiny" and m["fps"] == 12
     assert m["actions"]["keys"][:4] == ["w", "s", "a", "d"] and {"i", "j", "k", "l"} <= set(m["actions"]["keys"])
     assert [a["name"] for a in m["actions"]["mouse"]] == ["yaw", "pitch"]
     assert m["actions"]["history_pixel_frames"] == 9

@@ -99,15 +99,21 @@ class LiveKitUser:
     # -- joining ---------------------------------------------------------------------------------
 
     @classmethod
-    async def create(cls, base_url: str, *, room: str, prompt: str | None = None, seed: int | None = None,
-                     stamp_frames: bool = False) -> LiveKitUser:
+    async def create(cls, base_url: str, *, room: str | None = None, prompt: str | None = None,
+                     seed: int | None = None, stamp_frames: bool = False) -> LiveKitUser:
         """Create a LiveKit session over HTTP and join its room as the user.
 
+        Args:
+            room: the room to create it in; None: the server names a fresh one (`room` of the reply).
+
         Raises:
-            httpx.HTTPStatusError: creation refused (503 when full, 502 when the world could not join).
+            httpx.HTTPStatusError: creation refused (503 when full, 502 when the world could not join,
+                409 when the room is another session's or already exists on the LiveKit server).
         """
-        info = await create_session(base_url, prompt=prompt, seed=seed, stamp_frames=stamp_frames,
-                                    transport="livekit", room=room)
+        fields: dict[str, Any] = {"transport": "livekit"}
+        if room is not None:
+            fields["room"] = room
+        info = await create_session(base_url, prompt=prompt, seed=seed, stamp_frames=stamp_frames, **fields)
         lk = info["livekit"]
         self = cls(session_id=info["session_id"], token=info["token"], model=info["model"], base_url=base_url,
                    world_identity=lk["world_identity"])
@@ -158,6 +164,15 @@ class LiveKitUser:
     # -- data ---------------------------------------------------------------------------------------
 
     def _on_data(self, packet: rtc.DataPacket) -> None:
+        """Keep the world's frame metadata and events, and workers' dispatch notes.
+
+        Only the world's participant (`world_identity`) speaks on `frames` and `events`: anyone else in
+        the room publishing there (another participant who joined it, issue 31) is ignored, never
+        recorded as the session's event. Until the world is known nothing on those topics is taken.
+        """
+        sender = packet.participant.identity if packet.participant is not None else None
+        if packet.topic in (FRAMES_TOPIC, EVENTS_TOPIC) and (sender is None or sender != self.world_identity):
+            return
         try:
             msg = json.loads(packet.data)
         except ValueError:

@@ -3,9 +3,9 @@
 Grants follow LiveKit's VideoGrants (livekit/protocol `auth/grants.go`):
 the user may join one room, subscribe, publish data (actions) but no
 media, and set its own attributes (setting one on joining makes LiveKit
-announce the user to the world at once; see `world.py`); the world may publish its video and data; an agent worker token
-carries only `agent` (it may register for dispatch). The user's token is cut short by the server's
-leeway (`SERVER_LEEWAY_S`), so it joins for exactly its TTL.
+announce the user to the world at once; see `world.py`); the world may publish its video and data; an agent
+worker token carries only `agent` (it may register for dispatch). Every token holds `nbf <= now < exp`, `exp`
+the TTL asked for after issue; a user who joins in the server's leeway past it is removed by the world.
 """
 
 from __future__ import annotations
@@ -34,27 +34,35 @@ def user_identity(session_id: str) -> str:
 #: How long past its `exp` livekit-server still accepts a token, s. Measured against livekit-server v1.13.5
 #: (`tests/transport/livekit/test_token_ttl.py`): a token whose exp is 58 s past joins, 59 s past is refused
 #: ("token is expired"); the JWT library's one-minute default leeway, less the claims' whole-second rounding.
+#: Tokens are not cut short by it (that made `exp` precede `nbf` for TTLs under a minute, issue 31): a user
+#: joining past its TTL is removed by its world instead (`LiveKitWorld.join_deadline_s`).
 SERVER_LEEWAY_S = 60
 
 
 def user_token(config: LiveKitConfig, *, room: str, identity: str, issued_at_s: float | None = None) -> str:
     """A token for the session's user: join `room`, subscribe, publish data (no media), set its own
-    attributes; usable for joining for `user_token_ttl_s` from `issued_at_s`, and not after.
+    attributes; valid from now until `user_token_ttl_s` after `issued_at_s`.
 
-    Its `exp` is `user_token_ttl_s - SERVER_LEEWAY_S` after issue (in the past for TTLs under a minute),
-    because livekit-server accepts a token until `SERVER_LEEWAY_S` past its `exp`: so the token stops
-    joining when the TTL ends, not a minute later.
+    Its claims hold `nbf <= now < exp` with `exp - iat` the TTL asked for (whole seconds: `livekit-api`
+    writes `nbf` as the current second and `exp` as the second the TTL ends in). livekit-server still takes
+    it up to `SERVER_LEEWAY_S` past `exp`; the world removes a user who joins that late.
 
     Args:
         issued_at_s: when it counts as issued (Unix time, s; default now): tests mint tokens "issued"
             in the past instead of waiting.
+
+    Raises:
+        ValueError: `issued_at_s` so far back that the TTL has already run out (such a token is never minted).
     """
     grants = api.VideoGrants(room_join=True, room=room, can_subscribe=True, can_publish=False,
                              can_publish_data=True, can_update_own_metadata=True)
     age = 0.0 if issued_at_s is None else time.time() - issued_at_s
-    ttl = datetime.timedelta(seconds=config.user_token_ttl_s - SERVER_LEEWAY_S - age)
+    left_s = config.user_token_ttl_s - age
+    if left_s < 1.0:
+        raise ValueError(f"a user token issued {age:.1f} s ago with a TTL of {config.user_token_ttl_s:g} s has "
+                         "run out; mint a new one")
     return (api.AccessToken(config.api_key, config.api_secret).with_identity(identity)
-            .with_ttl(ttl).with_grants(grants).to_jwt())
+            .with_ttl(datetime.timedelta(seconds=left_s)).with_grants(grants).to_jwt())
 
 
 def world_token(config: LiveKitConfig, *, room: str, identity: str, name: str = "worldcast") -> str:

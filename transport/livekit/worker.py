@@ -323,8 +323,8 @@ class AgentWorker:
                                                  url=a.url or None, token=a.token)
         except Exception as e:  # noqa: BLE001 - LiveKitJoinError or anything else: nothing stays allocated
             self.jobs.pop(a.job.id, None)
-            self.manager.close(entry.session.id, CloseReason.ERROR)
             why = str(e) if isinstance(e, LiveKitJoinError) else f"{type(e).__name__}: {e}"
+            self.manager.close(entry.session.id, CloseReason.ERROR, detail=f"the world could not join: {why}")
             await self._job_status(a.job.id, pb.JS_FAILED, why)
             return
         await self._job_status(a.job.id, pb.JS_RUNNING)

@@ -38,8 +38,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from livekit import rtc
@@ -71,6 +72,21 @@ MAX_FRAME_SENDS = 8
 
 class LiveKitJoinError(Exception):
     """The world could not join its room (the message says why)."""
+
+
+class LiveKitRoomTaken(Exception):
+    """A create named a room it has no right to: another session's, or one that exists on the LiveKit server
+    (the message says which). Answered 409; the caller may name no room (the server names a fresh one) or
+    prove the right with the operator credential."""
+
+
+#: Prefix of the rooms the server names (a create over HTTP without `room`).
+SERVER_ROOM_PREFIX = "worldcast-room-"
+
+
+def server_room_name() -> str:
+    """A fresh room name of the server's own (`SERVER_ROOM_PREFIX` and 96 random bits, URL-safe)."""
+    return SERVER_ROOM_PREFIX + secrets.token_urlsafe(12)
 
 
 class LiveKitWorld:
@@ -173,8 +189,8 @@ class LiveKitWorld:
         if self.conn.closing or self._attached or not self._is_user(p):
             return
         if self.join_deadline_s is not None and time.time() > self.join_deadline_s + LATE_JOIN_SLACK_S:
-            # the server's leeway would let a stale token in; user tokens are cut short by it
-            # (tokens.SERVER_LEEWAY_S), and this catches any that are not
+            # the server's leeway (tokens.SERVER_LEEWAY_S) lets a token in for a minute past its exp:
+            # the world removes a user who joins after its token's TTL
             logger.warning("%r: user %s joined %.1f s after its token's TTL: removing it", self, p.identity,
                            time.time() - self.join_deadline_s)
             self._spawn(self.remove_participant(p.identity, "joined after its token's TTL"))
@@ -323,8 +339,13 @@ class LiveKitWorlds:
         self.on_ended: Callable[[LiveKitWorld], None] | None = None
 
     async def open(self, session: Session, *, room: str, user_identity: str | None,
-                   url: str | None = None, token: str | None = None) -> LiveKitWorld:
+                   url: str | None = None, token: str | None = None,
+                   before_join: Callable[[], Awaitable[None]] | None = None) -> LiveKitWorld:
         """Join `room` as the session's world.
+
+        Args:
+            before_join: awaited after the world is registered (it holds the room from then on) and before
+                it joins; what it raises comes out of `open`, with nothing of the world left.
 
         Raises:
             LiveKitJoinError: joining failed (the world left; the session is left open: the caller closes it).
@@ -336,6 +357,8 @@ class LiveKitWorlds:
                              on_user_left=self._user_left, guard=self.make_guard())
         self.worlds[session.id] = world
         try:
+            if before_join is not None:
+                await before_join()
             await world.join(url, token)
         except BaseException:
             self.worlds.pop(session.id, None)
@@ -344,17 +367,63 @@ class LiveKitWorlds:
         session.on("state", lambda s, st: self._forget(s) if st == SessionState.CLOSED else None)
         return world
 
-    async def serve(self, session: Session, *, room: str) -> LiveKitAccess:
-        """Join `room` as the world of a session created over HTTP; the user gets a token of their own.
+    def owner_of(self, room: str) -> str | None:
+        """The id of the session whose world is in (or joining) `room`, if any (read from the worlds)."""
+        return next((sid for sid, w in self.worlds.items() if w.room_name == room), None)
+
+    async def room_exists(self, room: str) -> bool:
+        """Whether `room` exists on the LiveKit server (RoomService.ListRooms by name).
+
+        Raises:
+            LiveKitJoinError: the room service did not answer (nothing can be decided without it).
+        """
+        from livekit import api
+
+        try:
+            async with api.LiveKitAPI(self.config.http_url, self.config.api_key, self.config.api_secret) as lk:
+                rooms = await asyncio.wait_for(lk.room.list_rooms(api.ListRoomsRequest(names=[room])),
+                                               self.config.join_timeout_s)
+        except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out: said, not guessed
+            raise LiveKitJoinError(f"could not ask the LiveKit room service at {self.config.http_url} whether "
+                                   f"room {room!r} exists: {type(e).__name__}: {e}") from None
+        return any(r.name == room for r in rooms.rooms)
+
+    async def serve(self, session: Session, *, room: str | None, operator: bool = False) -> LiveKitAccess:
+        """Join a room as the world of a session created over HTTP; the user gets a token of their own.
+
+        A room belongs to its session (issue 31): a caller naming a room may not take one that another
+        session's world is in or that already exists on the LiveKit server (someone else's call), unless
+        it is the operator. Without a name the server names a fresh room (`server_room_name`). The claim
+        is the world's entry in `worlds`, made before anything is awaited, so two creates naming the same
+        room cannot both pass.
+
+        Args:
+            room: the room the caller named, or None.
+            operator: the caller gave the operator credential (the admin token): it may join any room.
 
         Returns:
             how the user joins: URL, room, identity `user-<session id>` and its token.
 
         Raises:
-            LiveKitJoinError: joining failed (the session is left open; the caller closes it).
+            LiveKitRoomTaken: the named room is another session's, or exists on the LiveKit server.
+            LiveKitJoinError: joining failed, or the room service could not be asked (the session is left
+                open; the caller closes it).
         """
+        named = room is not None
+        room = room if room is not None else server_room_name()
+        owner = self.owner_of(room)
+        if named and not operator and owner is not None:
+            raise LiveKitRoomTaken(f"room {room!r} belongs to another session; name no room (the server names "
+                                   "one) or another room")
         identity = user_identity(session.id)
-        world = await self.open(session, room=room, user_identity=identity)
+        check = None
+        if named and not operator:
+            async def check() -> None:
+                if await self.room_exists(room):
+                    raise LiveKitRoomTaken(f"room {room!r} already exists on the LiveKit server; a session only "
+                                           "joins a room of its own (name no room, or a new one; an operator "
+                                           "may join an existing room with the admin token)")
+        world = await self.open(session, room=room, user_identity=identity, before_join=check)
         issued = time.time()
         world.join_deadline_s = issued + self.config.user_token_ttl_s
         return LiveKitAccess(url=self.config.ws_url, room=room, identity=identity,

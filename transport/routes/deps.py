@@ -50,3 +50,13 @@ def session_dep(
     if not secrets.compare_digest(token.encode(), expected.encode()) or not open_:
         raise HTTPException(404, NOT_FOUND_DETAIL)
     return session  # type: ignore[return-value]
+
+
+def is_operator(request: Request) -> bool:
+    """Whether the request carries `Authorization: Bearer <admin token>` (compared in constant time); False
+    when the server has no admin token. Any other header is simply not the operator's."""
+    expected: str | None = request.app.state.admin_token
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    if expected is None or scheme.lower() != "bearer" or not token.strip():
+        return False
+    return secrets.compare_digest(token.strip().encode(), expected.encode())

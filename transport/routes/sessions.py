@@ -16,7 +16,7 @@ from worldcast.sessions.session import CloseReason, Session
 from worldcast.transport import errors
 from worldcast.transport.model_api import model_info, read_create_body
 from worldcast.transport.peers import PeerRegistry
-from worldcast.transport.routes.deps import manager_dep, session_dep
+from worldcast.transport.routes.deps import is_operator, manager_dep, session_dep
 from worldcast.transport.rpc import RpcHandler, TokenBucket, error_reply
 from worldcast.transport.schemas import CreateSessionRequest, CreateSessionResponse
 from worldcast.transport.webrtc import CONTROL_BURST, CONTROL_RATE_HZ
@@ -59,24 +59,26 @@ async def create_session(
     livekit = None
     try:  # whatever fails from here on (or a client gone mid-request), nothing stays allocated
         if body.transport == "livekit":
-            from worldcast.transport.livekit.world import LiveKitJoinError
+            from worldcast.transport.livekit.world import LiveKitJoinError, LiveKitRoomTaken
 
             try:
-                livekit = await worlds.serve(s, room=body.room)
+                livekit = await worlds.serve(s, room=body.room, operator=is_operator(request))
+            except LiveKitRoomTaken as e:
+                raise HTTPException(409, str(e)) from None
             except LiveKitJoinError as e:
                 raise HTTPException(502, str(e)) from None
         return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model),
                                      livekit=livekit)
-    except HTTPException:
-        manager.close(s.id, CloseReason.ERROR)
+    except HTTPException as e:
+        manager.close(s.id, CloseReason.ERROR, detail=f"create refused ({e.status_code}): {e.detail}")
         raise
     except Exception as e:
-        manager.close(s.id, CloseReason.ERROR)
+        manager.close(s.id, CloseReason.ERROR, detail=f"create failed: {type(e).__name__}: {e}")
         logger.exception("Session(%s): create failed", s.id)
         raise HTTPException(500, f"internal error while creating the session ({type(e).__name__}); "
                                  "nothing was kept") from None
     except BaseException:  # cancelled: the client went away mid-request
-        manager.close(s.id, CloseReason.ERROR)
+        manager.close(s.id, CloseReason.ERROR, detail="the client went away during the create")
         raise
 
 

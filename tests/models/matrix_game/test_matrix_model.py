@@ -40,7 +40,7 @@ def test_matrix_full_size_spec_declares_every_cache_with_the_release_geometry() 
     """Built on the meta device: the real universal model's declared state per session."""
     m = _full_size(universal(), UNIVERSAL)
     s = m.spec
-    assert (s.frame_height, s.frame_width, s.fps, s.latent_shape) == (352, 640, 25, (16, 44, 80))
+    assert (s.frame_height, s.frame_width, s.fps, s.latent_shape) == (352, 640, 12, (16, 44, 80))
     assert (s.chunk_pixel_frames(0), s.chunk_pixel_frames(3)) == (9, 12)
     assert s.timesteps == pytest.approx((1.0, 0.908843, 0.713979), abs=1e-6) and s.commit_timestep == 0.0
     kv, mouse, kb = s.state("kv"), s.state("mouse_kv"), s.state("keyboard_kv")
@@ -158,3 +158,17 @@ def test_matrix_encoders_with_wrong_shapes_are_refused_by_name(mg: MatrixGameMod
     with pytest.raises(ValueError, match="controls give 7 keyboard"):
         MatrixGameModel(MatrixGameParts(cfg=mg.cfg, dit=mg.dit, vae=mg.vae, encoders=good), controls=TEMPLERUN,
                         name="x")
+
+
+def test_matrix_action_caches_keep_no_sink_whatever_sink_size_says() -> None:
+    """The release's action module attends to the last `local_attn_size` frames of its mouse and keyboard
+    caches with `sink_size = 0` hard-coded (`wan/modules/action_module.py`); only self-attention keeps
+    sinks. With a `sink_size` of 1 (no released config has one) the self-attention ring has 1 sink and a
+    window of 2, the action rings no sink and a window of 3 (before issue 31 they took the sink too)."""
+    from dataclasses import replace
+
+    m = _full_size(replace(universal(), sink_size=1), UNIVERSAL)
+    kv, mouse, kb = m.spec.state("kv"), m.spec.state("mouse_kv"), m.spec.state("keyboard_kv")
+    assert (kv.sink_frames, kv.window_frames) == (1, 2)
+    assert (mouse.sink_frames, mouse.window_frames) == (0, 3) and (kb.sink_frames, kb.window_frames) == (0, 3)
+    assert m.cfg.action_window_frames == 3

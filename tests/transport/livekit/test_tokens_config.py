@@ -32,14 +32,29 @@ def test_user_token_is_scoped_to_its_room_and_data_only() -> None:
         api.TokenVerifier("key", "t" * 32).verify(user_token(CFG, room="r1", identity="user-abc"))
 
 
-def test_user_token_lifetime_is_short() -> None:
-    import jwt
+@pytest.mark.parametrize("ttl_s", [10.0, 30.0, 120.0, 3600.0])
+def test_every_token_holds_nbf_now_exp_with_the_ttl_asked_for(ttl_s: float) -> None:
+    """Decoded claims: nbf <= now < exp, and exp - nbf the TTL asked for (whole seconds). Before issue 31
+    the user token's exp was the TTL less a minute: 50 s before nbf for a 10 s TTL."""
+    import dataclasses
 
-    from worldcast.transport.livekit.tokens import SERVER_LEEWAY_S, user_token
+    from worldcast.transport.livekit.tokens import agent_token, user_token, world_token
 
-    payload = jwt.decode(user_token(CFG, room="r1", identity="u"), SECRET, algorithms=["HS256"])
-    # exp is the TTL less livekit-server's leeway: the server accepts it until exactly the TTL
-    assert abs(payload["exp"] - (time.time() + 120 - SERVER_LEEWAY_S)) < 5
+    cfg = dataclasses.replace(CFG, user_token_ttl_s=ttl_s, world_token_ttl_s=max(ttl_s, 60.0))
+    t0 = time.time()
+    for tok, want in ((user_token(cfg, room="r1", identity="u"), ttl_s),
+                      (world_token(cfg, room="r1", identity="w"), cfg.world_token_ttl_s),
+                      (agent_token(cfg, ttl_s=ttl_s), ttl_s)):
+        c = jwt.decode(tok, SECRET, algorithms=["HS256"], options={"verify_exp": False, "verify_nbf": False})
+        now = time.time()
+        assert c["nbf"] <= now < c["exp"], (c["nbf"], now, c["exp"])
+        assert c["nbf"] <= t0 + 1 and abs((c["exp"] - c["nbf"]) - want) <= 1, (c, want)
+    # a token counted as issued earlier lasts what is left of its TTL, and one past its TTL is not minted
+    c = jwt.decode(user_token(cfg, room="r1", identity="u", issued_at_s=time.time() - ttl_s / 2), SECRET,
+                   algorithms=["HS256"])
+    assert abs((c["exp"] - c["nbf"]) - ttl_s / 2) <= 1
+    with pytest.raises(ValueError, match="run out"):
+        user_token(cfg, room="r1", identity="u", issued_at_s=time.time() - ttl_s - 1)
 
 
 def test_world_and_agent_tokens() -> None:
