@@ -1,6 +1,6 @@
 """Evaluate TinyWorld against the simulator; write a JSON report and a PNG strip.
 
-    python -m worldcast.models.tinyworld.evaluate --out models/tinyworld/weights/eval
+    python -m worldcast.models.tinyworld.evaluate --out models/tinyworld/weights/eval   # `make evaluate`
 
 Measures, on held-out map seeds (never trained on) and fresh action sequences:
 - rollout PSNR (dB, frames in [0, 255]) at horizons 1, 8, 32 for the model with
@@ -15,7 +15,13 @@ Measures, on held-out map seeds (never trained on) and fresh action sequences:
   and frame statistics against the simulator's range;
 - speed: generated frames/s (denoise + commit + decode) for 1 and 4 sessions.
 
-Every measurement runs once per compute precision the model declares
+First of all, the play test (`playtest.py`): every world played for `--minutes` unbroken
+minutes through the served path by a scripted player, judged by its pictures (alive: texture
+and objects against the simulator's; answers every key: the camera shift measured from the
+pictures); `worlds.png` shows simulator above model at 0 s, 10 s, 60 s and the last minute.
+Exit status 1 when a bar is not met.
+
+Then every measurement below runs once per compute precision the model declares
 (`--precisions`, default all: float32 and bfloat16), with the weights
 converted as serving converts them (`TinyWorldModel.set_precision`), so the
 report's bars are checked in whichever precision a server chooses. The
@@ -38,7 +44,9 @@ import numpy as np
 import torch
 
 from worldcast.models.spec import dtype_from_name, dtype_name
-from worldcast.models.tinyworld import world
+import sys
+
+from worldcast.models.tinyworld import playtest, world
 from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, TIMESTEPS, TinyWorldModel
 from worldcast.models.tinyworld.prompts import HELDOUT_PARAPHRASES, TRAIN_CAPTIONS
 from worldcast.models.tinyworld.rollout import iter_rollout, rollout_latents
@@ -234,7 +242,7 @@ def evaluate(model: TinyWorldModel, *, seqs: int, stability_frames: int, seed: i
             "bars": bars, "all_bars_met": met}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
     ap.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS.parent / "eval")
@@ -242,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stability-frames", type=int, default=10_000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--minutes", type=int, default=5, help="unbroken minutes each world is played in the play test")
+    ap.add_argument("--no-compile", action="store_true", help="play test: serve eager steps (the warm-up still "
+                    "picks the dtype)")
     ap.add_argument("--precisions", nargs="+", default=None, metavar="DTYPE",
                     help="compute precisions to evaluate, the reference first (default: every one the model "
                          "declares: float32 bfloat16)")
@@ -252,6 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     names = args.precisions or [dtype_name(d) for d in model.spec.precisions.dtypes]
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    way = playtest.choose_way(model, compile_steps=not args.no_compile)
+    played, videos = playtest.play_worlds(model, minutes=args.minutes, seed=args.seed)
+    playtest.save_worlds(args.out / "worlds.png", videos,
+                         [0, 10, 60, 60 * args.minutes] if args.minutes > 1 else [0, 10, 30, 60])
+    del videos
+    logger.info("play test: %s", json.dumps(played["bars"]))
     per: dict[str, dict[str, object]] = {}
     for i, name in enumerate(names):
         logger.info("evaluating in %s", name)
@@ -262,9 +279,10 @@ def main(argv: list[str] | None = None) -> None:
     ref = per[names[0]]
     report = {
         "weights": str(args.weights),
-        "command": "python -m worldcast.models.tinyworld.evaluate " + " ".join(argv or []),
+        "command": "python -m worldcast.models.tinyworld.evaluate " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "torch_threads": args.threads, "load_avg_1m_end": round(os.getloadavg()[0], 2)},
+        "play_test": {"minutes": args.minutes, "served_way": way, **played},
         "held_out_sequences": args.seqs,
         "precision": names[0],
         **{k: ref[k] for k in ("rollout_psnr_db", "prompt_control", "stability", "speed", "bars")},
@@ -276,8 +294,11 @@ def main(argv: list[str] | None = None) -> None:
     }
     (args.out / "report.json").write_text(json.dumps(report, indent=2))
     logger.info("wrote %s", args.out / "report.json")
-    print(json.dumps({n: r["bars"] | {"all_bars_met": r["all_bars_met"]} for n, r in per.items()}, indent=2))
+    played_met = all(b["alive"] and b["answers_every_key"] for b in played["bars"].values())  # type: ignore[union-attr]
+    print(json.dumps({"play_test": played["bars"], "play_test_met": played_met}
+                     | {n: r["bars"] | {"all_bars_met": r["all_bars_met"]} for n, r in per.items()}, indent=2))
+    return 0 if played_met and all(r["all_bars_met"] for r in per.values()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
