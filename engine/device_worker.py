@@ -512,9 +512,20 @@ class DeviceWorker:
 
     @property
     def free_slots(self) -> int:
-        """State slots neither held nor promised to a queued session (any thread)."""
+        """State slots neither held nor promised to a queued session, counting those whose removal is queued
+        as free (any thread)."""
         with self._lock:
-            return self.pool.num_slots - self.pool.used_slots - self._reserved
+            return self._free_slots_locked()
+
+    def _free_slots_locked(self) -> int:
+        """Free slots (under `_lock`): a slot (or reservation) whose session's removal is queued is free
+        already, since the worker applies removals before adds and drops an add whose removal is queued with
+        it (`_apply_pending`). Without this, a session created right after
+        another was deleted was refused here ("all N state slots in use") while the server, which had counted
+        the slot free at the delete, had already answered 201 (issue 31, item 4)."""
+        queued = {r.session_id for r in self._pending_add}  # reserved; skipped if their removal is queued too
+        leaving = sum(1 for sid in set(self._pending_remove) if self.pool.holds(sid) or sid in queued)
+        return self.pool.num_slots - self.pool.used_slots - self._reserved + leaving
 
     def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int, state: bytes | None = None,
                     on_restored: Callable[[bytes | None, str | None], None] | None = None,
@@ -536,7 +547,7 @@ class DeviceWorker:
         """
         captured = session_state.parse(state, self.model.spec) if state is not None else None
         with self._wake:
-            if self.pool.num_slots - self.pool.used_slots - self._reserved < 1:
+            if self._free_slots_locked() < 1:
                 raise StatePoolExhausted(f"all {self.pool.num_slots} state slots in use "
                                          f"({self.pool.slot_bytes} B of declared state per session)")
             self._reserved += 1
@@ -611,6 +622,8 @@ class DeviceWorker:
             removes, self._pending_remove = self._pending_remove, []
             if not adds and not removes and not self._pending_export:
                 return
+            for sid in removes:  # first: `add_session` counted their slots free
+                self._remove(sid)
             for r in adds:
                 self._reserved -= 1
                 restore = self._restores.pop(r.session_id, None)
@@ -623,8 +636,6 @@ class DeviceWorker:
                     self.scheduler.add(r.session_id, epoch=c.current_epoch(), input_version=c.input_version())
                 else:
                     calls += self._restore(r, *restore)
-            for sid in removes:
-                self._remove(sid)
             calls += self._run_exports()
         self._publish()
         for call in calls:
@@ -717,7 +728,8 @@ class DeviceWorker:
                 self.steps_run += 1
                 self.scheduler.update_from_output(plan, result, self.clock())
                 for sid, reason in result.failed.items():
-                    self._remove(sid)
+                    with self._lock:  # pool changes under the lock: `add_session` counts slots with it
+                        self._remove(sid)
                     self.on_error(sid, reason)
                 self._publish()
                 if self.on_step is not None:
