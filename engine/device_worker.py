@@ -113,6 +113,17 @@ class EngineConfig:
     #: serve compiled buckets from their ahead-of-time packages where found, checked and faster (`engine/packages.py`)
     use_packages: bool = True
     early_start: bool = True  #: start a chunk at once when an input arrives on an idle device
+    #: an engine whose device loop has not come round for this long is `stalled`, s: it takes no new session
+    #: and its sessions' users are told (`engine_stalled`). The loop comes round after every denoising step and
+    #: at least every `idle_poll_s` when idle, so this bounds one step, not one chunk. Default 1.5 s: the
+    #: longest regular step measured (BENCHMARKS.md: a whole bf16-eager CPU chunk 413 ms, tiny causal Wan
+    #: 168 ms) with room to spare, and short enough that users hear of a hang within 2 s
+    stall_after_s: float = 1.5
+    #: a stalled engine still without progress after this long is killed and handled as lost (restarted), s.
+    #: Default 30 s: well past the one step longer than `stall_after_s` ever measured (a 2.6 s commit step
+    #: after a cold compile, BENCHMARKS.md) and the worker's own step watchdog (`stall_factor` x
+    #: `step_timeout_s` = 10 s), and near what a restart costs (35 s measured)
+    stall_kill_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("state_budget_bytes", "kv_budget_bytes"):
@@ -124,6 +135,9 @@ class EngineConfig:
             raise ValueError("max_slots must be >= 1")
         if self.step_timeout_s <= 0:
             raise ValueError("step_timeout_s must be positive")
+        if not 0 < self.stall_after_s < self.stall_kill_after_s:
+            raise ValueError("stall bounds must satisfy 0 < stall_after_s < stall_kill_after_s, got "
+                             f"{self.stall_after_s} and {self.stall_kill_after_s}")
         if not self.compile_buckets or any(b < 1 for b in self.compile_buckets):
             raise ValueError("compile_buckets must be positive batch sizes")
         if self.precision is not None:
@@ -245,6 +259,9 @@ class DeviceWorker:
         self.runner = StepRunner(self.rollouts, timeout_s=config.step_timeout_s, emit=on_frames, timer=self.timer,
                                  perf_clock=perf_clock)
         self._step_started: float | None = None  #: monotonic start of the step in flight (watchdog)
+        #: the heartbeat: CLOCK_MONOTONIC s at which the device loop last came round (each step, each idle
+        #: wait); written by the loop alone, so a loop stuck in a step (or a stopped process) stops beating
+        self.beat_at_s = time.monotonic()
         self.on_frames, self.on_error, self.clock = on_frames, on_error, clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -468,6 +485,7 @@ class DeviceWorker:
 
     def start(self) -> None:
         if self._thread is None:
+            self.beat_at_s = time.monotonic()
             self._thread = threading.Thread(target=self._loop, name="worldcast-device-worker", daemon=True)
             self._thread.start()
 
@@ -494,9 +512,20 @@ class DeviceWorker:
 
     @property
     def free_slots(self) -> int:
-        """State slots neither held nor promised to a queued session (any thread)."""
+        """State slots neither held nor promised to a queued session, counting those whose removal is queued
+        as free (any thread)."""
         with self._lock:
-            return self.pool.num_slots - self.pool.used_slots - self._reserved
+            return self._free_slots_locked()
+
+    def _free_slots_locked(self) -> int:
+        """Free slots (under `_lock`): a slot (or reservation) whose session's removal is queued is free
+        already, since the worker applies removals before adds and drops an add whose removal is queued with
+        it (`_apply_pending`). Without this, a session created right after
+        another was deleted was refused here ("all N state slots in use") while the server, which had counted
+        the slot free at the delete, had already answered 201 (issue 31, item 4)."""
+        queued = {r.session_id for r in self._pending_add}  # reserved; skipped if their removal is queued too
+        leaving = sum(1 for sid in set(self._pending_remove) if self.pool.holds(sid) or sid in queued)
+        return self.pool.num_slots - self.pool.used_slots - self._reserved + leaving
 
     def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int, state: bytes | None = None,
                     on_restored: Callable[[bytes | None, str | None], None] | None = None,
@@ -518,7 +547,7 @@ class DeviceWorker:
         """
         captured = session_state.parse(state, self.model.spec) if state is not None else None
         with self._wake:
-            if self.pool.num_slots - self.pool.used_slots - self._reserved < 1:
+            if self._free_slots_locked() < 1:
                 raise StatePoolExhausted(f"all {self.pool.num_slots} state slots in use "
                                          f"({self.pool.slot_bytes} B of declared state per session)")
             self._reserved += 1
@@ -593,6 +622,8 @@ class DeviceWorker:
             removes, self._pending_remove = self._pending_remove, []
             if not adds and not removes and not self._pending_export:
                 return
+            for sid in removes:  # first: `add_session` counted their slots free
+                self._remove(sid)
             for r in adds:
                 self._reserved -= 1
                 restore = self._restores.pop(r.session_id, None)
@@ -605,8 +636,6 @@ class DeviceWorker:
                     self.scheduler.add(r.session_id, epoch=c.current_epoch(), input_version=c.input_version())
                 else:
                     calls += self._restore(r, *restore)
-            for sid in removes:
-                self._remove(sid)
             calls += self._run_exports()
         self._publish()
         for call in calls:
@@ -672,6 +701,7 @@ class DeviceWorker:
         logger.info("DeviceWorker: started on %s", self.model.device)
         try:
             while True:
+                self.beat_at_s = time.monotonic()  # the heartbeat: only this loop writes it
                 with self._lock:
                     if self._stop:
                         break
@@ -698,7 +728,8 @@ class DeviceWorker:
                 self.steps_run += 1
                 self.scheduler.update_from_output(plan, result, self.clock())
                 for sid, reason in result.failed.items():
-                    self._remove(sid)
+                    with self._lock:  # pool changes under the lock: `add_session` counts slots with it
+                        self._remove(sid)
                     self.on_error(sid, reason)
                 self._publish()
                 if self.on_step is not None:

@@ -7,7 +7,16 @@ process waits on the pipe and the process sentinel together
 (`multiprocessing.connection.wait`): frames are copied out of the ring and
 handed to `on_frames` at once; the pipe's EOF or the sentinel is the
 process's death, noticed the moment the kernel closes its end, whatever
-killed it (SIGKILL, a segfault, the OOM killer, an exit). No heartbeat.
+killed it (SIGKILL, a segfault, the OOM killer, an exit).
+
+A hang is seen by the heartbeat: the process's status (every
+`EngineLaunch.status_interval_s`) carries the time its device loop last came
+round (`DeviceWorker.beat_at_s`); the watchdog (`EngineHandle.watch`) marks
+the engine `stalled` when it is older than `EngineConfig.stall_after_s`
+(a stopped process sends nothing, so its last beat ages the same way), fails
+the exports waiting on it at once (a drain answers instead of hanging), and
+past `stall_kill_after_s` kills the process with SIGKILL: the reader thread
+then sees the death as above.
 
 On a death the handle goes `lost`, names the sessions it held to
 `on_lost`, and restarts the process after a backoff (doubling from
@@ -79,6 +88,7 @@ class EngineClient(EngineHandle):
         self._restored: dict[str, asyncio.Future[bytes | None]] = {}
         self._snapshot = EngineSnapshot(0, 0, 0)
         self._stalled_s = 0.0
+        self._beat_at_s: float | None = None  #: the device loop's last heartbeat (CLOCK_MONOTONIC s), this incarnation
         self._thread_choice: ThreadChoice | None = None
         self.frozen_objects = 0  #: start-up objects the engine process froze out of garbage collection
         #: what a restart takes from the lost process: its step costs, thread count and warm-up report
@@ -94,6 +104,7 @@ class EngineClient(EngineHandle):
         self._loop = asyncio.get_running_loop()
         self._warmup = warmup
         await self._boot()
+        self._start_watchdog()
 
     async def _boot(self) -> None:
         """Start a process and wait for it to be ready.
@@ -108,6 +119,7 @@ class EngineClient(EngineHandle):
                                                              prior=prior))
         inc.ready = loop.create_future()
         self._inc = inc
+        self._beat_at_s = None
         inc.reader = threading.Thread(target=self._read_loop, args=(inc,), name=f"worldcast-engine-{self.id}-reader",
                                       daemon=True)
         inc.reader.start()
@@ -127,6 +139,7 @@ class EngineClient(EngineHandle):
 
     async def aclose(self) -> None:
         self._closing = True
+        await self._stop_watchdog()
         if self._restart_task is not None:
             self._restart_task.cancel()
             try:
@@ -192,6 +205,8 @@ class EngineClient(EngineHandle):
             self.on_frames(frames)
         elif isinstance(m, msg.EngineStatus):
             self._snapshot, self._stalled_s, inc.frames_dropped = m.snapshot, m.stalled_s, m.frames_dropped
+            if m.beat_at_s is not None:
+                self._beat_at_s = m.beat_at_s
             hook = self.on_step
             if hook is not None:
                 for rec in m.steps:
@@ -206,7 +221,7 @@ class EngineClient(EngineHandle):
             self.on_error(m.session_id, m.reason)
             self._settle_restored(m.session_id, None, m.reason)
         elif isinstance(m, msg.SessionExported):
-            self._settle_export(m.request_id, m.state, m.error)
+            self._settle_export(m.request_id, m.session_id, m.state, m.error)
         elif isinstance(m, msg.SessionRestored):
             if m.error is not None:
                 with self._lock:
@@ -227,15 +242,22 @@ class EngineClient(EngineHandle):
         elif isinstance(m, msg.EngineFatal):
             inc.fatal = m.reason
 
-    def _settle_export(self, request_id: int, state: bytes | None, error: str | None) -> None:
+    def _settle_export(self, request_id: int, session_id: str, state: bytes | None, error: str | None) -> None:
         def settle() -> None:
             fut = self._exports.pop(request_id, None)
             if fut is None or fut.done():
+                if state is not None and self._inc is inc and session_id in self.session_ids:
+                    # its caller gave up (the engine stalled) and the session stayed here: the engine detached
+                    # it when it came back, so it takes its own state back in place
+                    logger.warning("Engine(%d): Session(%s) exported after its mover gave up; restoring it here",
+                                   self.id, session_id)
+                    self._send(inc, msg.AddSession(session_id, 0, None, state=state))
                 return
             if state is None:
                 fut.set_exception(KeyError(error or "export failed"))
             else:
                 fut.set_result(state)
+        inc = self._inc
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(settle)
 
@@ -269,7 +291,7 @@ class EngineClient(EngineHandle):
                 fut.set_exception(EngineUnavailable(f"engine {self.id} was lost: {reason}"))
         self._exports.clear()
         self._restored.clear()
-        was_ready = self.state == "ready"
+        was_ready = self.state in ("ready", "stalled")
         self.last_error = reason
         if was_ready:
             self.losses += 1
@@ -306,6 +328,27 @@ class EngineClient(EngineHandle):
                 logger.exception("Engine(%d): restart failed", self.id)
                 self.last_error = f"{type(e).__name__}: {e}"
                 self._set_state("lost")
+
+    # -- liveness (event loop) ------------------------------------------------------------------------
+
+    @property
+    def progress_at_s(self) -> float | None:
+        return self._beat_at_s
+
+    def _stalled(self) -> None:
+        """Exports waiting on it fail now (a drain or move answers): a late capture is put back here."""
+        why = f"engine {self.id} is stalled: no progress for {self.no_progress_s():.1f} s"
+        for fut in self._exports.values():
+            if not fut.done():
+                fut.set_exception(EngineUnavailable(why))
+        self._exports.clear()
+
+    def _kill_stalled(self, reason: str) -> None:
+        inc = self._inc
+        if inc is None or not inc.proc.is_alive():
+            return
+        inc.fatal = reason
+        inc.proc.kill()  # SIGKILL works on a stopped process too; the reader thread sees the death
 
     # -- sessions (event loop) ----------------------------------------------------------------------
 
@@ -361,7 +404,8 @@ class EngineClient(EngineHandle):
     async def export_session(self, session_id: str) -> bytes:
         inc = self._inc
         if inc is None or self.state != "ready":
-            raise EngineUnavailable(f"engine {self.id} is {self.state}")
+            extra = f": no progress for {self.no_progress_s():.1f} s" if self.state == "stalled" else ""
+            raise EngineUnavailable(f"engine {self.id} is {self.state}{extra}")
         rid = next(self._requests)
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._exports[rid] = fut

@@ -16,16 +16,30 @@ threads, so the owner marshals them to its event loop):
 - `on_frames(frames)`: a list of `FrameOut`;
 - `on_error(session_id, reason)`: one session failed (the engine dropped it);
 - `on_lost(engine, session_ids, reason)`: the engine died with these sessions;
+- `on_stalled(engine, session_ids, reason)`: the engine stopped making progress with these sessions
+  (event loop; they stay on it: it may come back, or be killed and lost);
 - `on_step(plan, result)`: every executed step (metrics);
 - `on_state(engine)`: its `state` changed.
 
 States (`EngineState`): starting -> ready; ready -> lost when it dies;
-lost -> restarting (after a backoff) -> ready; any -> stopped at shutdown.
+lost -> restarting (after a backoff) -> ready; any -> stopped at shutdown;
+ready -> stalled when its device loop makes no progress for
+`EngineConfig.stall_after_s`; stalled -> ready when it comes round again,
+stalled -> lost when it is still stuck after `EngineConfig.stall_kill_after_s`
+(killed: an engine process is then restarted like a dead one).
+
+Liveness: the device loop stamps `DeviceWorker.beat_at_s` each time it comes
+round (after every step, and at least every `idle_poll_s` while idle, which
+is its answer to "are you there" when there is no work); the handle's
+watchdog task (`watch`, every `LIVENESS_CHECK_S`) compares it with the
+clock. A side thread cannot fake progress: only the loop writes the beat.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
@@ -38,8 +52,14 @@ from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedul
 from worldcast.engine.threads import ThreadChoice
 from worldcast.models.spec import WorldModelSpec
 
+logger = logging.getLogger(__name__)
+
 #: An engine's life (see the module docstring).
-EngineState = Literal["starting", "ready", "lost", "restarting", "stopped"]
+EngineState = Literal["starting", "ready", "stalled", "lost", "restarting", "stopped"]
+
+#: How often an engine's watchdog compares its heartbeat with the clock, s (a stall is seen this much late
+#: at most, plus an engine process's status interval).
+LIVENESS_CHECK_S = 0.1
 
 
 class SessionSource(Conditioner, Protocol):
@@ -89,12 +109,21 @@ class EngineHandle(abc.ABC):
         self.on_lost: Callable[[EngineHandle, list[str], str], None] = lambda engine, sids, reason: None
         self.on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None
         self.on_state: Callable[[EngineHandle], None] = lambda engine: None
+        self.on_stalled: Callable[[EngineHandle, list[str], str], None] = lambda engine, sids, reason: None
+        self.stalls = 0  #: times it was marked stalled
+        self._up_since_s = time.monotonic()  #: when it last became ready from a start (not from a stall)
+        self._watchdog: asyncio.Task[None] | None = None
+        self._killing = False  #: the watchdog asked for it to be killed (this stall)
 
     def __repr__(self) -> str:
         return f"Engine({self.id}, {self.device}, {self.state})"
 
     def _set_state(self, state: EngineState) -> None:
         if state != self.state:
+            if state == "ready" and self.state != "stalled":
+                self._up_since_s = time.monotonic()
+            if state != "stalled":
+                self._killing = False
             self.state = state
             self.state_since_s = time.monotonic()
             self.on_state(self)
@@ -115,6 +144,80 @@ class EngineHandle(abc.ABC):
 
     def check(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Housekeeping (event loop, about once a second): report a death not noticed otherwise."""
+
+    # -- liveness (event loop) ---------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def progress_at_s(self) -> float | None:
+        """CLOCK_MONOTONIC s at which its device loop was last seen coming round (None: not known yet)."""
+
+    def no_progress_s(self, now_s: float | None = None) -> float:
+        """Seconds since its device loop last made progress (0 unless ready or stalled)."""
+        if self.state not in ("ready", "stalled"):
+            return 0.0
+        now_s = time.monotonic() if now_s is None else now_s
+        beat = self.progress_at_s
+        last = self._up_since_s if beat is None else max(beat, self._up_since_s)
+        return max(0.0, now_s - last)
+
+    def watch(self, now_s: float) -> None:
+        """Compare the heartbeat with the clock (event loop): mark it stalled (its sessions named to
+        `on_stalled`), ready again when it comes round, or have it killed (`_kill_stalled`) past
+        `EngineConfig.stall_kill_after_s`."""
+        if self.state not in ("ready", "stalled"):
+            return
+        quiet = self.no_progress_s(now_s)
+        c = self.config
+        if self.state == "ready" and quiet >= c.stall_after_s:
+            self.stalls += 1
+            reason = (f"engine {self.id} ({self.device}) made no progress for {quiet:.1f} s; it is killed and "
+                      f"restarted if still stuck after {c.stall_kill_after_s:.0f} s")
+            sids = sorted(self.session_ids)
+            logger.warning("Engine(%d): stalled: no progress for %.1f s; %d session(s) on it", self.id, quiet,
+                           len(sids))
+            self._set_state("stalled")
+            self._stalled()
+            self.on_stalled(self, sids, reason)
+        elif self.state == "stalled" and quiet < c.stall_after_s:
+            logger.warning("Engine(%d): making progress again; ready", self.id)
+            self._set_state("ready")
+        elif self.state == "stalled" and quiet >= c.stall_kill_after_s and not self._killing:
+            self._killing = True
+            reason = f"made no progress for {quiet:.1f} s (stalled); killed"
+            logger.error("Engine(%d): %s", self.id, reason)
+            self._kill_stalled(reason)
+
+    def _stalled(self) -> None:  # noqa: B027 - optional hook
+        """It was just marked stalled: fail what waits on it (event loop)."""
+
+    @abc.abstractmethod
+    def _kill_stalled(self, reason: str) -> None:
+        """End an engine stuck past `stall_kill_after_s`, so that it is handled as lost (event loop)."""
+
+    def _start_watchdog(self) -> None:
+        """Start the task that calls `watch` every `LIVENESS_CHECK_S` (idempotent; event loop)."""
+        if self._watchdog is not None:
+            return
+
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(LIVENESS_CHECK_S)
+                try:
+                    self.watch(time.monotonic())
+                except Exception:  # noqa: BLE001 - the watchdog must outlive a bug in one check
+                    logger.exception("Engine(%d): liveness check failed", self.id)
+
+        self._watchdog = asyncio.get_running_loop().create_task(run(), name=f"engine-{self.id}-watchdog")
+
+    async def _stop_watchdog(self) -> None:
+        task, self._watchdog = self._watchdog, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
 
     # -- sessions ------------------------------------------------------------------------------
 
@@ -233,5 +336,6 @@ class EngineHandle(abc.ABC):
                 "queue_depth": snap.queue_depth, "steps_run": snap.steps_run,
                 "threads": choice.threads if choice is not None else None,
                 "degraded": bool(self.num_slots) and self.degraded, "stalled_s": round(self.stalled_s, 3),
+                "no_progress_s": round(self.no_progress_s(), 3), "stalls": self.stalls,
             },
         }

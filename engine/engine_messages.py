@@ -176,12 +176,15 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class EngineStatus:
-    """Periodic: the worker's snapshot, its stall time and the steps since the last status."""
+    """Periodic: the worker's snapshot, its stall time, its heartbeat and the steps since the last status."""
 
     snapshot: EngineSnapshot
     stalled_s: float
     steps: list[StepRecord] = field(default_factory=list)
     frames_dropped: int = 0  #: frames dropped on a full ring, since the process started
+    #: CLOCK_MONOTONIC s at which the device loop last came round (`DeviceWorker.beat_at_s`; the host's
+    #: processes share the clock); sent by the status thread, written only by the loop
+    beat_at_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ spawn method and one duplex pipe; `engine_main` is its whole life:
 3. serve: the main thread applies the server's commands (each session's
    conditioner is a `MirrorConditioner` fed by them), the worker thread
    writes frames into the ring and announces them (`FramesReady`), a status
-   thread reports the snapshot every `status_interval_s`.
+   thread reports the snapshot and the device loop's heartbeat
+   (`DeviceWorker.beat_at_s`, written by the loop alone) every
+   `status_interval_s`.
 
 It ends on `Shutdown`, on the pipe's EOF (the server is gone: nothing would
 read its frames) and when its worker thread dies (`EngineFatal`, exit code
@@ -148,7 +150,8 @@ class EngineServer:
                 os._exit(EXIT_WORKER_DIED)
             with self._steps_lock:
                 steps, self._steps = self._steps, []
-            self.out.send(msg.EngineStatus(self.worker.snapshot, self.worker.stalled_s, steps, self.ring.dropped))
+            self.out.send(msg.EngineStatus(self.worker.snapshot, self.worker.stalled_s, steps, self.ring.dropped,
+                                           beat_at_s=self.worker.beat_at_s))
 
     # -- commands (main thread) -----------------------------------------------------------------
 

@@ -8,7 +8,10 @@ the inputs (`SessionInputs.on_input` -> `DeviceWorker.wake`, registered in
 module per action. Used for one engine on a CPU by default (see README,
 "Engines") and whenever the server was handed a model object instead of a
 name (tests). A dead worker thread is reported as a lost engine by `check`
-(the owner's housekeeping calls it); it is not restarted.
+(the owner's housekeeping calls it); it is not restarted. A worker stuck in a
+step is marked `stalled` by the heartbeat watchdog (`EngineHandle.watch`);
+a thread cannot be killed, so past `stall_kill_after_s` it is reported lost
+(its sessions closed) and stays lost.
 """
 
 from __future__ import annotations
@@ -80,23 +83,36 @@ class LocalEngine(EngineHandle):
             await self._loop.run_in_executor(None, self.worker.warmup)
         self.worker.start()
         self._set_state("ready")
+        self._start_watchdog()
 
     async def aclose(self) -> None:
+        await self._stop_watchdog()
         await asyncio.get_running_loop().run_in_executor(None, self.worker.stop)
         self._set_state("stopped")
 
     def check(self) -> None:
         """Report a worker thread that died as a lost engine (its sessions are named to `on_lost`)."""
-        if self.state == "ready" and not self.worker.alive:
-            with self._lock:
-                sids, self._sessions = sorted(self._sessions), set()
-                unwake, self._unwake = list(self._unwake.values()), {}
-            for remove in unwake:
-                remove()
-            self.losses += 1
-            self.last_error = self.worker.last_error or "device worker stopped"
-            self._set_state("lost")
-            self.on_lost(self, sids, self.last_error)
+        if self.state in ("ready", "stalled") and not self.worker.alive:
+            self._lose(self.worker.last_error or "device worker stopped")
+
+    @property
+    def progress_at_s(self) -> float | None:
+        return self.worker.beat_at_s
+
+    def _kill_stalled(self, reason: str) -> None:
+        """A thread cannot be killed: the engine is reported lost (its sessions closed) and stays so."""
+        self._lose(f"device worker {reason}")
+
+    def _lose(self, reason: str) -> None:
+        with self._lock:
+            sids, self._sessions = sorted(self._sessions), set()
+            unwake, self._unwake = list(self._unwake.values()), {}
+        for remove in unwake:
+            remove()
+        self.losses += 1
+        self.last_error = reason
+        self._set_state("lost")
+        self.on_lost(self, sids, self.last_error)
 
     # -- sessions ----------------------------------------------------------------------------------
 

@@ -114,6 +114,10 @@ class StatePool:
     def slot_of(self, session_id: str) -> int:
         return self._owner[session_id]
 
+    def holds(self, session_id: str) -> bool:
+        """Whether the session holds a slot."""
+        return session_id in self._owner
+
     # -- reads -------------------------------------------------------------------------
 
     def view(self, slots: list[int] | tuple[int, ...], slots_device: torch.Tensor | None = None) -> PoolView:

@@ -14,7 +14,8 @@ session's action buffer is forwarded (`_input`), held while the session moves.
 
 An engine that dies takes only its own sessions: each gets an "error"
 event with code `engine_lost` and is closed; sessions elsewhere are not
-touched. Moving a session between engines is `sessions/moves.py`.
+touched. An engine that stalls (`EngineHandle.watch`) tells its sessions
+(`engine_stalled`, an "error" event that closes nothing) and takes no new one. Moving a session between engines is `sessions/moves.py`.
 
 Capacity is held only by a session with a connected viewer, or within a named grace: one that has
 never had a viewer is released `SessionConfig.connect_grace_s` after creation (or when its connecting
@@ -107,7 +108,7 @@ class SessionManager:
         if [e.id for e in self.engines] != list(range(len(self.engines))):
             raise ValueError("engine ids must be 0, 1, ... in order")
         for e in self.engines:
-            e.on_frames, e.on_lost = self._on_frames, self._on_engine_lost
+            e.on_frames, e.on_lost, e.on_stalled = self._on_frames, self._on_engine_lost, self._on_engine_stalled
             e.on_error = lambda sid, reason, e=e: self._on_error(e, sid, reason)  # type: ignore[misc]
         self._placed: dict[str, EngineHandle] = {}  #: session id -> the engine it runs on
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -421,6 +422,14 @@ class SessionManager:
                 why = f"engine {engine.id} ({engine.device}) was lost: {reason}"
                 s.fail(why, code="engine_lost")
                 self.close(sid, CloseReason.ERROR, detail=why)
+
+    def _on_engine_stalled(self, engine: EngineHandle, session_ids: list[str], reason: str) -> None:  # event loop
+        """An engine stopped making progress: each of its sessions is told (`engine_stalled`) and stays on it
+        (it may come back; past its kill bound it is lost and they are closed)."""
+        for sid in session_ids:
+            s = self.sessions.get(sid)
+            if s is not None and self._placed.get(sid) is engine:
+                s.fail(reason, code="engine_stalled")
 
     def _dispatch_frames(self, frames: list[FrameOut]) -> None:
         """Deliver each frame now, or at `send_ahead_frames` periods before its presentation time if that is later.

@@ -125,8 +125,10 @@ class FrameGate(Protocol):
 SessionEvent = Literal["state", "frame", "error", "control"]
 
 #: Codes of a session's device-side failure (`SessionFailure.code`), as transports send them in their
-#: `error` event: its own step failed ("session_failed") or the engine it ran on died ("engine_lost").
-FailureCode = Literal["session_failed", "engine_lost"]
+#: `error` event: its own step failed ("session_failed"), the engine it ran on died ("engine_lost"), or that
+#: engine stopped making progress ("engine_stalled": a notice, the session stays open; it is closed with
+#: "engine_lost" if the engine is killed).
+FailureCode = Literal["session_failed", "engine_lost", "engine_stalled"]
 
 
 @dataclass(frozen=True)
@@ -481,7 +483,8 @@ class Session:
         return frame
 
     def fail(self, reason: str, *, code: FailureCode = "session_failed") -> None:
-        """Report a device-side failure of this session (it is then closed by its manager).
+        """Report a device-side failure of this session (it is then closed by its manager, except for
+        "engine_stalled", a notice).
 
         Emits "error" with a `SessionFailure(code, reason)`.
         """

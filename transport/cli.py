@@ -53,6 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "on an accelerator only with more than one engine)")
     s.add_argument("--restart-backoff", type=float, default=0.5, metavar="S",
                    help="seconds before restarting a lost engine process; doubles per failed restart, up to 30")
+    s.add_argument("--stall-after", type=float, default=EngineConfig.stall_after_s, metavar="S",
+                   help="mark an engine stalled (no new sessions, its users get engine_stalled, /readyz fails if "
+                        "no engine is left) when its device loop has not come round for S seconds; the loop comes "
+                        "round after every denoising step, so this bounds one step (default %(default)s: the "
+                        "longest regular step measured, a 413 ms bf16-eager CPU chunk, with room to spare)")
+    s.add_argument("--stall-kill-after", type=float, default=EngineConfig.stall_kill_after_s, metavar="S",
+                   help="kill a stalled engine still without progress after S seconds and restart it like a dead "
+                        "one (default %(default)s: past the 2.6 s worst step measured, after a cold compile, the "
+                        "worker's own 10 s step watchdog, and near the 35 s a restart takes)")
     s.add_argument("--admin-token", default=os.environ.get("WORLDCAST_ADMIN_TOKEN"), metavar="TOKEN",
                    help="bearer token of the operator routes (drain, undrain, move); default "
                         "WORLDCAST_ADMIN_TOKEN; without one they are off")
@@ -387,6 +396,7 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
                             torch_threads=args.threads, reserved_cores=args.reserved_cores,
                             precision=args.precision, compile_cache_dir=args.compile_cache,
                             compile_freeze=args.compile_freeze, use_packages=args.packages,
+                            stall_after_s=args.stall_after, stall_kill_after_s=args.stall_kill_after,
                             **({} if args.compile is None else {"compile": args.compile})),
         engines=args.engines,
         devices=args.devices,

@@ -95,6 +95,8 @@ class _LiveCollector(Collector):
         restarts = CounterMetricFamily("worldcast_engine_restarts", "Restarts of each engine core after a loss",
                                        labels=["engine"])
         losses = CounterMetricFamily("worldcast_engine_losses", "Deaths of each engine core", labels=["engine"])
+        stalls = CounterMetricFamily("worldcast_engine_stalls", "Times each engine core was marked stalled (its "
+                                     "device loop made no progress for --stall-after)", labels=["engine"])
         rss = GaugeMetricFamily("worldcast_engine_process_resident_memory_bytes", "Resident memory of each engine "
                                 "core running in a process of its own, bytes (Linux /proc)", labels=["engine"])
         for e, snap in zip(engines, snaps, strict=True):
@@ -105,9 +107,10 @@ class _LiveCollector(Collector):
             per_kv.add_metric([eid, "budget"], snap.budget_bytes)
             restarts.add_metric([eid], e.restarts)
             losses.add_metric([eid], e.losses)
+            stalls.add_metric([eid], e.stalls)
             if e.process and e.pid is not None and (b := process_rss_bytes(e.pid)) is not None:
                 rss.add_metric([eid], b)
-        yield from (by_state, per_sessions, per_kv, restarts, losses, rss)
+        yield from (by_state, per_sessions, per_kv, restarts, losses, stalls, rss)
         ready = [e for e in engines if e.ready]
         yield GaugeMetricFamily("worldcast_device_degraded", "1 if the measured costs say no engine can carry "
                                 "one session in real time (each then serves one session at a time)",

@@ -329,3 +329,23 @@ def test_the_runner_carries_out_a_plan_literally(model) -> None:  # type: ignore
     # a plan that preempts it (a flush), even with nothing to run
     runner.execute(StepSchedulerOutput.make_empty(None, ["a"]), 0.52)
     assert r.staged is None and r.next_latent == 1, "dropped; the session's state did not advance"
+
+
+def test_a_slot_whose_removal_is_queued_is_free_for_the_next_add(model) -> None:  # type: ignore[no-untyped-def]
+    """Issue 31, item 4: the server counts a slot free when it removes a session; the worker must too, before
+    its loop comes round (here: not started), or the next add is refused after the server admitted it."""
+    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 2),
+                     on_frames=lambda f: None, on_error=lambda s, r: None)
+    w.add_session("a", ScriptedConditioner(), seed=0)
+    w.add_session("b", ScriptedConditioner(), seed=0)
+    w._apply_pending()  # the loop's first pass: both hold slots
+    assert w.pool.holds("a") and w.pool.holds("b") and w.free_slots == 0
+    w.remove_session("a")  # queued: the loop is busy (here: not running)
+    assert w.free_slots == 1
+    w.add_session("c", ScriptedConditioner(), seed=0)  # the old count refused this: "all 2 state slots in use"
+    w.remove_session("c")  # created and deleted before the loop came round: its reservation is free too
+    w.add_session("d", ScriptedConditioner(), seed=0)
+    with pytest.raises(KVPoolExhausted):
+        w.add_session("e", ScriptedConditioner(), seed=0)
+    w._apply_pending()  # removals first, then adds: no allocation fails
+    assert sorted(w.rollouts) == ["b", "d"] and w.pool.used_slots == 2 and w.free_slots == 0

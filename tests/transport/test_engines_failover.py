@@ -34,7 +34,8 @@ SERVER_LOGS: dict[str, str] = {}
 
 
 @contextlib.contextmanager
-def serve(*flags: str) -> Iterator[str]:
+def serve(*flags: str, up: int = 2) -> Iterator[str]:
+    """A `worldcast serve` process with `flags`, once `up` engines are ready; yields its base URL."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="worldcast-engines-", suffix=".log", delete=False)  # noqa: SIM115
     cmd = [sys.executable, "-m", "worldcast.transport.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -47,7 +48,7 @@ def serve(*flags: str) -> Iterator[str]:
             assert proc.poll() is None, f"server exited ({proc.returncode}): {open(log.name).read()[-3000:]}"
             assert time.monotonic() < deadline, f"not ready in {READY_TIMEOUT_S} s: {open(log.name).read()[-3000:]}"
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/readyz", timeout=5).json().get("engines", {}).get("up") == 2:
+                if httpx.get(f"{url}/readyz", timeout=5).json().get("engines", {}).get("up") == up:
                     break
             time.sleep(0.3)
         SERVER_LOGS[url] = log.name

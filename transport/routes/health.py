@@ -35,7 +35,9 @@ async def readyz(request: Request) -> JSONResponse:
         return JSONResponse(body)
     reasons = []
     for e in manager.engines:
-        if e.state == "ready" and e.stalled_s > 0:
+        if e.state == "stalled":
+            reasons.append(f"engine {e.id}: stalled, its device loop made no progress for {e.no_progress_s():.1f} s")
+        elif e.state == "ready" and e.stalled_s > 0:
             c = e.config
             reasons.append(f"engine {e.id}: device step running "
                            f"{e.stalled_s + c.stall_factor * c.step_timeout_s:.1f} s (stalled)")
