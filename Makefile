@@ -50,9 +50,9 @@ precompile: $(VENV)/.installed
 test: $(VENV)/.installed web_demo/dist/index.html /usr/bin/chromium $(LIVEKIT_SERVER)
 	$(PY) -m pytest
 
-# Reproduce the shipped weights (about 60-70 min on 2 CPU cores) and their evaluation report.
+# Reproduce the shipped weights (about 35 min on 2 CPU cores) and their evaluation report.
 train: $(VENV)/.installed
-	$(PY) -m worldcast.models.tinyworld.train --seed 0 --ae-steps 1000 --tf-steps 1300 --rollout-steps 500
+	$(PY) -m worldcast.models.tinyworld.train --seed 0 --steps 2500
 
 evaluate: $(VENV)/.installed
 	$(PY) -m worldcast.models.tinyworld.evaluate

@@ -10,7 +10,7 @@ mask (`fold_mask`): frame j's queries see the ring as its commit pass would
 and its own keys, never frame j + 1's; frame j + 1's see the ring by their own
 window rule, frame j's keys as a ring frame of age 1, and their own. The
 network's blocks are per-frame except attention (per-frame adaLN, the MLP's
-depthwise conv per frame grid), so both outputs are the same math as the two
+depthwise conv per frame grid, the pixel head per frame), so both outputs are the same math as the two
 passes, up to float reduction order (`latency_bench/fold.py` checks it and
 times both ways).
 """
@@ -61,12 +61,13 @@ def fold_step(net: TinyWorldDenoiser, x0_prev: torch.Tensor, prev_prev: torch.Te
         (B, layers, T, H, hd) in the weights' dtype (what `commit_step` returns).
     """
     T = net.cfg.tokens_per_frame
+    x0_prev = x0_prev.clamp(-1, 1)  # the frame as shown and committed (`TinyWorldModel.commit`)
     x = torch.cat([x0_prev, x_t], dim=1)
     prev = torch.cat([prev_prev, x0_prev], dim=1)
     tt = torch.cat([torch.zeros_like(t), t], dim=1)
     x0, kv = net(x, prev, tt, torch.cat([action_prev, action], dim=1), torch.cat([prompt_prev, prompt], dim=1),
-                 ChunkRingAttention(k_ring, v_ring, mask))
+                 ChunkRingAttention(k_ring, v_ring, mask), predict_from=1)
     assert x0 is not None
     k = torch.stack([k[:, :T] for k, _ in kv], dim=1)
     v = torch.stack([v[:, :T] for _, v in kv], dim=1)
-    return x0[:, 1:].float(), k, v
+    return x0.float(), k, v

@@ -1,9 +1,11 @@
 """TinyWorldModel: the `WorldModel` contract over TinyWorld's network and weights.
 
-Serving runs three pure-tensor step functions (`denoise_step`, `commit_step`,
-`decode_step`), which the engine may compile (`compile_steps`), in float32 or
-bfloat16 (`set_precision`: the weights are converted once per dtype and
-kept; the state pool's KV ring and previous latent follow the dtype). Per
+TinyWorld works in pixel space: its "latents" are frames (3, 64, 64) in
+[-1, 1] (`network.to_frame_space`). Serving runs three pure-tensor step
+functions (`denoise_step`, `commit_step`, `decode_step`), which the engine may
+compile (`compile_steps`), in float32 or bfloat16 (`set_precision`: the
+weights are converted once per dtype and kept; the state pool's KV ring and
+previous frame follow the dtype). Per
 chunk the model builds the batch's ring (a view of the pool when the slots
 are one contiguous run, else one gather) and the attention mask once; every
 step reuses them.
@@ -44,10 +46,11 @@ from worldcast.models.tinyworld import world
 from worldcast.models.tinyworld.family import ACTIONS, CONDITIONING
 from worldcast.models.tinyworld.network import (
     ChunkRingAttention,
-    FrameAutoencoder,
     TinyWorldConfig,
     TinyWorldDenoiser,
     alibi_slopes,
+    to_frame_space,
+    to_pixels,
 )
 from worldcast.models.tinyworld.prompts import EmbeddingStore, PromptEncoder, default_store_path
 
@@ -58,8 +61,10 @@ DEFAULT_WEIGHTS = Path(__file__).parent / "weights" / "tinyworld.safetensors"
 
 #: Frames per second the model was trained to depict (camera speeds are per frame).
 FPS = 20
-#: Denoising steps' flow times.
-TIMESTEPS = (1.0, 0.5)
+#: Denoising steps' flow times, with the deterministic rectified-flow update between them: measured against
+#: Self-Forcing's re-noising step (`models.base.renoise_update`), which threw away the noise that new content
+#: grows from and left the revealed strip at its mean (MODEL_CARD.md).
+TIMESTEPS = (1.0, 0.75, 0.5, 0.25)
 
 #: float32 (the reference) or bfloat16; bfloat16 qualifies when every frame of the warm-up check keeps
 #: at least 30 dB PSNR against float32's (measured: about 40 dB over four chunks from the shipped
@@ -71,12 +76,12 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
     """The declared geometry and per-session state of TinyWorld with config `cfg`, computing in `dtype`.
 
     State: "kv", the self-attention ring (sink + rolling window of frames), and
-    "prev", the last committed latent (each frame is predicted as a change to it),
-    both in `dtype`. One latent frame per pixel frame, one per chunk; the init step
-    commits the initial picture as latent frame 0. Conditioning: a text prompt,
+    "prev", the last committed frame (each frame starts from it, warped by its action),
+    both in `dtype`. Latents are frames (3, S, S) in frame space, one per chunk; the init
+    step commits the initial picture as frame 0. Conditioning: a text prompt,
     encoded as "prompt" float32 (prompt_dim,), a sentence embedding, part of every chunk.
     """
-    latent = (cfg.latent_channels, cfg.latent_size, cfg.latent_size)
+    latent = (cfg.channels, cfg.frame_size, cfg.frame_size)
     return WorldModelSpec(
         name=f"tinyworld-w{cfg.width}l{cfg.layers}",
         frame_height=cfg.frame_size,
@@ -144,20 +149,18 @@ def commit_step(net: TinyWorldDenoiser, x0: torch.Tensor, prev: torch.Tensor, t:
     return torch.stack([k for k, _ in kv], dim=1), torch.stack([v for _, v in kv], dim=1)
 
 
-def decode_step(ae: FrameAutoencoder, x0: torch.Tensor) -> torch.Tensor:
-    """Latents (B, F, C, h, w) -> uint8 (B, F, H, W, 3) RGB frames."""
+def decode_step(x0: torch.Tensor) -> torch.Tensor:
+    """Frames (B, F, 3, S, S) in frame space -> uint8 (B, F, S, S, 3) RGB frames."""
     B, Fr = x0.shape[:2]
-    img = ae.decode(x0.flatten(0, 1).contiguous(memory_format=torch.channels_last)).clamp(0, 1)
-    img = (img.float() * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1)
+    img = to_pixels(x0.flatten(0, 1))
     return img.reshape(B, Fr, *img.shape[1:])
 
 
 def save_weights(
-    path: Path, cfg: TinyWorldConfig, ae: FrameAutoencoder, net: TinyWorldDenoiser, theme_prompts: torch.Tensor
+    path: Path, cfg: TinyWorldConfig, net: TinyWorldDenoiser, theme_prompts: torch.Tensor
 ) -> None:
-    """Write the autoencoder, denoiser and theme prompt centroids to one safetensors file."""
-    tensors = {f"ae.{k}": v.detach().contiguous() for k, v in ae.state_dict().items()}
-    tensors |= {f"net.{k}": v.detach().contiguous() for k, v in net.state_dict().items()}
+    """Write the denoiser and theme prompt centroids to one safetensors file (the config in its metadata)."""
+    tensors = {f"net.{k}": v.detach().contiguous() for k, v in net.state_dict().items()}
     tensors["theme_prompts"] = theme_prompts.contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"config": json.dumps(cfg.__dict__)})
@@ -168,14 +171,14 @@ class TinyWorldModel(WorldModel):
 
     Args:
         cfg: network config.
-        ae, net: the trained modules, float32 (moved to `device`, eval mode).
+        net: the trained denoiser, float32 (moved to `device`, eval mode).
         theme_prompts: float32 (len(world.THEMES), prompt_dim) mean caption
             embedding per theme; picks the initial frame's theme for a prompt.
         prompt_encoder: shared sentence encoder (None: one of its own, keeping the default prompt's
             embedding in `prompts.default_store_path()`).
 
     Attributes:
-        ae, net: the modules of the current precision (`set_precision`).
+        net: the denoiser of the current precision (`set_precision`).
     """
 
     encoders_on_cpu = True  #: the sentence encoder runs on the CPU (`prompts.PromptEncoder`)
@@ -183,7 +186,6 @@ class TinyWorldModel(WorldModel):
     def __init__(
         self,
         cfg: TinyWorldConfig,
-        ae: FrameAutoencoder,
         net: TinyWorldDenoiser,
         theme_prompts: torch.Tensor,
         *,
@@ -192,10 +194,9 @@ class TinyWorldModel(WorldModel):
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
-        #: dtype -> (autoencoder, denoiser), converted once each
-        self._modules: dict[torch.dtype, tuple[FrameAutoencoder, TinyWorldDenoiser]] = {
-            torch.float32: self._prepare(ae.float(), net.float())}
-        self.ae, self.net = self._modules[torch.float32]
+        #: dtype -> denoiser, converted once each
+        self._modules: dict[torch.dtype, TinyWorldDenoiser] = {torch.float32: self._prepare(net.float())}
+        self.net = self._modules[torch.float32]
         self._precision = torch.float32
         self.theme_prompts = theme_prompts.float().cpu().numpy()
         self.spec = make_spec(cfg)
@@ -207,16 +208,15 @@ class TinyWorldModel(WorldModel):
         self._tables: dict[torch.dtype, dict[str, StepFn]] = {}  #: per dtype, its steps as `_wrap` wrapped them
         self._steps: dict[str, StepFn] = self._step_table()
 
-    def _prepare(self, ae: FrameAutoencoder, net: TinyWorldDenoiser) -> tuple[FrameAutoencoder, TinyWorldDenoiser]:
+    def _prepare(self, net: TinyWorldDenoiser) -> TinyWorldDenoiser:
         # channels-last convolutions: the MLP's depthwise conv reads the token grid (B*F, g, g, hidden)
         # as an NHWC view with no copy, and oneDNN runs NHWC convs without reordering their input
-        ae = ae.to(self.device).eval().to(memory_format=torch.channels_last)
         net = net.to(self.device).eval()
         for blk in net.blocks:
             blk.dw.to(memory_format=torch.channels_last)
-        for p in [*ae.parameters(), *net.parameters()]:
+        for p in net.parameters():
             p.requires_grad_(False)
-        return ae, net
+        return net
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, device: str | torch.device = "cpu") -> TinyWorldModel:
@@ -232,19 +232,26 @@ class TinyWorldModel(WorldModel):
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as f:
-            cfg = TinyWorldConfig(**json.loads(f.metadata()["config"]))
+            meta = json.loads(f.metadata()["config"])
+        try:
+            cfg = TinyWorldConfig(**meta)
+        except TypeError as e:
+            raise ValueError(f"TinyWorld weights at {path} were trained for another network ({meta}); "
+                             "retrain them with python -m worldcast.models.tinyworld.train") from e
         sd = load_file(str(path))
-        ae, net = FrameAutoencoder(cfg), TinyWorldDenoiser(cfg)
-        ae.load_state_dict({k[3:]: v for k, v in sd.items() if k.startswith("ae.")})
-        net.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith("net.")})
+        net = TinyWorldDenoiser(cfg)
+        try:
+            net.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith("net.")})
+        except RuntimeError as e:
+            raise ValueError(f"TinyWorld weights at {path} do not match this code's network: {e}") from e
         logger.info("TinyWorldModel: loaded %s (%d params)", path, net.num_params())
-        return cls(cfg, ae, net, sd["theme_prompts"], device=device)
+        return cls(cfg, net, sd["theme_prompts"], device=device)
 
     # -- precision and compiled steps ------------------------------------------------------
 
     def set_precision(self, dtype: torch.dtype) -> None:
         """Compute in float32 or bfloat16: weights converted once per dtype (kept), the state's KV ring and
-        previous latent declared in `dtype` (`spec` is replaced).
+        previous frame declared in `dtype` (`spec` is replaced).
 
         Raises:
             ValueError: `dtype` is neither.
@@ -252,10 +259,9 @@ class TinyWorldModel(WorldModel):
         if dtype not in self.spec.precisions.dtypes:
             raise ValueError(f"{self.spec.name} runs in {list(self.spec.precisions.dtypes)}, not {dtype}")
         if dtype not in self._modules:
-            ae32, net32 = self._modules[torch.float32]
-            self._modules[dtype] = self._prepare(copy.deepcopy(ae32).to(dtype), copy.deepcopy(net32).to(dtype))
+            self._modules[dtype] = self._prepare(copy.deepcopy(self._modules[torch.float32]).to(dtype))
             logger.info("TinyWorldModel: weights converted to %s", dtype)
-        self.ae, self.net = self._modules[dtype]
+        self.net = self._modules[dtype]
         self._precision = dtype
         self.spec = make_spec(self.cfg, dtype=dtype)
         self._steps = self._step_table()
@@ -273,7 +279,7 @@ class TinyWorldModel(WorldModel):
         if table is None:
             table = {"denoise": functools.partial(denoise_step, self.net),
                      "commit": functools.partial(commit_step, self.net),
-                     "decode": functools.partial(decode_step, self.ae)}
+                     "decode": decode_step}
             if self._wrap is not None:
                 table = {name: self._wrap(name, fn) for name, fn in table.items()}
             self._tables[self._precision] = table
@@ -317,20 +323,20 @@ class TinyWorldModel(WorldModel):
 
     @torch.no_grad()
     def encode_frames(self, frames: torch.Tensor) -> torch.Tensor:
-        """uint8 (B, F, H, W, 3) RGB frames -> float32 latents (B, F, C, h, w)."""
+        """uint8 (B, F, H, W, 3) RGB frames -> float32 frame-space latents (B, F, 3, H, W)."""
         B, Fr = frames.shape[:2]
         img = frames.to(self.device).flatten(0, 1).permute(0, 3, 1, 2).float() / 255.0
-        return self.ae.encode(img).float().reshape(B, Fr, *self.spec.latent_shape)
+        return to_frame_space(img).reshape(B, Fr, *self.spec.latent_shape)
 
     @torch.no_grad()
     def decode_latents(self, x0: torch.Tensor) -> torch.Tensor:
         """Latents (B, F, C, h, w) -> uint8 (B, F, H, W, 3) RGB frames (eager; offline evaluation)."""
-        return decode_step(self.ae, x0)
+        return decode_step(x0)
 
     @torch.no_grad()
     def decode(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> tuple[list[torch.Tensor],
                                                                                          StateUpdates]:
-        """Decode each latent frame to one pixel frame; the autoencoder keeps no state."""
+        """Each latent is a frame: clamped and rounded to uint8; no state."""
         return list(self._steps["decode"](x0).unbind(0)), {}
 
     # -- denoise / commit ------------------------------------------------------------------
@@ -389,5 +395,6 @@ class TinyWorldModel(WorldModel):
 
     @torch.no_grad()
     def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
-        """The clean pass at flow time 0: the chunk's keys and values, and its last latent as `prev`."""
-        return self._commit(x0, state.tensor("prev")[:, None], cond, state)
+        """The clean pass at flow time 0 over the frame as shown (clamped to [-1, 1]): the chunk's keys and
+        values, and its last frame as `prev`."""
+        return self._commit(x0.clamp(-1, 1), state.tensor("prev")[:, None], cond, state)

@@ -1,29 +1,45 @@
-"""TinyWorld's network: a frame autoencoder and a frame-causal latent transformer.
+"""TinyWorld's network: a frame-causal transformer over pixel patches that paints each new frame.
 
-Reads top to bottom like nanoGPT: config, autoencoder, attention bias,
-transformer block, the denoiser. Shapes in comments use
-B batch, F frames, T tokens per frame, D width, H heads, hd head dim,
-L cached key tokens.
+Reads top to bottom like nanoGPT: config, the camera warp and the palette,
+attention bias, transformer block, the pixel head, the denoiser. Shapes in
+comments use B batch, F frames, T tokens per frame, D width, H heads,
+hd head dim, L cached key tokens, S frame side, N = B*F.
 
-Design (why it learns a moving world cheaply on a CPU):
-- A small convolutional autoencoder maps a 64x64 RGB frame to a 16x16x8
-  latent; the transformer works on 2x2 latent patches, so a frame is 64
-  tokens of 32 values each (as latent video models do; Rombach et al. 2022).
-- Each frame's tokens see the previous frame's latent at the same place, and
-  the output is a change added to it, so "stand still" is the zero function
-  and moving is a local shift (the residual bias of model-notes.md).
-- Each MLP carries a depthwise 3x3 convolution over the token grid
-  (as in CvT / ConvNeXt-style blocks), so shifting content to a neighbour
-  token is one cheap, local operation.
+Design (TinyWorld 2; why it keeps a world alive on a CPU budget):
+- Pixel space, no autoencoder: a frame is (3, 64, 64) in [-1, 1]. TinyWorld 1's
+  autoencoder alone kept 38-71 % of the simulator's texture (model-notes.md);
+  here nothing sits between the prediction and the picture.
+- Camera warp: a held key or a mouse pan moves the camera by a known number of
+  pixels (the action space's own definition, `world.camera_step`), so every frame
+  sees the previous frame already shifted by its action, with a mask of which
+  pixels that shift could fill (new content enters at the edges; the player
+  marker is a screen-space overlay, not world content). Known pixels are copied
+  exactly, not re-predicted, so texture does not decay over minutes (the
+  "residual bias" of model-notes.md taken to pixels, as ego-motion-conditioned
+  world models warp by a known pose); the network imagines the rest: the
+  revealed strip and the marker. A soft keep gate was tried first and hedged
+  (kept ~half of each pixel, so a picture faded within a second): copying is
+  exact or not at all.
+- Cuts: a prompt that changes the world repaints the whole frame. A per-frame
+  classifier (pooled tokens; trained on the simulator's own switches) says
+  when; serving thresholds it, so a frame is either kept-and-extended or cut.
+- Palette painting: what the network paints is a per-pixel softmax mix of five
+  colours, three world colours predicted from the prompt and two overlay colours
+  allowed only on the marker; the worlds are drawn in three colours
+  (`world.PALETTES`), so a confident logit paints an exact world colour. (Where
+  the future is uncertain the MSE-trained painter still paints the mean: new
+  objects at the edges are rare; MODEL_CARD.md, Limits.)
+- A full-resolution convolutional pixel head turns the transformer's per-patch
+  features into those logits, so edges are per pixel, not per 8x8 patch.
 - Frames attend causally to a bounded set of earlier frames (a rolling window
-  plus attention-sink frames; Xiao et al. 2023, "Efficient Streaming Language
-  Models with Attention Sinks"), with ALiBi-style linear biases over frame
-  age (Press et al. 2022) applied at read time: no absolute time position,
-  so positions never run out.
-- Conditioning (flow-matching time, action, prompt embedding) modulates every
-  block through adaLN-Zero (Peebles & Xie 2023, DiT).
-- The denoiser predicts the clean latent x0; sampling follows the
-  rectified-flow ODE x_t = (1 - t) x0 + t eps (Liu et al. 2022).
+  plus attention-sink frames; Xiao et al. 2023), with ALiBi-style biases over
+  frame age (Press et al. 2022): no absolute time position, so positions never
+  run out.
+- Conditioning (flow time, action, prompt embedding) modulates every block
+  through adaLN-Zero (Peebles & Xie 2023, DiT) and the pixel head through FiLM
+  (Perez et al. 2018).
+- The denoiser predicts the clean frame x0 under the rectified-flow
+  interpolation x_t = (1 - t) x0 + t eps (Liu et al. 2022).
 """
 
 from __future__ import annotations
@@ -38,47 +54,51 @@ import torch.nn.functional as F
 
 from worldcast.kernels.attention import attention
 from worldcast.kernels.frame_attention import FrameAgeBias
+from worldcast.models.tinyworld import world
+
+#: Colours the network paints with: three world colours from the prompt, then two overlay colours.
+WORLD_COLOURS = 3
+OVERLAY_COLOURS = 2
+PALETTE = WORLD_COLOURS + OVERLAY_COLOURS
+#: Input planes per pixel: the noisy frame where the warp cannot show the pixel (3), the warped previous frame (3),
+#: the known mask (1).
+INPUT_PLANES = 7
 
 
 @dataclass(frozen=True)
 class TinyWorldConfig:
     """Hyperparameters of TinyWorld; the only source of them."""
 
-    frame_size: int = 64  #: frame side, pixels
-    latent_channels: int = 8  #: autoencoder latent channels
-    latent_stride: int = 4  #: pixels per latent cell, per side
-    patch: int = 2  #: latent cells per token, per side
-    width: int = 192  #: transformer width D
-    heads: int = 6  #: attention heads H
-    layers: int = 5  #: transformer blocks
+    frame_size: int = 64  #: frame side S, pixels
+    patch: int = 8  #: pixels per token, per side
+    width: int = 128  #: transformer width D
+    heads: int = 4  #: attention heads H
+    layers: int = 4  #: transformer blocks
     mlp_ratio: int = 3  #: MLP hidden = mlp_ratio * width
     action_dim: int = 8  #: action vector length (see world.action_vector)
     prompt_dim: int = 384  #: prompt embedding length (all-MiniLM-L6-v2)
     window_frames: int = 4  #: rolling-window frames kept in the KV cache
     sink_frames: int = 1  #: attention-sink frames kept forever
-    ae_width: int = 64  #: autoencoder channels
+    pixel_features: int = 8  #: per-pixel features the transformer hands the pixel head
+    head_width: int = 24  #: channels of the pixel head's convolutions
 
     def __post_init__(self) -> None:
         assert self.width % self.heads == 0, "width must divide by heads"
-        assert self.frame_size % (self.latent_stride * self.patch) == 0, "frame must tile into tokens"
+        assert self.frame_size % self.patch == 0, "frame must tile into tokens"
 
     @property
-    def latent_size(self) -> int:
-        """Latent grid side, cells."""
-        return self.frame_size // self.latent_stride
+    def channels(self) -> int:
+        """Channels of a frame (RGB)."""
+        return 3
 
     @property
     def grid(self) -> int:
         """Token grid side."""
-        return self.latent_size // self.patch
+        return self.frame_size // self.patch
 
     @property
     def tokens_per_frame(self) -> int:
         return self.grid * self.grid
-
-    @property
-    def token_dim(self) -> int:
-        return self.latent_channels * self.patch * self.patch
 
     @property
     def head_dim(self) -> int:
@@ -86,48 +106,106 @@ class TinyWorldConfig:
 
 
 # -----------------------------------------------------------------------------
-# Autoencoder
+# Frames, the camera warp and the palette
 
 
-class FrameAutoencoder(nn.Module):
-    """Convolutional autoencoder, (B, 3, 64, 64) in [0, 1] <-> (B, 8, 16, 16) latents.
+def to_frame_space(img: torch.Tensor) -> torch.Tensor:
+    """RGB in [0, 1] -> the network's frame space [-1, 1] (any shape)."""
+    return img * 2 - 1
 
-    Latents are normalised per channel with `latent_mean` / `latent_std`
-    (buffers measured after training), so the denoiser sees roughly unit-scale data.
+
+def to_pixels(x: torch.Tensor) -> torch.Tensor:
+    """Frame space (N, 3, S, S) -> uint8 (N, S, S, 3) RGB (clamped, rounded)."""
+    img = ((x.float() + 1) * 127.5).clamp(0, 255) + 0.5
+    return img.to(torch.uint8).permute(0, 2, 3, 1)
+
+
+def marker_mask(size: int) -> torch.Tensor:
+    """bool (S, S): the player marker's pixels, a cross at the centre (`world.render_view` draws it)."""
+    m = torch.zeros(size, size, dtype=torch.bool)
+    c = size // 2
+    m[c - 1 : c + 1, c - 3 : c + 3] = True
+    m[c - 3 : c + 3, c - 1 : c + 1] = True
+    return m
+
+
+def camera_shift(action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The camera's move (dx, dy) in pixels for actions (..., A): `world.camera_step` as tensor ops.
+
+    W/S move up/down, A/D left/right by `world.WALK_PX` (doubled with Shift), mouse pans
+    (action[6:8] in [-1, 1] times `world.MAX_PAN_PX`) add on top, each axis clipped to
+    +-`world.MAX_STEP_PX`. Returns two int64 tensors of shape (...). No host sync.
+    """
+    a = action.float()
+    w, left, s, d, shift = a[..., 0], a[..., 1], a[..., 2], a[..., 3], a[..., 5]
+    speed = world.WALK_PX * (1 + (shift > 0.5).float())
+    dx = (d - left) * speed + torch.round(a[..., 6] * world.MAX_PAN_PX)
+    dy = (s - w) * speed + torch.round(a[..., 7] * world.MAX_PAN_PX)
+    lim = world.MAX_STEP_PX
+    return torch.round(dx).clamp(-lim, lim).long(), torch.round(dy).clamp(-lim, lim).long()
+
+
+def warp(prev: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor, marker: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
+    """The previous frame as the camera's move shows it, and which pixels it can show.
+
+    After a move by (dx, dy) the new view's pixel (r, c) is the previous view's (r + dy, c + dx)
+    (`world.step`: the view's corner moves by the camera step). Pixels whose source lies outside
+    the previous view or on its player marker, and the marker's own pixels (an overlay drawn
+    over the world), are unknown.
+
+    Args:
+        prev: (N, 3, S, S) previous frames, frame space.
+        dx, dy: int64 (N,) camera moves in pixels.
+        marker: bool (S, S) the marker's pixels (`marker_mask`).
+
+    Returns:
+        warped (N, 3, S, S) in prev's dtype, 0 where unknown; known (N, 1, S, S) in prev's dtype, 1 or 0.
+    """
+    N, C, S, _ = prev.shape
+    r = torch.arange(S, device=prev.device)
+    ys, xs = r[None] + dy[:, None], r[None] + dx[:, None]  # (N, S) source row / column
+    ok = ((ys >= 0) & (ys < S))[:, :, None] & ((xs >= 0) & (xs < S))[:, None, :]  # (N, S, S)
+    src = ys.clamp(0, S - 1)[:, :, None] * S + xs.clamp(0, S - 1)[:, None, :]  # (N, S, S)
+    src = src.flatten(1)  # (N, S*S)
+    ok = ok.flatten(1) & ~marker.flatten()[src] & ~marker.flatten()[None]
+    warped = prev.flatten(2).gather(2, src[:, None].expand(-1, C, -1))  # (N, C, S*S)
+    known = ok[:, None].to(prev.dtype)
+    return (warped * known).view(N, C, S, S), known.view(N, 1, S, S)
+
+
+class Palette(nn.Module):
+    """The colours a frame is painted with: (N, P) prompt embeddings -> (N, 5, 3) frame-space colours.
+
+    Three world colours come from the prompt (an MLP); the two overlay colours (the marker,
+    white and gold in the simulator) are learned constants. The last layer starts at three
+    distinct greys, not zeros: with equal colours no mixing logit gets a gradient, and the
+    colours get equal gradients forever (every painted pixel stays the world's mean).
     """
 
     def __init__(self, cfg: TinyWorldConfig) -> None:
         super().__init__()
-        w, c = cfg.ae_width, cfg.latent_channels
-        self.enc = nn.Sequential(
-            nn.Conv2d(3, w // 2, 3, 1, 1), nn.GELU(),
-            nn.Conv2d(w // 2, w, 4, 2, 1), nn.GELU(),
-            nn.Conv2d(w, w, 3, 1, 1), nn.GELU(),
-            nn.Conv2d(w, w, 4, 2, 1), nn.GELU(),
-            nn.Conv2d(w, c, 1),
-        )  # fmt: skip
-        self.dec = nn.Sequential(
-            nn.Conv2d(c, w, 3, 1, 1), nn.GELU(),
-            nn.Conv2d(w, w, 3, 1, 1), nn.GELU(),
-            nn.Upsample(scale_factor=2, mode="nearest"),
-            nn.Conv2d(w, w * 3 // 4, 3, 1, 1), nn.GELU(),
-            nn.Upsample(scale_factor=2, mode="nearest"),
-            nn.Conv2d(w * 3 // 4, w // 2, 3, 1, 1), nn.GELU(),
-            nn.Conv2d(w // 2, 3, 3, 1, 1),
-        )  # fmt: skip
-        self.register_buffer("latent_mean", torch.zeros(1, c, 1, 1))
-        self.register_buffer("latent_std", torch.ones(1, c, 1, 1))
+        self.world = nn.Sequential(nn.Linear(cfg.prompt_dim, cfg.width), nn.SiLU(),
+                                   nn.Linear(cfg.width, WORLD_COLOURS * 3))
+        nn.init.zeros_(self.world[2].weight)
+        with torch.no_grad():
+            self.world[2].bias.copy_(torch.tensor([-0.5, 0.5, 0.0]).repeat_interleave(3))
+        self.overlay = nn.Parameter(torch.tensor([[0.8, 0.8, 0.8], [0.8, 0.4, -0.4]]))
 
-    def encode(self, img: torch.Tensor) -> torch.Tensor:
-        """(B, 3, S, S) float in [0, 1] -> normalised latents (B, C, S/4, S/4), in the weights' dtype."""
-        img = img.to(self.latent_mean.dtype)
-        return (self.enc(img * 2 - 1) - self.latent_mean) / self.latent_std
+    def forward(self, prompt: torch.Tensor) -> torch.Tensor:
+        n = prompt.shape[0]
+        w = self.world(prompt.to(self.overlay.dtype)).view(n, WORLD_COLOURS, 3)
+        return torch.cat([w, self.overlay[None].expand(n, -1, -1)], dim=1)
 
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        """Normalised latents (B, C, S/4, S/4) -> (B, 3, S, S) float, roughly [0, 1] (not clamped), in the
-        weights' dtype."""
-        z = z.to(self.latent_std.dtype)
-        return (self.dec(z * self.latent_std + self.latent_mean) + 1) / 2
+
+def paint(logits: torch.Tensor, colours: torch.Tensor, overlay_bias: torch.Tensor) -> torch.Tensor:
+    """Per-pixel softmax mix of the palette: logits (N, 5, S, S), colours (N, 5, 3) -> (N, 3, S, S).
+
+    overlay_bias (5, S, S) adds 0 where a colour is allowed and -1e4 where it is not (the overlay
+    colours outside the marker).
+    """
+    w = torch.softmax(logits + overlay_bias, dim=1)
+    return torch.einsum("nkhw,nkc->nchw", w, colours)
 
 
 # -----------------------------------------------------------------------------
@@ -315,19 +393,54 @@ class Block(nn.Module):
         return x, (k, v)
 
 
-class TinyWorldDenoiser(nn.Module):
-    """Frame-causal latent transformer predicting a frame's clean latent.
+# -----------------------------------------------------------------------------
+# The pixel head
 
-    Tokens of a frame are its noisy latent patch and the previous frame's
-    latent patch, side by side; the prediction is that previous latent plus
-    a learned change.
+
+class PixelHead(nn.Module):
+    """Full-resolution convolutions from per-pixel features to palette logits.
+
+    Input: the transformer's features unpatchified to (N, pixel_features, S, S) beside the
+    frame's own inputs (N, 7, S, S) (noisy frame where unknown, warped previous frame, known mask);
+    conditioning (N, D) modulates the middle layer (FiLM, zero-initialised).
+    Output: (N, 5, S, S) palette logits.
+    """
+
+    def __init__(self, cfg: TinyWorldConfig) -> None:
+        super().__init__()
+        w = cfg.head_width
+        self.conv_in = nn.Conv2d(cfg.pixel_features + INPUT_PLANES, w, 3, 1, 1)
+        self.conv_mid = nn.Conv2d(w, w, 3, 1, 1)
+        self.film = nn.Linear(cfg.width, 2 * w)
+        self.conv_out = nn.Conv2d(w, PALETTE, 3, 1, 1)
+        nn.init.zeros_(self.film.weight)
+        nn.init.zeros_(self.film.bias)
+        # small random, not zero: zero logits give every colour the same weight and no gradient to split them
+        nn.init.normal_(self.conv_out.weight, std=0.01)
+        nn.init.zeros_(self.conv_out.bias)
+
+    def forward(self, feat: torch.Tensor, planes: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.conv_in(torch.cat([feat, planes], dim=1)))
+        scale, shift = self.film(F.silu(cond))[:, :, None, None].chunk(2, dim=1)
+        h = F.gelu(_modulate(self.conv_mid(h), shift, scale))
+        return self.conv_out(h)
+
+
+class TinyWorldDenoiser(nn.Module):
+    """Frame-causal transformer over 8x8 pixel patches predicting a frame's clean pixels.
+
+    A frame's tokens carry its noisy pixels (where the warp cannot show them), the previous frame
+    warped by the action and the known mask. The prediction keeps the warped pixels exactly where
+    they are known and paints the rest from the palette, unless the frame is a cut: a prompt that
+    changed the world, detected by a per-frame classifier over the pooled tokens, when everything
+    is painted anew (module doc).
     """
 
     def __init__(self, cfg: TinyWorldConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        d = cfg.width
-        self.inp = nn.Linear(2 * cfg.token_dim, d)
+        d, p = cfg.width, cfg.patch
+        self.inp = nn.Linear(INPUT_PLANES * p * p, d)
         self.pos = nn.Parameter(torch.randn(1, 1, cfg.tokens_per_frame, d) * 0.02)
         self.t_mlp = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
         self.a_mlp = nn.Sequential(nn.Linear(cfg.action_dim, d), nn.SiLU(), nn.Linear(d, d))
@@ -335,29 +448,43 @@ class TinyWorldDenoiser(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.layers)])
         self.norm = nn.LayerNorm(d, elementwise_affine=False)
         self.ada_out = nn.Linear(d, 2 * d)
-        self.out = nn.Linear(d, cfg.token_dim)
-        for m in (self.ada_out, self.out):
-            nn.init.zeros_(m.weight)
-            nn.init.zeros_(m.bias)
+        self.out = nn.Linear(d, cfg.pixel_features * p * p)
+        nn.init.zeros_(self.ada_out.weight)
+        nn.init.zeros_(self.ada_out.bias)
+        self.cut = nn.Linear(d, 1)  #: the cut classifier's logit from the frame's mean token
+        nn.init.zeros_(self.cut.weight)
+        nn.init.constant_(self.cut.bias, -3.0)  # cuts are rare
+        self.head = PixelHead(cfg)
+        self.palette = Palette(cfg)
+        S = cfg.frame_size
+        marker = marker_mask(S)
+        self.register_buffer("marker", marker, persistent=False)
+        bias = torch.zeros(PALETTE, S, S)
+        bias[WORLD_COLOURS:] = torch.where(marker, 0.0, -1e4)
+        self.register_buffer("overlay_bias", bias, persistent=False)
 
     # -- token layout ---------------------------------------------------------
 
-    def patchify(self, z: torch.Tensor) -> torch.Tensor:
-        """Latents (N, C, h, w) -> tokens (N, T, C*p*p)."""
+    def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        """Planes (N, C, S, S) -> tokens (N, T, C*p*p)."""
         p, g = self.cfg.patch, self.cfg.grid
-        N, C = z.shape[:2]
-        z = z.reshape(N, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5)
-        return z.reshape(N, g * g, C * p * p)
+        N, C = x.shape[:2]
+        x = x.reshape(N, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5)
+        return x.reshape(N, g * g, C * p * p)
 
-    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens (N, T, C*p*p) -> latents (N, C, h, w)."""
-        p, g, C = self.cfg.patch, self.cfg.grid, self.cfg.latent_channels
+    def unpatchify(self, x: torch.Tensor, channels: int) -> torch.Tensor:
+        """Tokens (N, T, C*p*p) -> planes (N, C, S, S)."""
+        p, g = self.cfg.patch, self.cfg.grid
         N = x.shape[0]
-        x = x.reshape(N, g, g, C, p, p).permute(0, 3, 1, 4, 2, 5)
-        return x.reshape(N, C, g * p, g * p)
+        x = x.reshape(N, g, g, channels, p, p).permute(0, 3, 1, 4, 2, 5)
+        return x.reshape(N, channels, g * p, g * p)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def colours(self, prompt: torch.Tensor) -> torch.Tensor:
+        """The palette of prompt embeddings (N, P): (N, 5, 3) frame-space colours."""
+        return self.palette(prompt)
 
     # -- forward ---------------------------------------------------------------
 
@@ -371,33 +498,62 @@ class TinyWorldDenoiser(nn.Module):
         attend: Attend,
         *,
         kv_only: bool = False,
+        predict_from: int = 0,
     ) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Predict clean latents of F frames and return their keys and values.
+        """Predict clean frames of F frames and return their keys and values.
 
         Args:
-            x_t: (B, F, C, h, w) noisy latents at flow time t.
-            prev: (B, F, C, h, w) the previous frame's clean latent for each frame.
+            x_t: (B, F, 3, S, S) noisy frames at flow time t, frame space.
+            prev: (B, F, 3, S, S) the previous clean frame for each frame.
             t: (B, F) flow time in [0, 1] (0 = clean, as in a commit pass).
-            action: (B, F, action_dim) float32 action vectors.
+            action: (B, F, action_dim) float32 action vectors (the action that led to each frame).
             prompt: (B, F, prompt_dim) prompt embeddings (unit norm).
             attend: the self-attention over cached keys (`DenseAttention(past_kv, bias)` offline,
                 the engine's pool when serving).
             kv_only: return only the keys and values (x0 is None): a commit pass. The last
-                block then computes just its K/V projection and the output head is skipped.
+                block then computes just its K/V projection and the head is skipped.
+            predict_from: predict x0 only for frames predict_from.. (a sequence whose earlier
+                frames are context).
 
         Returns:
-            x0: (B, F, C, h, w) predicted clean latents (None when `kv_only`), and per
-            layer the (K, V) of these F frames, each (B, F*T, H, hd); all in the weights'
-            dtype (inputs of any float dtype are cast to it on entry).
+            x0: (B, F - predict_from, 3, S, S) predicted clean frames (None when `kv_only`), and
+            per layer the (K, V) of all F frames, each (B, F*T, H, hd); all in the weights'
+            dtype (inputs of any float dtype are cast to it on entry). A frame is a cut where
+            its cut logit is positive.
+        """
+        x0, kv, _ = self.predict(x_t, prev, t, action, prompt, attend, kv_only=kv_only, predict_from=predict_from)
+        return x0, kv
+
+    def predict(
+        self,
+        x_t: torch.Tensor,
+        prev: torch.Tensor,
+        t: torch.Tensor,
+        action: torch.Tensor,
+        prompt: torch.Tensor,
+        attend: Attend,
+        *,
+        kv_only: bool = False,
+        predict_from: int = 0,
+        cut: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
+        """`forward`, also returning the cut logits (B, F - predict_from) (None when `kv_only`).
+
+        cut: bool (B, F - predict_from) which predicted frames to treat as cuts (training passes the
+        truth, so the painter learns both jobs while the classifier learns from its own loss);
+        None: where the logit is positive.
         """
         cfg = self.cfg
         B, Fr = x_t.shape[:2]
+        S, T = cfg.frame_size, cfg.tokens_per_frame
         assert x_t.shape == prev.shape, f"x_t {tuple(x_t.shape)} vs prev {tuple(prev.shape)}"
         dt = self.inp.weight.dtype
         x_t, prev, action, prompt = x_t.to(dt), prev.to(dt), action.to(dt), prompt.to(dt)
-        xt_tok = self.patchify(x_t.flatten(0, 1)).reshape(B, Fr, cfg.tokens_per_frame, -1)
-        pv_tok = self.patchify(prev.flatten(0, 1)).reshape(B, Fr, cfg.tokens_per_frame, -1)
-        x = self.inp(torch.cat([xt_tok, pv_tok], dim=-1)) + self.pos  # (B, F, T, D)
+        dx, dy = camera_shift(action.flatten(0, 1))
+        warped, known = warp(prev.flatten(0, 1), dx, dy, self.marker)
+        # the noisy frame only where the warp cannot show the pixel: elsewhere the warp is the whole truth
+        planes = torch.cat([x_t.flatten(0, 1) * (1 - known), warped, known], dim=1)  # (N, 7, S, S)
+        x = self.inp(self.patchify(planes)).reshape(B, Fr, T, -1) + self.pos  # (B, F, T, D)
         cond = (
             self.t_mlp(timestep_embedding(t.flatten(), cfg.width).to(dt)).reshape(B, Fr, -1)
             + self.a_mlp(action)
@@ -409,9 +565,19 @@ class TinyWorldDenoiser(nn.Module):
             x, kv = blk(x, cond, attend, i, kv_only=kv_only and i == last)
             new_kv.append(kv)
         if kv_only:
-            return None, new_kv
+            return None, new_kv, None
+        k = predict_from
+        x, cond = self.norm(x[:, k:]), cond[:, k:]
+        Fo = Fr - k
+        cut_logit = self.cut(x.mean(2))[..., 0]  # (B, Fo)
         sh, sc = self.ada_out(F.silu(cond))[:, :, None].chunk(2, dim=-1)
-        delta = self.out(self.norm(x) * (1 + sc) + sh)  # (B, F, T, token_dim)
-        x0_tok = pv_tok + delta
-        x0 = self.unpatchify(x0_tok.flatten(0, 1)).reshape(x_t.shape)
-        return x0, new_kv
+        feat = self.out(_modulate(x, sh, sc))  # (B, Fo, T, pf*p*p)
+        feat = self.unpatchify(feat.flatten(0, 1), cfg.pixel_features)  # (B*Fo, pf, S, S)
+        sel = lambda z: z.view(B, Fr, *z.shape[1:])[:, k:].flatten(0, 1)  # noqa: E731
+        planes, warped, known = sel(planes), sel(warped), sel(known)
+        logits = self.head(feat, planes, cond.flatten(0, 1))  # (B*Fo, 5, S, S)
+        painted = paint(logits, self.colours(prompt[:, k:].flatten(0, 1)), self.overlay_bias.to(dt))
+        is_cut = (cut_logit > 0) if cut is None else cut.to(torch.bool)
+        keep = (known > 0) & ~is_cut.reshape(-1, 1, 1, 1)  # (B*Fo, 1, S, S)
+        x0 = torch.where(keep, warped, painted)
+        return x0.view(B, Fo, cfg.channels, S, S), new_kv, cut_logit

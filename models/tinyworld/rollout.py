@@ -98,7 +98,8 @@ def iter_rollout(
         for k, t in enumerate(timesteps):
             x0, _ = _step(net, x, prev, t, a, p, i, cache)
             t_next = timesteps[k + 1] if k + 1 < len(timesteps) else 0.0
-            x = rectified_flow_update(x, x0[:, 0], torch.full((B,), t), torch.full((B,), t_next))
+            x = rectified_flow_update(x, x0[:, 0].float(), torch.full((B,), t), torch.full((B,), t_next))
+        x = x.clamp(-1, 1)  # the frame as shown, and as the engine commits it
         _, kv = _step(net, x, prev, 0.0, a, p, i, cache)
         cache.append(i, kv)
         prev = x

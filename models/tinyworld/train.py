@@ -1,19 +1,24 @@
-"""Train TinyWorld on the procedural world: autoencoder, then the denoiser.
+"""Train TinyWorld on the procedural world: teacher forcing in pixel space.
 
     python -m worldcast.models.tinyworld.train --seed 0
 
-Three phases, one step counter: (1) the frame autoencoder; (2) teacher
-forcing: every frame's noisy latent is denoised given clean committed
-context, as the KV cache will hold it; (3) rollout training: for half of
-each batch the context frames are the model's own rollout (same sampler as
-serving) while targets stay the simulator's frames, so the model learns to
-correct its own drift (model-notes.md; the idea of Self-Forcing, Huang et al.
-2025, with a regression target instead of distribution matching).
+Every step draws sequences of simulator frames (random maps, themes, a
+scripted player, prompt switches) and trains the denoiser to predict each
+frame's clean pixels from its noisy version at a random flow time, given the
+clean frames before it as the KV cache will hold them (one teacher-forced
+sequence [clean 0..n-1, noisy 1..n-1] per forward, `teacher_forcing_bias`).
+The loss has three terms, each its own mean: per-pixel MSE over what the
+network imagines (the revealed strip and the marker), MSE over cut frames'
+repaints (a prompt switch recolours the world: the frame is not the previous
+one moved), and the cut classifier's binary cross-entropy against the
+simulator's own cuts; the painter is shown the true cuts while it learns.
 
 Checkpoints (all state, RNGs included) go to --run-dir every --ckpt-every
-steps; --resume continues from the latest. Deterministic given --seed and
-the step counts (but not across thread counts). The final weights are written
-to --out as safetensors.
+steps (written whole, then renamed); --resume continues from the latest. A
+non-finite loss stops the run with the step and the batch's RNG state in its
+message; the last checkpoint stays. Deterministic given --seed and --steps
+(but not across thread counts). The EMA weights are written to --out as
+safetensors.
 """
 
 from __future__ import annotations
@@ -34,13 +39,14 @@ from worldcast.models.tinyworld import world
 from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, TIMESTEPS, save_weights
 from worldcast.models.tinyworld.network import (
     DenseAttention,
-    FrameAutoencoder,
     TinyWorldConfig,
     TinyWorldDenoiser,
+    camera_shift,
     frame_age_bias,
+    to_frame_space,
+    warp,
 )
 from worldcast.models.tinyworld.prompts import TRAIN_CAPTIONS, PromptEncoder
-from worldcast.models.tinyworld.rollout import rollout_latents
 
 logger = logging.getLogger(__name__)
 
@@ -135,15 +141,15 @@ def lr_at(step: int, total: int, base: float, warmup: int = 50) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ae-steps", type=int, default=1500)
-    ap.add_argument("--tf-steps", type=int, default=1500, help="teacher-forcing steps")
-    ap.add_argument("--rollout-steps", type=int, default=600, help="steps trained on own rollouts")
+    ap.add_argument("--steps", type=int, default=2500, help="optimizer steps")
     ap.add_argument("--batch", type=int, default=12)
     ap.add_argument("--frames", type=int, default=6, help="frames per training sequence")
-    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--cut-weight", type=float, default=0.02, help="weight of the cut classifier's loss")
+    ap.add_argument("--cut-repaint-weight", type=float, default=0.3, help="weight of the cut frames' repaint loss")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--width", type=int, default=192)
-    ap.add_argument("--layers", type=int, default=5)
+    ap.add_argument("--width", type=int, default=TinyWorldConfig.width)
+    ap.add_argument("--layers", type=int, default=TinyWorldConfig.layers)
     ap.add_argument("--run-dir", type=Path, default=Path("runs/tinyworld"))
     ap.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS)
     ap.add_argument("--ckpt-every", type=int, default=100)
@@ -155,10 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
 
     cfg = TinyWorldConfig(width=args.width, layers=args.layers)
-    ae, net = FrameAutoencoder(cfg), TinyWorldDenoiser(cfg)
+    net = TinyWorldDenoiser(cfg)
     ema = copy.deepcopy(net).requires_grad_(False)
-    logger.info("denoiser %d params, autoencoder %d params", net.num_params(),
-                sum(p.numel() for p in ae.parameters()))
+    logger.info("denoiser %d params", net.num_params())
     enc = PromptEncoder()
     caption_emb = {t: enc.encode_many(list(c)) for t, c in TRAIN_CAPTIONS.items()}
     theme_prompts = torch.from_numpy(
@@ -166,104 +171,86 @@ def main(argv: list[str] | None = None) -> None:
     )
     data = Data(args.seed, caption_emb, cfg.frame_size)
     g = torch.Generator().manual_seed(args.seed)
-    opt_ae = torch.optim.AdamW(ae.parameters(), lr=1e-3, weight_decay=0.0)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    total = args.ae_steps + args.tf_steps + args.rollout_steps
     step = 0
     args.run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.run_dir / "ckpt.pt"
     if (args.resume or args.export_only) and ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False)
-        ae.load_state_dict(ck["ae"]), net.load_state_dict(ck["net"]), ema.load_state_dict(ck["ema"])
-        opt_ae.load_state_dict(ck["opt_ae"]), opt.load_state_dict(ck["opt"])
+        net.load_state_dict(ck["net"]), ema.load_state_dict(ck["ema"]), opt.load_state_dict(ck["opt"])
         data.rng.bit_generator.state = ck["np_rng"]
         g.set_state(ck["torch_rng"])
         step = ck["step"]
         logger.info("resumed at step %d", step)
 
     if args.export_only:
-        save_weights(args.out, cfg, ae, ema, theme_prompts)
+        save_weights(args.out, cfg, ema, theme_prompts)
         logger.info("exported step %d to %s", step, args.out)
         return
 
     def save_ckpt() -> None:
-        torch.save({"ae": ae.state_dict(), "net": net.state_dict(), "ema": ema.state_dict(),
-                    "opt_ae": opt_ae.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "np_rng": data.rng.bit_generator.state, "torch_rng": g.get_state()}, ckpt_path)
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"net": net.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "np_rng": data.rng.bit_generator.state, "torch_rng": g.get_state()}, tmp)
+        tmp.replace(ckpt_path)
 
-    n = args.frames
-    tf_bias = teacher_forcing_bias(n, args.batch, cfg)
+    n, B = args.frames, args.batch
+    tf_bias = teacher_forcing_bias(n, B, cfg)
     t0 = time.time()
-    bar = tqdm(total=total, initial=step, desc="train", dynamic_ncols=True)
-    while step < total:
-        if step < args.ae_steps:  # ---- phase 1: autoencoder
-            fr, _, _ = data.frames(args.batch, 3)
-            x = to_img(fr.reshape(-1, *fr.shape[2:]))
-            for pg in opt_ae.param_groups:
-                pg["lr"] = lr_at(step, args.ae_steps, 1e-3)
-            rec = (ae.dec(ae.enc(x * 2 - 1)) + 1) / 2
-            loss = F.mse_loss(rec, x) + 0.5 * F.l1_loss(rec, x)
-            opt_ae.zero_grad(set_to_none=True)
-            loss.backward()
-            opt_ae.step()
-            if step == args.ae_steps - 1:  # measure latent statistics for normalisation
-                with torch.no_grad():
-                    fr, _, _ = data.frames(64, 2)
-                    z = ae.enc(to_img(fr.reshape(-1, *fr.shape[2:])) * 2 - 1)
-                    ae.latent_mean.copy_(z.mean((0, 2, 3), keepdim=True))
-                    ae.latent_std.copy_(z.std((0, 2, 3), keepdim=True))
-                ae.requires_grad_(False)
-            psnr = -10 * math.log10(F.mse_loss(rec.clamp(0, 1), x).item() + 1e-10)
-            bar.set_postfix(phase="ae", loss=f"{loss.item():.4f}", psnr=f"{psnr:.1f}")
-        else:  # ---- phases 2 and 3: denoiser
-            ae.eval()
-            k = step - args.ae_steps
-            fr, ac, pr = data.frames(args.batch, n)
-            B = args.batch
-            with torch.no_grad():
-                z = ae.encode(to_img(fr.reshape(-1, *fr.shape[2:]))).reshape(B, n, *ae_shape(cfg))
-            act, pro = torch.from_numpy(ac), torch.from_numpy(pr)
-            ctx = z.clone()
-            own = k >= args.tf_steps
-            if own:  # context of half the batch from the model's own rollout
-                h = B // 2
-                net.eval()
-                ctx[:h, 1:] = rollout_latents(net, z[:h, 0], act[:h], pro[:h], timesteps=TIMESTEPS, generator=g)
-                net.train()
-            t = sample_t((B, n - 1), g)
-            eps = torch.randn(z[:, 1:].shape, generator=g)
-            tb = t[:, :, None, None, None]
-            x_t = (1 - tb) * z[:, 1:] + tb * eps
-            prev = torch.cat([ctx[:, :1], ctx[:, :-1]], 1)  # previous frame per clean frame
-            seq_x = torch.cat([ctx, x_t], 1)
-            seq_prev = torch.cat([prev, ctx[:, :-1]], 1)
-            seq_t = torch.cat([torch.zeros(B, n), t], 1)
-            seq_a = torch.cat([act, act[:, 1:]], 1)
-            seq_p = torch.cat([pro, pro[:, 1:]], 1)
-            for pg in opt.param_groups:
-                pg["lr"] = lr_at(k, args.tf_steps + args.rollout_steps, args.lr)
-            x0, _ = net(seq_x, seq_prev, seq_t, seq_a, seq_p, DenseAttention(None, tf_bias))
-            loss = F.mse_loss(x0[:, n:], z[:, 1:])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
-            with torch.no_grad():
-                decay = min(0.995, (1 + k) / (10 + k))
-                for pe, p in zip(ema.parameters(), net.parameters(), strict=True):
-                    pe.lerp_(p, 1 - decay)
-            bar.set_postfix(phase="rollout" if own else "tf", loss=f"{loss.item():.4f}")
+    bar = tqdm(total=args.steps, initial=step, desc="train", dynamic_ncols=True)
+    while step < args.steps:
+        rng_state = data.rng.bit_generator.state
+        fr, ac, pr = data.frames(B, n)
+        z = to_frame_space(to_img(fr.reshape(-1, *fr.shape[2:]))).reshape(B, n, cfg.channels, *fr.shape[2:4])
+        act, pro = torch.from_numpy(ac), torch.from_numpy(pr)
+        t = sample_t((B, n - 1), g)
+        eps = torch.randn(z[:, 1:].shape, generator=g)
+        tb = t[:, :, None, None, None]
+        x_t = (1 - tb) * z[:, 1:] + tb * eps
+        prev = torch.cat([z[:, :1], z[:, :-1]], 1)  # previous frame per clean frame
+        seq_x = torch.cat([z, x_t], 1)
+        seq_prev = torch.cat([prev, z[:, :-1]], 1)
+        seq_t = torch.cat([torch.zeros(B, n), t], 1)
+        seq_a = torch.cat([act, act[:, 1:]], 1)
+        seq_p = torch.cat([pro, pro[:, 1:]], 1)
+        for pg in opt.param_groups:
+            pg["lr"] = lr_at(step, args.steps, args.lr)
+        # a cut: the simulator's frame is not the previous one moved (a prompt switch recoloured the world)
+        dx, dy = camera_shift(act[:, 1:].flatten(0, 1))
+        warped, known = warp(z[:, :-1].flatten(0, 1), dx, dy, net.marker)
+        moved_err = (known * (warped - z[:, 1:].flatten(0, 1)) ** 2).sum((1, 2, 3)) / known.sum((1, 2, 3)).clamp_min(1)
+        cut = (moved_err > 1e-4).view(B, n - 1)
+        x0, _, cut_logit = net.predict(seq_x, seq_prev, seq_t, seq_a, seq_p, DenseAttention(None, tf_bias),
+                                       predict_from=n, cut=cut)
+        # each job its own mean: the revealed strip and the marker (a few % of a frame's pixels, where the world is
+        # imagined) would otherwise drown under cut frames' full repaints
+        err = (x0.flatten(0, 1) - z[:, 1:].flatten(0, 1)).pow(2).mean(1, keepdim=True)  # (N, 1, S, S)
+        is_cut = cut.flatten().float()[:, None, None, None]
+        painted = (1 - known) * (1 - is_cut)
+        loss_new = (err * painted).sum() / painted.sum().clamp_min(1)
+        loss_cut = (err * is_cut).sum() / (is_cut.sum() * err[0].numel()).clamp_min(1)
+        loss_cls = F.binary_cross_entropy_with_logits(cut_logit, cut.float())
+        loss = loss_new + args.cut_repaint_weight * loss_cut + args.cut_weight * loss_cls
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"non-finite loss {loss.item()} at step {step}; the batch came from data RNG state "
+                f"{rng_state['state']} (seed {args.seed}); the last good checkpoint is {ckpt_path}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            decay = min(0.995, (1 + step) / (10 + step))
+            for pe, p in zip(ema.parameters(), net.parameters(), strict=True):
+                pe.lerp_(p, 1 - decay)
         step += 1
         bar.update(1)
-        if step % args.ckpt_every == 0 or step == total:
+        bar.set_postfix(new=f"{loss_new.item():.4f}", cut=f"{loss_cut.item():.3f}", cls=f"{loss_cls.item():.3f}")
+        if step % args.ckpt_every == 0 or step == args.steps:
             save_ckpt()
     bar.close()
-    save_weights(args.out, cfg, ae, ema, theme_prompts)
+    save_weights(args.out, cfg, ema, theme_prompts)
     logger.info("wrote %s after %d steps (%.0f s this run)", args.out, step, time.time() - t0)
-
-
-def ae_shape(cfg: TinyWorldConfig) -> tuple[int, int, int]:
-    return (cfg.latent_channels, cfg.latent_size, cfg.latent_size)
 
 
 if __name__ == "__main__":

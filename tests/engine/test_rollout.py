@@ -17,7 +17,7 @@ from worldcast.engine.scripted import ScriptedConditioner as EngineScripted
 from worldcast.engine.state_pool import StatePool
 from worldcast.models.tinyworld import world
 from worldcast.models.tinyworld.model import TinyWorldModel
-from worldcast.models.tinyworld.network import FrameAutoencoder, TinyWorldConfig, TinyWorldDenoiser
+from worldcast.models.tinyworld.network import TinyWorldConfig, TinyWorldDenoiser
 from worldcast.models.tinyworld.rollout import iter_rollout
 
 
@@ -208,7 +208,7 @@ def _ring_heavy_model() -> TinyWorldModel:
     """A random-weight TinyWorld whose KV window dwarfs its activations (4 tokens a frame, 33 frames)."""
     torch.manual_seed(0)
     cfg = TinyWorldConfig(frame_size=16, window_frames=32, sink_frames=1, width=96, heads=3, layers=2)
-    return TinyWorldModel(cfg, FrameAutoencoder(cfg), TinyWorldDenoiser(cfg), torch.randn(6, 384),
+    return TinyWorldModel(cfg, TinyWorldDenoiser(cfg), torch.randn(6, 384),
                           prompt_encoder=object())  # type: ignore[arg-type]
 
 

@@ -36,8 +36,8 @@ async def test_video_flows_with_increasing_pts_and_metadata(live_server) -> None
 
 
 async def test_pressed_key_is_applied_and_picture_moves(live_server) -> None:  # type: ignore[no-untyped-def]
-    # night, not the default meadow: the meadow fades to a field too flat to show the shift (MODEL_CARD.md, Limits)
-    async with await WebRTCClient.connect(live_server.url, prompt="night", seed=2) as c:
+    # the default world (the meadow), as a new user first sees it
+    async with await WebRTCClient.connect(live_server.url, seed=2) as c:
         await c.next_frame()
         seq = -1
         for _ in range(15):  # hold D for a while

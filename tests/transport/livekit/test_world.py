@@ -49,9 +49,8 @@ async def test_join_stream_act_and_leave(lk_server) -> None:  # type: ignore[no-
 
     manager = lk_server.manager
     free_before = manager.worker.pool.free_slots
-    # the night world: TinyWorld's meadow (the default prompt) fades to a field too flat to show a held key's
-    # shift (models/tinyworld/weights/MODEL_CARD.md, Limits)
-    u = await LiveKitUser.create(lk_server.url, room="join-1", prompt="night", seed=2, stamp_frames=True)
+    # the default world (the meadow), as a new user first sees it
+    u = await LiveKitUser.create(lk_server.url, room="join-1", seed=2, stamp_frames=True)
     try:
         sid = u.session_id
         assert sid in manager.sessions and u.world_identity == f"worldcast-{sid}"
