@@ -18,8 +18,8 @@ Design (TinyWorld 2; why it keeps a world alive on a CPU budget):
   "residual bias" of model-notes.md taken to pixels, as ego-motion-conditioned
   world models warp by a known pose); the network imagines the rest: the
   revealed strip and the marker. A soft keep gate was tried first and hedged
-  (kept ~half of each pixel, so a picture faded within a second): copying is
-  exact or not at all.
+  (kept only part of each pixel, so a picture faded within a second): copying
+  is exact or not at all.
 - Cuts: a prompt that changes the world repaints the whole frame. A per-frame
   classifier (pooled tokens; trained on the simulator's own switches) says
   when; serving thresholds it, so a frame is either kept-and-extended or cut.
