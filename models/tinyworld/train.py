@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from worldcast.models.tinyworld import world
-from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, TIMESTEPS, save_weights
+from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, save_weights
 from worldcast.models.tinyworld.network import (
     DenseAttention,
     TinyWorldConfig,
@@ -124,10 +124,15 @@ def teacher_forcing_bias(n: int, batch: int, cfg: TinyWorldConfig) -> torch.Tens
     return bias.masked_fill(~ok[None, None], float("-inf"))
 
 
+#: The flow times half of the training draws come from (the other half uniform): a 4-pass sampler's. Serving
+#: may use fewer (`model.TIMESTEPS`); the shipped weights were trained with these.
+TRAIN_TIMES = (1.0, 0.75, 0.5, 0.25)
+
+
 def sample_t(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    """Flow times: half at the sampler's own timesteps, half uniform in (0, 1]."""
+    """Flow times: half at `TRAIN_TIMES`, half uniform in (0, 1]."""
     u = torch.rand(shape, generator=g).clamp_min(0.02)
-    fixed = torch.tensor(TIMESTEPS)[torch.randint(0, len(TIMESTEPS), shape, generator=g)]
+    fixed = torch.tensor(TRAIN_TIMES)[torch.randint(0, len(TRAIN_TIMES), shape, generator=g)]
     return torch.where(torch.rand(shape, generator=g) < 0.5, fixed, u)
 
 
