@@ -19,10 +19,6 @@ class StepFailed(EngineError):
     """A session's step raised or produced non-finite values; only that session ends."""
 
 
-class DeviceWorkerDead(EngineError):
-    """The device worker thread has stopped; no step will run."""
-
-
 class DeviceTooSmall(EngineError):
     """The device cannot hold one session's declared state within its memory budget (refused at start-up).
 

@@ -111,9 +111,6 @@ class StatePool:
             self._free.append(slot)
             self.used_slots = len(self._owner)
 
-    def slot_of(self, session_id: str) -> int:
-        return self._owner[session_id]
-
     def holds(self, session_id: str) -> bool:
         """Whether the session holds a slot."""
         return session_id in self._owner

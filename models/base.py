@@ -366,19 +366,3 @@ def renoise_update(x0: torch.Tensor, t_next: torch.Tensor, noise: NoiseFn) -> to
     shape = (-1,) + (1,) * (x0.dim() - 1)
     tn = t_next.reshape(shape).to(x0.dtype)
     return (1 - tn) * x0 + tn * noise()
-
-
-def shifted_flow_times(steps: list[float], *, shift: float, num_train_timesteps: int = 1000) -> tuple[float, ...]:
-    """Flow times of denoising steps given on the 0..1000 training scale, warped by a time shift.
-
-    sigma' = shift * sigma / (1 + (shift - 1) * sigma), sigma = step / 1000
-    (the flow-matching schedule shift of SD3, Esser et al. 2024, eq. 23, as
-    Wan's `FlowMatchScheduler` applies it; Self-Forcing's `warp_denoising_step`
-    reads the same table at 1000 - step). [1000, 750, 500, 250] with shift 5
-    gives [1, 0.9375, 0.8333.., 0.625] (x 1000: [1000, 937.5, 833.3, 625]).
-    """
-    out = []
-    for s in steps:
-        sigma = s / num_train_timesteps
-        out.append(shift * sigma / (1 + (shift - 1) * sigma))
-    return tuple(out)

@@ -232,11 +232,6 @@ class ActionSpace:
             if any(k not in self.keys for k in group):
                 raise ValueError(f"ActionSpace.exclusive_groups names unknown keys: {group}")
 
-    @property
-    def mouse_axes(self) -> int:
-        """Mouse axes the model reads (0, 1 or 2)."""
-        return len(self.mouse)
-
     def label(self, key: str) -> str:
         """What `key` does (its label, else its name)."""
         return dict(self.key_labels).get(key, key)

@@ -21,7 +21,6 @@ from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
 from worldcast.transport.conn_limits import ConnectionLimits
 from worldcast.transport.livekit import config as livekit_config
-from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
 from worldcast.transport.memory import MemoryConfig, configure_malloc
 from worldcast.transport.metrics import MetricsConfig
 
@@ -338,12 +337,6 @@ def memory_config_from(args: argparse.Namespace) -> MemoryConfig:
     return MemoryConfig(malloc_arena_max=args.malloc_arena_max or None,
                         mmap_threshold_bytes=args.malloc_mmap_threshold or None,
                         trim_after_close_s=None if args.no_heap_trim else 2.0)
-
-
-def server_config_from(args: argparse.Namespace, *, livekit: LiveKitConfig | None,
-                       agent: AgentWorkerConfig | None) -> ServerConfig:
-    """`ServerConfig` from `serve`'s options (`_server_config`)."""
-    return _server_config(args, livekit, agent)
 
 
 def engine_processes(args: argparse.Namespace) -> bool | None:

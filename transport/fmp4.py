@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import av
-import numpy as np
 
 from worldcast.sessions.session import VideoFrame
 from worldcast.transport.frame_queue import FrameQueue, QueuedSink
+from worldcast.transport.media import picture as media_picture
 from worldcast.transport.mp4box import (
     Sample,
     annexb_to_avcc,
@@ -50,7 +50,6 @@ from worldcast.transport.mp4box import (
     parse_init,
     sps_from_avcc,
 )
-from worldcast.transport.stamp import cell_px_for_width, write_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -186,21 +185,6 @@ class Fmp4Fragmenter:
         return data
 
 
-def picture_for(frame: VideoFrame, *, scale: int, stamp: bool) -> av.VideoFrame:
-    """A frame's picture as yuv420p, upscaled by `scale` and optionally stamped (transport/stamp.py).
-
-    Same picture as the WebRTC track publishes: with a stamp the image is upscaled by
-    pixel repetition first so the code's cells keep their size; otherwise bilinearly.
-    """
-    if stamp:
-        image = frame.image if scale == 1 else frame.image.repeat(scale, 0).repeat(scale, 1)
-        image = write_stamp(image, frame.frame_index, frame.action_seq, cell_px=cell_px_for_width(image.shape[1]))
-        return av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24").reformat(format="yuv420p")
-    h, w = frame.image.shape[:2]
-    return av.VideoFrame.from_ndarray(frame.image, format="rgb24").reformat(
-        width=w * scale, height=h * scale, format="yuv420p", interpolation="BILINEAR" if scale > 1 else None)
-
-
 #: Callback of `Fmp4Sink`: (frame, encoder, sample), on the event loop.
 SampleCallback = Callable[[VideoFrame, Fmp4Encoder, EncodedSample], None]
 
@@ -325,7 +309,7 @@ class Fmp4Sink(QueuedSink):
     def _encode(self, frame: VideoFrame, keyframe: bool) -> list[EncodedSample]:
         """Worker thread: build the picture and encode it (creating the encoder on the first frame)."""
         t0 = time.perf_counter()
-        picture = picture_for(frame, scale=self.scale, stamp=self.stamp)
+        picture = media_picture.yuv420p(media_picture.prepare(frame, scale=self.scale, stamp=self.stamp))
         if self.encoder is None or (self.encoder.width, self.encoder.height) != (picture.width, picture.height):
             if self.encoder is not None:
                 self.encoder.close()

@@ -19,13 +19,14 @@ import av
 import numpy as np
 
 from worldcast.transport.fmp4 import Fmp4Encoder
+from worldcast.transport.media.picture import yuv420p
 from worldcast.transport.mp4box import iter_boxes
 
 
 def picture(i: int, side: int) -> av.VideoFrame:
     y, x = np.mgrid[0:side, 0:side]
     rgb = np.stack([(x + 3 * i) % 256, (2 * y + i) % 256, ((x ^ y) + 5 * i) % 256], -1).astype(np.uint8)
-    return av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+    return yuv420p(rgb)
 
 
 def ffmpeg_hold(side: int, frames: int = 10) -> list[int]:

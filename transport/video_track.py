@@ -16,7 +16,7 @@ import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from worldcast.transport.frame_queue import FrameQueue, QueuedSink
-from worldcast.transport.stamp import cell_px_for_width, write_stamp
+from worldcast.transport.media import picture
 
 logger = logging.getLogger(__name__)
 
@@ -84,16 +84,7 @@ class SessionVideoTrack(QueuedSink, MediaStreamTrack):
         f = await self.queue.get(alive=lambda: self.readyState == "live", accept=lambda f: f.pts > self.last_pts)
         if f is None:
             raise MediaStreamError
-        if self.stamp:  # upscale first so the code's cells keep their size in the video
-            image = f.image if self.scale == 1 else f.image.repeat(self.scale, 0).repeat(self.scale, 1)
-            cell = cell_px_for_width(image.shape[1])
-            out = av.VideoFrame.from_ndarray(write_stamp(image, f.frame_index, f.action_seq, cell_px=cell),
-                                             format="rgb24").reformat(format="yuv420p")
-        else:
-            h, w = f.image.shape[:2]
-            out = av.VideoFrame.from_ndarray(f.image, format="rgb24").reformat(
-                width=w * self.scale, height=h * self.scale, format="yuv420p",
-                interpolation="BILINEAR" if self.scale > 1 else None)
+        out = picture.yuv420p(picture.prepare(f, scale=self.scale, stamp=self.stamp))
         out.pts, out.time_base = f.pts, f.time_base
         self.last_pts = f.pts
         self.frames_out += 1

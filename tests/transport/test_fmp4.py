@@ -13,7 +13,8 @@ import pytest
 
 from worldcast.sessions.session import VideoFrame
 from worldcast.transport import mp4box
-from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter, Fmp4Sink, picture_for
+from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter, Fmp4Sink
+from worldcast.transport.media import picture
 from worldcast.transport.stamp import read_stamp
 
 FPS = 20
@@ -175,7 +176,7 @@ def test_stamped_pictures_survive_h264_in_fmp4() -> None:
     frag = Fmp4Fragmenter.from_encoder(enc)
     data = enc.init_segment
     for i in range(5):
-        (s,) = enc.encode(picture_for(frame(i), scale=4, stamp=True))
+        (s,) = enc.encode(picture.yuv420p(picture.prepare(frame(i), scale=4, stamp=True)))
         data += frag.fragment(s)
     enc.close()
     with av.open(io.BytesIO(data)) as c:

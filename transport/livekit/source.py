@@ -40,7 +40,7 @@ from worldcast.sessions.clock import VIDEO_CLOCK_RATE
 from worldcast.sessions.session import VideoFrame
 from worldcast.transport.frame_queue import FrameQueue, QueuedSink
 from worldcast.transport.livekit.config import SourceKind
-from worldcast.transport.stamp import cell_px_for_width, write_stamp
+from worldcast.transport.media import picture
 
 logger = logging.getLogger(__name__)
 
@@ -57,18 +57,6 @@ def frame_metadata(frame: VideoFrame) -> rtc.FrameMetadata:
     """The frame's index (mod 2**32) and PTS in µs as LiveKit frame metadata."""
     return rtc.FrameMetadata(frame_id=frame.frame_index & 0xFFFFFFFF,
                              user_timestamp=frame.pts * 1_000_000 // VIDEO_CLOCK_RATE)
-
-
-def picture(frame: VideoFrame, *, scale: int, stamp: bool) -> np.ndarray:
-    """The picture a sink publishes: the frame upscaled `scale` times (nearest neighbour), stamped if asked.
-
-    Returns:
-        uint8 (H * scale, W * scale, 3) RGB, C-contiguous.
-    """
-    image = frame.image if scale == 1 else frame.image.repeat(scale, 0).repeat(scale, 1)
-    if stamp:
-        image = write_stamp(image, frame.frame_index, frame.action_seq, cell_px=cell_px_for_width(image.shape[1]))
-    return np.ascontiguousarray(image)
 
 
 class Publisher(Protocol):
@@ -143,7 +131,7 @@ class EncodedPublisher:
             frame_metadata_features=METADATA_FEATURES)
 
     def _encode(self, image: np.ndarray, pts: int, keyframe: bool) -> list[tuple[bytes, bool]]:
-        vf = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
+        vf = picture.yuv420p(image)
         vf.pts = pts
         if keyframe:
             vf.pict_type = av.video.frame.PictureType.I
@@ -231,7 +219,7 @@ class LiveKitVideoSink(QueuedSink):
 
             t0 = time.perf_counter()
             try:
-                ok = await self.publisher.publish(picture(f, scale=self.scale, stamp=self.stamp),
+                ok = await self.publisher.publish(picture.prepare(f, scale=self.scale, stamp=self.stamp),
                                                   self.timestamp_us(f), f, current)
             except Exception:  # noqa: BLE001 - one bad frame must not end the stream
                 logger.exception("LiveKitVideoSink: publishing frame %d failed", f.frame_index)

@@ -16,9 +16,8 @@ from worldcast.transport.livekit.source import (  # noqa: E402
     EncodedPublisher,
     LiveKitVideoSink,
     RawPublisher,
-    picture,
 )
-from worldcast.transport.stamp import read_stamp  # noqa: E402
+from worldcast.transport.media.picture import prepare  # noqa: E402
 
 
 def frame(i: int, *, epoch: int = 0, t0_s: float = 1000.0) -> VideoFrame:
@@ -83,27 +82,18 @@ async def test_sink_holds_two_drops_oldest_and_stale() -> None:
     await sink.aclose()  # idempotent
 
 
-def test_picture_scales_and_stamps() -> None:
-    f = frame(9)
-    img = picture(f, scale=4, stamp=True)
-    assert img.shape == (256, 256, 3) and img.flags["C_CONTIGUOUS"]
-    s = read_stamp(img)
-    assert s is not None and (s.frame_index, s.action_seq) == (9, 8)
-    assert np.array_equal(picture(f, scale=1, stamp=False), f.image)
-
-
 async def test_raw_and_encoded_publishers_feed_native_sources() -> None:
     raw = RawPublisher(128, 128)
-    assert await raw.publish(picture(frame(1), scale=2, stamp=False), 1_000_000, frame(1), lambda: True)
-    assert not await raw.publish(picture(frame(2), scale=2, stamp=False), 1_050_000, frame(2), lambda: False)
+    assert await raw.publish(prepare(frame(1), scale=2, stamp=False), 1_000_000, frame(1), lambda: True)
+    assert not await raw.publish(prepare(frame(2), scale=2, stamp=False), 1_050_000, frame(2), lambda: False)
     await raw.aclose()
 
     enc = EncodedPublisher(128, 128, max_bitrate_bps=1_000_000, fps=20)
-    assert await enc.publish(picture(frame(1), scale=2, stamp=False), 1_000_000, frame(1), lambda: True)
+    assert await enc.publish(prepare(frame(1), scale=2, stamp=False), 1_000_000, frame(1), lambda: True)
     assert enc.frames_encoded == 1 and not enc._need_key
     # flushed during the encode: dropped, and the next frame must be a keyframe
-    assert not await enc.publish(picture(frame(2), scale=2, stamp=False), 1_050_000, frame(2), lambda: False)
+    assert not await enc.publish(prepare(frame(2), scale=2, stamp=False), 1_050_000, frame(2), lambda: False)
     assert enc._need_key
-    packets = enc._encode(picture(frame(3), scale=2, stamp=False), 3 * 4500, True)
+    packets = enc._encode(prepare(frame(3), scale=2, stamp=False), 3 * 4500, True)
     assert packets and packets[0][1] and packets[0][0].startswith(b"\x00\x00\x00\x01")  # Annex B keyframe
     await enc.aclose()

@@ -1,0 +1,5 @@
+"""A session's frames on their way to the sinks: what every transport shares (issue 30's frame pipeline).
+
+Today: `picture`, the one preparation of a frame's picture (upscale, stamp, yuv420p) that the WebRTC track,
+the fMP4 stream and LiveKit all publish.
+"""
