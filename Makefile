@@ -50,7 +50,7 @@ precompile: $(VENV)/.installed
 test: $(VENV)/.installed web_demo/dist/index.html /usr/bin/chromium $(LIVEKIT_SERVER)
 	$(PY) -m pytest
 
-# Reproduce the shipped weights (about 35 min on 2 CPU cores) and their evaluation report.
+# Reproduce the shipped weights (about 45 min on 2 CPU cores) and their evaluation report.
 train: $(VENV)/.installed
 	$(PY) -m worldcast.models.tinyworld.train --seed 0 --steps 2500
 

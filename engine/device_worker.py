@@ -21,8 +21,8 @@ Failure policy (`StepRunner`):
   whose own share of a step (sampling its conditioning) overran, or whose
   step alone overran, is ended with an error. When a batched forward
   overruns, its sessions become suspects: their next steps run alone, and
-  a suspect whose solo step overruns is ended; one that runs in time is
-  cleared. While any step has been running for `stall_factor` timeouts,
+  a suspect whose solo step overruns is ended; one whose solo step of the
+  kind that overran (denoise or commit) runs in time is cleared. While any step has been running for `stall_factor` timeouts,
   the worker reports itself stalled (`/readyz` answers 503).
 - commit steps decode a chunk's frames and hand them to `on_frames` (the
   runner calls it itself) before the commit forward that applies the
@@ -609,7 +609,7 @@ class DeviceWorker:
         """The one way a session leaves the engine: rollout, scheduler entry, suspect mark, slot."""
         r = self.rollouts.pop(session_id, None)
         self.scheduler.remove(session_id)
-        self.runner.suspects.discard(session_id)
+        self.runner.suspects.pop(session_id, None)
         if r is not None:
             r.close()
         else:

@@ -105,6 +105,7 @@ class StagedChunk:
 
     serial: int  #: the rollout's chunk counter (identifies the chunk in a `BatchCache`)
     x_t: torch.Tensor  #: (F, C, h, w) current noisy latents
+    noise: torch.Tensor  #: (F, C, h, w) the chunk's initial noise (`ChunkConditioning.noise`)
     inputs: ChunkInputs  #: conditioning sampled at chunk start
     action: torch.Tensor  #: the chunk's actions as `group_actions` laid them out (e.g. (F, A')), on the device
     #: {name: (*shape)} the encoded conditioning on the device ({} when the spec says `context_in_chunks=False`
@@ -194,6 +195,7 @@ class ChunkRollout:
         self.staged = StagedChunk(
             serial=self._serial,
             x_t=noise,
+            noise=noise,
             inputs=inputs,
             action=torch.from_numpy(np.ascontiguousarray(acts, dtype=np.float32)).to(m.device),
             context=context,
@@ -274,6 +276,7 @@ class BatchCache:
                 context=context,
                 frame_index=torch.tensor([s.latent_indices for s in st], dtype=torch.int64, device=dev),  # type: ignore[union-attr]
                 frame_index_host=tuple(tuple(s.latent_indices) for s in st),  # type: ignore[union-attr]
+                noise=torch.stack([s.noise for s in st]),  # type: ignore[union-attr]
             )
             b = _Batch(cond=cond, view=rollouts[0].pool.view(tuple(r.slot for r in rollouts)))
             self._batches[key] = b
@@ -317,7 +320,7 @@ def switch_prompt(r: ChunkRollout) -> None:
     m = r.model
     cond = ChunkConditioning(action=s.action[None], context={k: v[None] for k, v in s.context.items()},
                              frame_index=torch.tensor([s.latent_indices], dtype=torch.int64, device=m.device),
-                             frame_index_host=(tuple(s.latent_indices),))
+                             frame_index_host=(tuple(s.latent_indices),), noise=s.noise[None])
     view = r.view()
     updates = m.set_prompt(cond, view)
     r.pool.apply(view, updates)
@@ -447,7 +450,8 @@ def finalize_batch(
 def _rows_cond(cond: ChunkConditioning, rows: list[int]) -> ChunkConditioning:
     return ChunkConditioning(action=cond.action[rows], context={k: v[rows] for k, v in cond.context.items()},
                              frame_index=cond.frame_index[rows],
-                             frame_index_host=tuple(cond.frame_index_host[i] for i in rows))
+                             frame_index_host=tuple(cond.frame_index_host[i] for i in rows),
+                             noise=None if cond.noise is None else cond.noise[rows])
 
 
 def run_chunk_batch(rollouts: list[ChunkRollout], cache: BatchCache | None = None, *, now_s: float = 0.0,

@@ -53,7 +53,10 @@ class StepRunner:
         self.emit = emit
         self.timer = timer
         self.cache = BatchCache()
-        self.suspects: set[str] = set()  #: sessions of an overrunning batch; they run alone until cleared
+        #: sessions of an overrunning batch -> the kind of step that overran; they run alone until a step of that
+        #: kind runs alone in time (a commit in time says nothing of a denoise step: with one denoising step a
+        #: chunk, a suspect would otherwise be cleared by its commit and batched again, overrunning forever)
+        self.suspects: dict[str, str] = {}
 
     def preempt(self, session_ids: list[str]) -> None:
         """Drop the staged chunks of `session_ids`, as a plan says (their persistent state is untouched)."""
@@ -105,18 +108,21 @@ class StepRunner:
             return [f for sid in ids for f in self._run_group(plan, [sid], now_s, failed, timer, began)]
         dt = self.perf_clock() - t0
         if dt <= self.timeout_s:
-            self.suspects.difference_update(ids)
+            for sid in ids:
+                if self.suspects.get(sid) == plan.kind:
+                    del self.suspects[sid]
             if not rerun:  # a clean run of exactly this batch (a re-run commit skips its decode: no measure)
                 timer.stop(token, plan.kind, len(ids))
             return frames
         if len(ids) == 1 and ids[0] in self.suspects:
-            self.suspects.discard(ids[0])
+            del self.suspects[ids[0]]
             failed[ids[0]] = f"{plan.kind} step timed out: {dt * 1e3:.0f} ms alone, over {self.timeout_s * 1e3:.0f} ms"
             logger.warning("Session(%s): %s", ids[0], failed[ids[0]])
             return []
         logger.warning("%s step of %d session(s) took %.0f ms (timeout %.0f ms): running them alone next",
                        plan.kind, len(ids), dt * 1e3, self.timeout_s * 1e3)
-        self.suspects.update(ids)  # the step finished: keep its results, isolate its sessions from now on
+        # the step finished: keep its results, isolate its sessions from now on
+        self.suspects.update({sid: plan.kind for sid in ids})
         return frames
 
     def execute(self, plan: StepSchedulerOutput, now_s: float) -> StepRunnerOutput:

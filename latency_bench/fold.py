@@ -56,6 +56,7 @@ class FoldCase:
         k_ring, v_ring: (B, layers, L, H, hd) the ring before chunk j's commit; mask: its `fold_mask`.
         x_t: (B, 1, C, h, w) chunk j + 1's noise; t: (B,) its first flow time.
         ref_x0, ref_k, ref_v: the unfolded way's x0 of chunk j + 1 and chunk j's committed K/V.
+        draw_noise: (B, 1, 1, h, w) chunk j + 1's draw noise (`TinyWorldModel.draw_noise`).
         fold_fn: `fold_step`, eager or compiled.
     """
 
@@ -73,6 +74,7 @@ class FoldCase:
     ref_x0: torch.Tensor
     ref_k: torch.Tensor
     ref_v: torch.Tensor
+    draw_noise: torch.Tensor
     fold_fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = fold_step  #: eager or compiled
 
     def unfolded(self) -> None:
@@ -88,7 +90,8 @@ class FoldCase:
         prompt_prev = self.cond_prev.context["prompt"][:, None]
         prompt_new = self.cond_new.context["prompt"][:, None]
         return self.fold_fn(m.net, self.x0_prev, self.prev_prev, self.x_t, self.t[:, None], self.cond_prev.action,
-                            self.cond_new.action, prompt_prev, prompt_new, self.k_ring, self.v_ring, self.mask)
+                            self.cond_new.action, prompt_prev, prompt_new, self.k_ring, self.v_ring, self.mask,
+                            self.draw_noise)
 
 
 def make_case(model: TinyWorldModel, *, batch: int, warm_chunks: int = 6,
@@ -122,8 +125,9 @@ def make_case(model: TinyWorldModel, *, batch: int, warm_chunks: int = 6,
     ref_x0 = model.denoise(x_t, t, b_new.cond, b_new.view)
     mask = fold_mask(kf, b_new.cond.frame_index[:, :1], alibi_slopes(model.cfg.heads).to(kf.device), model.cfg,
                      model.precision)
+    draw_noise = model.draw_noise(b_new.cond, b_new.view)  # the chunk's, as its denoising pass drew with
     return FoldCase(runner, b_new.view, x0_prev, prev_prev, cond_prev, b_new.cond, k_ring, v_ring, mask, x_t, t,
-                    ref_x0, ref_k, ref_v, fold_fn)
+                    ref_x0, ref_k, ref_v, draw_noise, fold_fn)
 
 
 @dataclass

@@ -145,6 +145,10 @@ class ChunkConditioning:
             (it keeps what it derives, e.g. a prompt cache, in declared state).
         frame_index: int64 (B, F) absolute latent frame index of each of the chunk's frames.
         frame_index_host: the same on the host (for decisions that must not sync with the device).
+        noise: float32 (B, F, C, h, w) each session's initial noise for the chunk, as `begin_chunk` drew it
+            from the session's generator (None in an init step, which draws none). Every step and the
+            commit see the same; a model whose commit depends on it (TinyWorld's draw noise) reads it here,
+            since a chunk's steps and its commit may run in different batches.
         memo: per-chunk values a model derives once and reuses across steps (e.g. attention masks);
             valid while the batch and the chunk are unchanged.
     """
@@ -153,6 +157,7 @@ class ChunkConditioning:
     context: dict[str, torch.Tensor]
     frame_index: torch.Tensor
     frame_index_host: tuple[tuple[int, ...], ...] = ()
+    noise: torch.Tensor | None = None
     memo: dict[str, object] = field(default_factory=dict)
 
     @property

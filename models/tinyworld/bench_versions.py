@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
             rows: list[dict[str, object]] = []
             for i in range(args.rounds):
                 extra = ["--no-compile"] if args.no_compile else []
-                rows += _bench(str(shim), f"old {args.old}", args.batches, args.repeats, Path(tmp) / f"old{i}.json", extra)
+                rows += _bench(str(shim), f"old {args.old}", args.batches, args.repeats, Path(tmp) / f"old{i}.json",
+                               extra)
                 rows += _bench(None, "new", args.batches, args.repeats, Path(tmp) / f"new{i}.json", extra)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], check=False)

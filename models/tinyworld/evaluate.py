@@ -37,6 +37,7 @@ import logging
 import math
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -44,8 +45,6 @@ import numpy as np
 import torch
 
 from worldcast.models.spec import dtype_from_name, dtype_name
-import sys
-
 from worldcast.models.tinyworld import playtest, world
 from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, TIMESTEPS, TinyWorldModel
 from worldcast.models.tinyworld.prompts import HELDOUT_PARAPHRASES, TRAIN_CAPTIONS
@@ -279,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ref = per[names[0]]
     report = {
         "weights": str(args.weights),
-        "command": "python -m worldcast.models.tinyworld.evaluate " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m worldcast.models.tinyworld.evaluate "
+                   + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "torch_threads": args.threads, "load_avg_1m_end": round(os.getloadavg()[0], 2)},
         "play_test": {"minutes": args.minutes, "served_way": way, **played},

@@ -46,7 +46,7 @@ def fold_mask(ring_frame: torch.Tensor, c0: torch.Tensor, slopes: torch.Tensor, 
 def fold_step(net: TinyWorldDenoiser, x0_prev: torch.Tensor, prev_prev: torch.Tensor, x_t: torch.Tensor,
               t: torch.Tensor, action_prev: torch.Tensor, action: torch.Tensor, prompt_prev: torch.Tensor,
               prompt: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor,
-              mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              mask: torch.Tensor, draw_noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One forward for the commit of frame j and the first denoising step of frame j + 1.
 
     Args:
@@ -55,6 +55,7 @@ def fold_step(net: TinyWorldDenoiser, x0_prev: torch.Tensor, prev_prev: torch.Te
         action_prev, action: (B, 1, A) each frame's action; prompt_prev, prompt: (B, 1, P) each frame's prompt.
         k_ring, v_ring: (B, layers, L, H, hd) the ring before frame j's commit.
         mask: `fold_mask` of that ring.
+        draw_noise: (B, 1, 1, h, w) float32 frame j + 1's draw noise (`TinyWorldModel.draw_noise`).
 
     Returns:
         float32 x0 (B, 1, C, h, w) of frame j + 1, and frame j's keys and values, each
@@ -65,8 +66,9 @@ def fold_step(net: TinyWorldDenoiser, x0_prev: torch.Tensor, prev_prev: torch.Te
     x = torch.cat([x0_prev, x_t], dim=1)
     prev = torch.cat([prev_prev, x0_prev], dim=1)
     tt = torch.cat([torch.zeros_like(t), t], dim=1)
+    noise = torch.cat([torch.zeros_like(draw_noise), draw_noise], dim=1)  # frame j draws nothing (it is committed)
     x0, kv = net(x, prev, tt, torch.cat([action_prev, action], dim=1), torch.cat([prompt_prev, prompt], dim=1),
-                 ChunkRingAttention(k_ring, v_ring, mask), predict_from=1)
+                 ChunkRingAttention(k_ring, v_ring, mask), predict_from=1, draw_noise=noise)
     assert x0 is not None
     k = torch.stack([k[:, :T] for k, _ in kv], dim=1)
     v = torch.stack([v[:, :T] for _, v in kv], dim=1)

@@ -49,6 +49,7 @@ from worldcast.models.tinyworld.network import (
     TinyWorldConfig,
     TinyWorldDenoiser,
     alibi_slopes,
+    carry_noise,
     to_frame_space,
     to_pixels,
 )
@@ -61,10 +62,10 @@ DEFAULT_WEIGHTS = Path(__file__).parent / "weights" / "tinyworld.safetensors"
 
 #: Frames per second the model was trained to depict (camera speeds are per frame).
 FPS = 20
-#: Denoising steps' flow times, with the deterministic rectified-flow update between them: measured against
-#: Self-Forcing's re-noising step (`models.base.renoise_update`), which threw away the noise that new content
-#: grows from and left the revealed strip at its mean (MODEL_CARD.md).
-TIMESTEPS = (1.0, 2 / 3, 1 / 3)
+#: Denoising passes' flow times: one pass from pure noise, which paints the expected terrain and draws the
+#: objects from their predicted probability (`network.draw_objects`), then the commit. (The first TinyWorld 2
+#: weights, commit 913aac7, took three deterministic passes and still painted the mean: MODEL_CARD.md.)
+TIMESTEPS = (1.0,)
 
 #: float32 (the reference) or bfloat16; bfloat16 qualifies when every frame of the warm-up check keeps
 #: at least 30 dB PSNR against float32's (measured in `make evaluate`'s warm-up: 64.6 dB over four chunks
@@ -77,8 +78,9 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
 
     State: "kv", the self-attention ring (sink + rolling window of frames), and
     "prev", the last committed frame (each frame starts from it, warped by its action),
-    both in `dtype`. Latents are frames (3, S, S) in frame space, one per chunk; the init
-    step commits the initial picture as frame 0. Conditioning: a text prompt,
+    both in `dtype`; "noise", float32 (1, S, S), the noise objects are drawn from, carried
+    with the camera (`network.carry_noise`). Latents are frames (3, S, S) in frame space, one
+    per chunk; the init step commits the initial picture as frame 0. Conditioning: a text prompt,
     encoded as "prompt" float32 (prompt_dim,), a sentence embedding, part of every chunk.
     """
     latent = (cfg.channels, cfg.frame_size, cfg.frame_size)
@@ -95,6 +97,7 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
                               tokens_per_frame=cfg.tokens_per_frame, window_frames=cfg.window_frames,
                               sink_frames=cfg.sink_frames, dtype=dtype),
             TensorStateSpec("prev", shape=latent, dtype=dtype),
+            TensorStateSpec("noise", shape=(1, cfg.frame_size, cfg.frame_size), dtype=torch.float32),
         ),
         actions=ACTIONS,
         conditioning=dataclasses.replace(CONDITIONING, tensors=(("prompt", (cfg.prompt_dim,), torch.float32),)),
@@ -129,13 +132,14 @@ def ring_bias(ring_frame: torch.Tensor, c0: torch.Tensor, slopes: torch.Tensor, 
 
 def denoise_step(net: TinyWorldDenoiser, x_t: torch.Tensor, prev: torch.Tensor, t: torch.Tensor,
                  action: torch.Tensor, prompt: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor,
-                 mask: torch.Tensor) -> torch.Tensor:
+                 mask: torch.Tensor, draw_noise: torch.Tensor) -> torch.Tensor:
     """One denoising pass: noisy latents (B, F, C, h, w) at flow times t (B, F) -> float32 x0 (B, F, C, h, w).
 
     action (B, F, A), prompt (B, F, P); k_ring, v_ring (B, layers, L, H, hd), mask (B, H, 1, L + F*T)
-    as `ChunkRingAttention` takes them. Computes in the weights' dtype.
+    as `ChunkRingAttention` takes them; draw_noise float32 (B, F, 1, h, w) the noise objects are drawn
+    from (`network.carry_noise`). Computes in the weights' dtype.
     """
-    x0, _ = net(x_t, prev, t, action, prompt, ChunkRingAttention(k_ring, v_ring, mask))
+    x0, _ = net(x_t, prev, t, action, prompt, ChunkRingAttention(k_ring, v_ring, mask), draw_noise=draw_noise)
     assert x0 is not None
     return x0.float()
 
@@ -212,6 +216,7 @@ class TinyWorldModel(WorldModel):
         # channels-last convolutions: the MLP's depthwise conv reads the token grid (B*F, g, g, hidden)
         # as an NHWC view with no copy, and oneDNN runs NHWC convs without reordering their input
         net = net.to(self.device).eval()
+        net.draw = True  # serving draws each frame's objects (`network.draw_objects`)
         for blk in net.blocks:
             blk.dw.to(memory_format=torch.channels_last)
         for p in net.parameters():
@@ -224,6 +229,8 @@ class TinyWorldModel(WorldModel):
 
         Raises:
             FileNotFoundError: no weights at `path`.
+            ValueError: the weights were saved by another network (their config's fields or painter differ
+                from this code's, or their tensors do not fit it).
         """
         path = Path(path) if path is not None else DEFAULT_WEIGHTS
         if not path.exists():
@@ -233,11 +240,12 @@ class TinyWorldModel(WorldModel):
 
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads(f.metadata()["config"])
-        try:
-            cfg = TinyWorldConfig(**meta)
-        except TypeError as e:
-            raise ValueError(f"TinyWorld weights at {path} were trained for another network ({meta}); "
-                             "retrain them with python -m worldcast.models.tinyworld.train") from e
+        fields = {f.name for f in dataclasses.fields(TinyWorldConfig)}
+        if set(meta) != fields or meta.get("painter") != TinyWorldConfig.painter:
+            raise ValueError(f"TinyWorld weights at {path} were trained for another network ({meta}; this code's "
+                             f"config has {sorted(fields)} and painter {TinyWorldConfig.painter!r}); retrain them "
+                             "with python -m worldcast.models.tinyworld.train")
+        cfg = TinyWorldConfig(**meta)
         sd = load_file(str(path))
         net = TinyWorldDenoiser(cfg)
         try:
@@ -370,20 +378,38 @@ class TinyWorldModel(WorldModel):
     def _prompt(self, cond: ChunkConditioning, frames: int) -> torch.Tensor:
         return cond.context["prompt"][:, None].expand(-1, frames, -1)  # (B, F, P)
 
-    def _commit(self, x0: torch.Tensor, prev: torch.Tensor, cond: ChunkConditioning,
+    def _commit(self, x0: torch.Tensor, prev: torch.Tensor, noise: torch.Tensor, cond: ChunkConditioning,
                 state: StateView) -> StateUpdates:
         zeros = torch.zeros(x0.shape[:2], device=x0.device)
         k, v = self._steps["commit"](x0, prev, zeros, cond.action, self._prompt(cond, x0.shape[1]),
                                      *self._ring(cond, state))
         layers = range(self.cfg.layers)
         return {"kv": RingWrite(cond.frame_index, [k[:, i] for i in layers], [v[:, i] for i in layers]),
-                "prev": Replace(x0[:, -1])}
+                "prev": Replace(x0[:, -1]), "noise": Replace(noise)}
+
+    def draw_noise(self, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
+        """The chunk's draw noise (B, 1, 1, h, w) float32: the state's, carried with the camera, fresh where the
+        move reveals pixels from the first plane of the chunk's initial noise (`ChunkConditioning.noise`, the
+        x_t its first pass starts from); the same in every batch the chunk's steps and commit run in.
+
+        Raises:
+            ValueError: the conditioning carries no initial noise (an init step).
+        """
+        memo = cond.memo.get("draw_noise")
+        if memo is None:
+            if cond.noise is None:
+                raise ValueError("TinyWorld draws from the chunk's initial noise; this chunk's conditioning has none")
+            fresh = cond.noise[:, 0, :1].float()
+            memo = cond.memo["draw_noise"] = carry_noise(state.tensor("noise"), fresh, cond.action[:, 0],
+                                                         self.net.marker)[:, None]
+        return memo
 
     @torch.no_grad()
     def init_state(self, frames: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
         """Commit the initial picture as latent frame 0: its keys and values, and it as `prev`."""
         z = self.encode_frames(frames)  # (B, 1, C, h, w)
-        return self._commit(z, z, cond, state)
+        # the first view's draw noise: zeros (no object is drawn in it; the first strips' draws lean on fresh noise)
+        return self._commit(z, z, torch.zeros_like(state.tensor("noise")), cond, state)
 
     @torch.no_grad()
     def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
@@ -391,10 +417,11 @@ class TinyWorldModel(WorldModel):
         prev = state.tensor("prev")[:, None]  # (B, 1, C, h, w)
         tt = t[:, None].expand(-1, x_t.shape[1]).contiguous()
         return self._steps["denoise"](x_t, prev, tt, cond.action, self._prompt(cond, x_t.shape[1]),
-                                      *self._ring(cond, state))
+                                      *self._ring(cond, state), self.draw_noise(cond, state))
 
     @torch.no_grad()
     def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
         """The clean pass at flow time 0 over the frame as shown (clamped to [-1, 1]): the chunk's keys and
-        values, and its last frame as `prev`."""
-        return self._commit(x0.clamp(-1, 1), state.tensor("prev")[:, None], cond, state)
+        values, its last frame as `prev`, and its draw noise as `noise`."""
+        return self._commit(x0.clamp(-1, 1), state.tensor("prev")[:, None], self.draw_noise(cond, state)[:, 0], cond,
+                            state)

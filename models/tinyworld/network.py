@@ -23,14 +23,25 @@ Design (TinyWorld 2; why it keeps a world alive on a CPU budget):
 - Cuts: a prompt that changes the world repaints the whole frame. A per-frame
   classifier (pooled tokens; trained on the simulator's own switches) says
   when; serving thresholds it, so a frame is either kept-and-extended or cut.
-- Palette painting: what the network paints is a per-pixel softmax mix of five
-  colours, three world colours predicted from the prompt and two overlay colours
-  allowed only on the marker; the worlds are drawn in three colours
-  (`world.PALETTES`), so a confident logit paints an exact world colour. (Where
-  the future is uncertain the MSE-trained painter still paints the mean: new
-  objects at the edges are rare; MODEL_CARD.md, Limits.)
+- Painting as the world is drawn: three world colours predicted from the prompt
+  (low and high terrain, object) and two overlay colours allowed only on the
+  marker (`world.PALETTES`, `world.render_view`). Per pixel the network predicts
+  a terrain height (a mix of the two terrain colours, smooth and nearly
+  certain) and the probability that an object covers the pixel (trained with
+  cross-entropy against the simulator's object coverage, so it is calibrated).
+- Drawn objects: an MSE-trained painter paints the mean wherever the future is
+  uncertain, and a new object at the edge always is: the first TinyWorld 2
+  weights (commit 913aac7) painted their strips in the terrain's mean
+  continuation and lost their objects (MODEL_CARD.md). Training and passes
+  below flow time 1 paint the expected picture; serving *draws* the objects:
+  a pixel is object where a smooth, object-sized standard normal field lies
+  below the probability's normal quantile (a Gaussian copula, `draw_objects`).
+  The field's noise lives in world coordinates: it moves with the camera like
+  the picture (`carry_noise`), so the next strip continues the last one's
+  draws and an object comes out as one blob, not as streaks; once painted, it
+  is copied like any known pixel.
 - A full-resolution convolutional pixel head turns the transformer's per-patch
-  features into those logits, so edges are per pixel, not per 8x8 patch.
+  features into those per-pixel planes, so edges are per pixel, not per 8x8 patch.
 - Frames attend causally to a bounded set of earlier frames (a rolling window
   plus attention-sink frames; Xiao et al. 2023), with ALiBi-style biases over
   frame age (Press et al. 2022): no absolute time position, so positions never
@@ -56,10 +67,20 @@ from worldcast.kernels.attention import attention
 from worldcast.kernels.frame_attention import FrameAgeBias
 from worldcast.models.tinyworld import world
 
-#: Colours the network paints with: three world colours from the prompt, then two overlay colours.
+#: Colours the network paints with: three world colours from the prompt (low terrain, high terrain, object),
+#: then two overlay colours.
 WORLD_COLOURS = 3
 OVERLAY_COLOURS = 2
 PALETTE = WORLD_COLOURS + OVERLAY_COLOURS
+#: The pixel head's output planes: terrain height logit, object logit, then the layer logits of (world, overlay 1,
+#: overlay 2).
+HEIGHT, OBJECT, LAYERS = 0, 1, slice(2, 5)
+HEAD_PLANES = 2 + 1 + OVERLAY_COLOURS
+#: Smoothing (pixels, Gaussian sigma) of the field objects are drawn from (`draw_objects`): about the simulator's
+#: objects (discs of radius 2-5 px, `world.WorldMap.generate`). Chosen among 1.5-5 px by looking at offline
+#: rollouts on map seeds other than the play test's (not a command kept in the repository): smaller fields draw
+#: ragged, speckled blobs whose edges alone double a world's texture.
+DRAW_SIGMA_PX = 4.0
 #: Input planes per pixel: the noisy frame where the warp cannot show the pixel (3), the warped previous frame (3),
 #: the known mask (1).
 INPUT_PLANES = 7
@@ -81,6 +102,9 @@ class TinyWorldConfig:
     sink_frames: int = 1  #: attention-sink frames kept forever
     pixel_features: int = 8  #: per-pixel features the transformer hands the pixel head
     head_width: int = 24  #: channels of the pixel head's convolutions
+    #: what the pixel head's planes mean (`paint`): terrain height, object probability, layers. Weights saved with
+    #: another (or none: the first TinyWorld 2 weights mixed a 5-colour palette) are refused on loading.
+    painter: str = "height-object"
 
     def __post_init__(self) -> None:
         assert self.width % self.heads == 0, "width must divide by heads"
@@ -177,10 +201,10 @@ def warp(prev: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor, marker: torch.T
 class Palette(nn.Module):
     """The colours a frame is painted with: (N, P) prompt embeddings -> (N, 5, 3) frame-space colours.
 
-    Three world colours come from the prompt (an MLP); the two overlay colours (the marker,
-    white and gold in the simulator) are learned constants. The last layer starts at three
-    distinct greys, not zeros: with equal colours no mixing logit gets a gradient, and the
-    colours get equal gradients forever (every painted pixel stays the world's mean).
+    Three world colours come from the prompt (an MLP): low terrain, high terrain, object (`paint`);
+    the two overlay colours (the marker, white and gold in the simulator) are learned constants. The
+    last layer starts at three distinct greys, not zeros: with equal colours the height and object
+    logits get no gradient.
     """
 
     def __init__(self, cfg: TinyWorldConfig) -> None:
@@ -198,14 +222,74 @@ class Palette(nn.Module):
         return torch.cat([w, self.overlay[None].expand(n, -1, -1)], dim=1)
 
 
-def paint(logits: torch.Tensor, colours: torch.Tensor, overlay_bias: torch.Tensor) -> torch.Tensor:
-    """Per-pixel softmax mix of the palette: logits (N, 5, S, S), colours (N, 5, 3) -> (N, 3, S, S).
+def paint(head: torch.Tensor, colours: torch.Tensor, overlay_bias: torch.Tensor,
+          objects: torch.Tensor | None = None) -> torch.Tensor:
+    """The picture the head's planes describe: head (N, 5, S, S), colours (N, 5, 3) -> (N, 3, S, S).
 
-    overlay_bias (5, S, S) adds 0 where a colour is allowed and -1e4 where it is not (the overlay
-    colours outside the marker).
+    As `world.render_view` draws: terrain = low + sigmoid(height) (high - low); the world pixel is
+    terrain (1 - o) + object o; the layer logits (softmax, with overlay_bias (3, S, S): 0 where a
+    layer is allowed, -1e4 where not, i.e. the overlay colours outside the marker) mix the world
+    pixel with the two overlay colours.
+
+    Args:
+        objects: (N, 1, S, S) object coverage o to paint with (a draw, `draw_objects`); None: the
+            head's probability sigmoid(object logit), the expected picture.
     """
-    w = torch.softmax(logits + overlay_bias, dim=1)
-    return torch.einsum("nkhw,nkc->nchw", w, colours)
+    lo, hi, ob = (colours[:, i, :, None, None] for i in range(WORLD_COLOURS))  # (N, 3, 1, 1)
+    terrain = lo + torch.sigmoid(head[:, HEIGHT:HEIGHT + 1]) * (hi - lo)
+    o = torch.sigmoid(head[:, OBJECT:OBJECT + 1]) if objects is None else objects
+    pixel = torch.lerp(terrain, ob.expand_as(terrain), o)
+    w = torch.softmax(head[:, LAYERS] + overlay_bias, dim=1)  # (N, 3, S, S)
+    return (w[:, :1] * pixel + torch.einsum("nkhw,nkc->nchw", w[:, 1:], colours[:, WORLD_COLOURS:]))
+
+
+def carry_noise(noise_prev: torch.Tensor, fresh: torch.Tensor, action: torch.Tensor,
+                marker: torch.Tensor) -> torch.Tensor:
+    """The noise objects are drawn from, anchored to the world: the previous frame's noise moved by the
+    camera like the picture (`warp`), fresh noise where the move cannot show it (the revealed strip, the
+    marker).
+
+    Args:
+        noise_prev: (N, 1, S, S) the previous frame's draw noise, standard normal per pixel.
+        fresh: (N, 1, S, S) new standard normal noise (the pass's own).
+        action: (N, A) the frame's actions.
+        marker: bool (S, S) the marker's pixels.
+
+    Returns:
+        (N, 1, S, S) in noise_prev's dtype: still i.i.d. standard normal per world position.
+    """
+    warped, known = warp(noise_prev, *camera_shift(action), marker)
+    return torch.where(known > 0, warped, fresh.to(noise_prev.dtype))
+
+
+def draw_objects(object_logit: torch.Tensor, eps: torch.Tensor, sigma_px: float = DRAW_SIGMA_PX) -> torch.Tensor:
+    """Draw object coverage from its per-pixel probabilities with spatially correlated noise.
+
+    A pixel is object where z < Phi^-1(p), p = sigmoid(object_logit), z a smooth standard normal field
+    made from the plane eps: blurred by a Gaussian of `sigma_px` pixels (circular padding) and divided
+    by the kernel's L2 norm, so each pixel stays N(0, 1) exactly. That is a Gaussian copula: every pixel
+    keeps its own probability P(z < Phi^-1(p)) = p, while neighbours draw alike, so objects come as
+    blobs a few pixels across rather than salt and pepper. The edge is anti-aliased as the simulator's
+    discs are (`world.WorldMap.generate`: a 1-pixel ramp): coverage ramps linearly over about one
+    pixel of the field's slope, clamp((Phi^-1(p) - z) * sigma_px + 1/2, 0, 1) (the field changes by
+    about 1 / sigma_px per pixel).
+
+    Args:
+        object_logit: (N, 1, S, S) logits of object coverage.
+        eps: (N, 1, S, S) i.i.d. standard normal noise (`carry_noise`: a serving session's, from its
+            seed, anchored to the world).
+
+    Returns:
+        (N, 1, S, S) coverage in [0, 1] (0 or 1 away from an edge), in object_logit's dtype.
+    """
+    r = max(1, int(math.ceil(3 * sigma_px)))
+    k1 = torch.exp(-0.5 * (torch.arange(-r, r + 1, device=eps.device, dtype=torch.float32) / sigma_px) ** 2)
+    k2 = k1[:, None] * k1[None, :]
+    k2 = (k2 / k2.square().sum().sqrt())[None, None]
+    z = F.conv2d(F.pad(eps.float(), (r, r, r, r), mode="circular"), k2)
+    p = torch.sigmoid(object_logit.float()).clamp(1e-6, 1 - 1e-6)
+    level = math.sqrt(2) * torch.erfinv(2 * p - 1)  # Phi^-1(p)
+    return ((level - z) * sigma_px + 0.5).clamp(0, 1).to(object_logit.dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -398,12 +482,12 @@ class Block(nn.Module):
 
 
 class PixelHead(nn.Module):
-    """Full-resolution convolutions from per-pixel features to palette logits.
+    """Full-resolution convolutions from per-pixel features to the planes `paint` reads.
 
     Input: the transformer's features unpatchified to (N, pixel_features, S, S) beside the
     frame's own inputs (N, 7, S, S) (noisy frame where unknown, warped previous frame, known mask);
     conditioning (N, D) modulates the middle layer (FiLM, zero-initialised).
-    Output: (N, 5, S, S) palette logits.
+    Output: (N, 5, S, S) planes for `paint`: height logit, object logit, three layer logits.
     """
 
     def __init__(self, cfg: TinyWorldConfig) -> None:
@@ -412,12 +496,14 @@ class PixelHead(nn.Module):
         self.conv_in = nn.Conv2d(cfg.pixel_features + INPUT_PLANES, w, 3, 1, 1)
         self.conv_mid = nn.Conv2d(w, w, 3, 1, 1)
         self.film = nn.Linear(cfg.width, 2 * w)
-        self.conv_out = nn.Conv2d(w, PALETTE, 3, 1, 1)
+        self.conv_out = nn.Conv2d(w, HEAD_PLANES, 3, 1, 1)
         nn.init.zeros_(self.film.weight)
         nn.init.zeros_(self.film.bias)
         # small random, not zero: zero logits give every colour the same weight and no gradient to split them
         nn.init.normal_(self.conv_out.weight, std=0.01)
         nn.init.zeros_(self.conv_out.bias)
+        with torch.no_grad():
+            self.conv_out.bias[OBJECT] = -3.0  # objects cover a few % of the world
 
     def forward(self, feat: torch.Tensor, planes: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         h = F.gelu(self.conv_in(torch.cat([feat, planes], dim=1)))
@@ -459,9 +545,11 @@ class TinyWorldDenoiser(nn.Module):
         S = cfg.frame_size
         marker = marker_mask(S)
         self.register_buffer("marker", marker, persistent=False)
-        bias = torch.zeros(PALETTE, S, S)
-        bias[WORLD_COLOURS:] = torch.where(marker, 0.0, -1e4)
+        bias = torch.zeros(1 + OVERLAY_COLOURS, S, S)
+        bias[1:] = torch.where(marker, 0.0, -1e4)
         self.register_buffer("overlay_bias", bias, persistent=False)
+        #: whether passes at flow time 1 draw their objects (`draw_objects`; serving) or paint the expected picture
+        self.draw = False
 
     # -- token layout ---------------------------------------------------------
 
@@ -499,6 +587,7 @@ class TinyWorldDenoiser(nn.Module):
         *,
         kv_only: bool = False,
         predict_from: int = 0,
+        draw_noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Predict clean frames of F frames and return their keys and values.
 
@@ -514,6 +603,8 @@ class TinyWorldDenoiser(nn.Module):
                 block then computes just its K/V projection and the head is skipped.
             predict_from: predict x0 only for frames predict_from.. (a sequence whose earlier
                 frames are context).
+            draw_noise: (B, F, 1, S, S) float32 the noise objects are drawn from where `self.draw`
+                is set (`carry_noise`); None: the first plane of x_t (fresh each frame).
 
         Returns:
             x0: (B, F - predict_from, 3, S, S) predicted clean frames (None when `kv_only`), and
@@ -521,7 +612,8 @@ class TinyWorldDenoiser(nn.Module):
             dtype (inputs of any float dtype are cast to it on entry). A frame is a cut where
             its cut logit is positive.
         """
-        x0, kv, _ = self.predict(x_t, prev, t, action, prompt, attend, kv_only=kv_only, predict_from=predict_from)
+        x0, kv, _, _ = self.predict(x_t, prev, t, action, prompt, attend, kv_only=kv_only, predict_from=predict_from,
+                                    draw_noise=draw_noise)
         return x0, kv
 
     def predict(
@@ -536,18 +628,27 @@ class TinyWorldDenoiser(nn.Module):
         kv_only: bool = False,
         predict_from: int = 0,
         cut: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
-        """`forward`, also returning the cut logits (B, F - predict_from) (None when `kv_only`).
+        draw_noise: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None,
+               torch.Tensor | None]:
+        """`forward`, also returning the cut logits (B, F - predict_from) and the object logits
+        (B, F - predict_from, 1, S, S) (both None when `kv_only`).
 
         cut: bool (B, F - predict_from) which predicted frames to treat as cuts (training passes the
         truth, so the painter learns both jobs while the classifier learns from its own loss);
         None: where the logit is positive.
+
+        With `self.draw` set (serving), frames at flow time 1 draw their objects from the object
+        probabilities with `draw_noise` (`draw_objects`); other passes, and training, paint the
+        expected picture.
         """
         cfg = self.cfg
         B, Fr = x_t.shape[:2]
         S, T = cfg.frame_size, cfg.tokens_per_frame
         assert x_t.shape == prev.shape, f"x_t {tuple(x_t.shape)} vs prev {tuple(prev.shape)}"
         dt = self.inp.weight.dtype
+        # objects are drawn from the noise as given (float32 when serving), at full precision
+        noise = x_t[:, :, :1] if draw_noise is None else draw_noise
         x_t, prev, action, prompt = x_t.to(dt), prev.to(dt), action.to(dt), prompt.to(dt)
         dx, dy = camera_shift(action.flatten(0, 1))
         warped, known = warp(prev.flatten(0, 1), dx, dy, self.marker)
@@ -565,7 +666,7 @@ class TinyWorldDenoiser(nn.Module):
             x, kv = blk(x, cond, attend, i, kv_only=kv_only and i == last)
             new_kv.append(kv)
         if kv_only:
-            return None, new_kv, None
+            return None, new_kv, None, None
         k = predict_from
         x, cond = self.norm(x[:, k:]), cond[:, k:]
         Fo = Fr - k
@@ -575,9 +676,17 @@ class TinyWorldDenoiser(nn.Module):
         feat = self.unpatchify(feat.flatten(0, 1), cfg.pixel_features)  # (B*Fo, pf, S, S)
         sel = lambda z: z.view(B, Fr, *z.shape[1:])[:, k:].flatten(0, 1)  # noqa: E731
         planes, warped, known = sel(planes), sel(warped), sel(known)
-        logits = self.head(feat, planes, cond.flatten(0, 1))  # (B*Fo, 5, S, S)
-        painted = paint(logits, self.colours(prompt[:, k:].flatten(0, 1)), self.overlay_bias.to(dt))
+        head = self.head(feat, planes, cond.flatten(0, 1))  # (B*Fo, 5, S, S)
+        colours, overlay_bias = self.colours(prompt[:, k:].flatten(0, 1)), self.overlay_bias.to(dt)
+        object_logit = head[:, OBJECT:OBJECT + 1]
+        if self.draw:
+            drawn = draw_objects(object_logit, sel(noise.flatten(0, 1))[:, :1])
+            first = t[:, k:].reshape(-1, 1, 1, 1) >= 1
+            objects = torch.where(first, drawn, torch.sigmoid(object_logit))
+        else:
+            objects = None
+        painted = paint(head, colours, overlay_bias, objects)
         is_cut = (cut_logit > 0) if cut is None else cut.to(torch.bool)
         keep = (known > 0) & ~is_cut.reshape(-1, 1, 1, 1)  # (B*Fo, 1, S, S)
         x0 = torch.where(keep, warped, painted)
-        return x0.view(B, Fo, cfg.channels, S, S), new_kv, cut_logit
+        return x0.view(B, Fo, cfg.channels, S, S), new_kv, cut_logit, object_logit.view(B, Fo, 1, S, S)

@@ -13,7 +13,13 @@ from collections.abc import Iterator
 import torch
 
 from worldcast.models.base import rectified_flow_update
-from worldcast.models.tinyworld.network import DenseAttention, TinyWorldConfig, TinyWorldDenoiser, frame_age_bias
+from worldcast.models.tinyworld.network import (
+    DenseAttention,
+    TinyWorldConfig,
+    TinyWorldDenoiser,
+    carry_noise,
+    frame_age_bias,
+)
 
 
 class ListKV:
@@ -49,6 +55,7 @@ def _step(
     prompt: torch.Tensor,
     frame_index: int,
     cache: ListKV,
+    draw_noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     cfg = net.cfg
     B, T = x.shape[0], cfg.tokens_per_frame
@@ -60,7 +67,8 @@ def _step(
         kv, kf = None, q
     bias = frame_age_bias(q, kf, torch.ones_like(kf, dtype=torch.bool), cfg=cfg)
     tt = torch.full((B, 1), t)
-    return net(x[:, None], prev[:, None], tt, action[:, None], prompt[:, None], DenseAttention(kv, bias))
+    return net(x[:, None], prev[:, None], tt, action[:, None], prompt[:, None], DenseAttention(kv, bias),
+               draw_noise=None if draw_noise is None else draw_noise[:, None])
 
 
 @torch.no_grad()
@@ -93,10 +101,12 @@ def iter_rollout(
     _, kv = _step(net, z0, z0, 0.0, next(acts), next(pros), 0, cache)
     cache.append(0, kv)
     prev, B = z0, z0.shape[0]
+    noise = torch.zeros(B, 1, *z0.shape[2:])  # the draw noise, carried with the camera as the engine does
     for i, (a, p) in enumerate(zip(acts, pros), start=1):
         x = torch.randn(z0.shape, generator=generator)
+        noise = carry_noise(noise, x[:, :1], a, net.marker)
         for k, t in enumerate(timesteps):
-            x0, _ = _step(net, x, prev, t, a, p, i, cache)
+            x0, _ = _step(net, x, prev, t, a, p, i, cache, noise)
             t_next = timesteps[k + 1] if k + 1 < len(timesteps) else 0.0
             x = rectified_flow_update(x, x0[:, 0].float(), torch.full((B,), t), torch.full((B,), t_next))
         x = x.clamp(-1, 1)  # the frame as shown, and as the engine commits it

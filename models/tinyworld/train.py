@@ -7,11 +7,16 @@ scripted player, prompt switches) and trains the denoiser to predict each
 frame's clean pixels from its noisy version at a random flow time, given the
 clean frames before it as the KV cache will hold them (one teacher-forced
 sequence [clean 0..n-1, noisy 1..n-1] per forward, `teacher_forcing_bias`).
-The loss has three terms, each its own mean: per-pixel MSE over what the
-network imagines (the revealed strip and the marker), MSE over cut frames'
-repaints (a prompt switch recolours the world: the frame is not the previous
-one moved), and the cut classifier's binary cross-entropy against the
-simulator's own cuts; the painter is shown the true cuts while it learns.
+Serving makes each frame in one pass from pure noise (flow time 1, then the
+commit), so training draws t = 1 (`TRAIN_TIMES`). The loss has four terms,
+each its own mean: per-pixel MSE over what the network imagines (the revealed
+strip and the marker), MSE over cut frames' repaints (a prompt switch
+recolours the world: the frame is not the previous one moved), the object
+probability's binary cross-entropy against the simulator's object coverage
+over those same pixels (so serving can draw objects from it,
+`network.draw_objects`), and the cut classifier's binary cross-entropy
+against the simulator's own cuts; the painter is shown the true cuts while it
+learns.
 
 Checkpoints (all state, RNGs included) go to --run-dir every --ckpt-every
 steps (written whole, then renamed); --resume continues from the latest. A
@@ -77,9 +82,11 @@ class Data:
         v = a * e[i] + (1 - a) * e[j] + self.rng.normal(0, 0.01, size=e.shape[1])
         return (v / np.linalg.norm(v)).astype(np.float32)
 
-    def frames(self, batch: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Returns uint8 (B, n, S, S, 3) frames, float32 (B, n, A) actions, float32 (B, n, P) prompts."""
+    def frames(self, batch: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Returns uint8 (B, n, S, S, 3) frames, float32 (B, n, A) actions, float32 (B, n, P) prompts and
+        float32 (B, n, S, S) object coverage in [0, 1] (`world.object_view`)."""
         fr = np.zeros((batch, n, self.view, self.view, 3), np.uint8)
+        ob = np.zeros((batch, n, self.view, self.view), np.float32)
         ac = np.zeros((batch, n, world.ACTION_DIM), np.float32)
         pr = np.zeros((batch, n, 384), np.float32)
         for b in range(batch):
@@ -92,14 +99,16 @@ class Data:
             acts = world.random_actions(self.rng, n)
             st = world.WorldState(wm, themes[0], *(int(v) for v in self.rng.integers(0, wm.size, 2)))
             fr[b, 0] = world.render_view(wm, themes[0], st.x, st.y, view=self.view, space=acts[0, 4] > 0.5)
+            ob[b, 0] = world.object_view(wm, st.x, st.y, view=self.view)
             for i in range(1, n):
                 st.theme = themes[i]
                 fr[b, i] = world.step(st, acts[i], view=self.view)
+                ob[b, i] = world.object_view(wm, st.x, st.y, view=self.view)
             ac[b] = acts
             p0 = self.prompt(themes[0])
             p1 = self.prompt(themes[-1])
             pr[b] = [p0 if th == themes[0] else p1 for th in themes]
-        return fr, ac, pr
+        return fr, ac, pr, ob
 
 
 def to_img(fr: np.ndarray) -> torch.Tensor:
@@ -124,16 +133,13 @@ def teacher_forcing_bias(n: int, batch: int, cfg: TinyWorldConfig) -> torch.Tens
     return bias.masked_fill(~ok[None, None], float("-inf"))
 
 
-#: The flow times half of the training draws come from (the other half uniform): a 4-pass sampler's. Serving
-#: may use fewer (`model.TIMESTEPS`); the shipped weights were trained with these.
-TRAIN_TIMES = (1.0, 0.75, 0.5, 0.25)
+#: The flow times training draws from: serving's one pass from pure noise (`model.TIMESTEPS`).
+TRAIN_TIMES = (1.0,)
 
 
 def sample_t(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    """Flow times: half at `TRAIN_TIMES`, half uniform in (0, 1]."""
-    u = torch.rand(shape, generator=g).clamp_min(0.02)
-    fixed = torch.tensor(TRAIN_TIMES)[torch.randint(0, len(TRAIN_TIMES), shape, generator=g)]
-    return torch.where(torch.rand(shape, generator=g) < 0.5, fixed, u)
+    """Flow times drawn uniformly from `TRAIN_TIMES`."""
+    return torch.tensor(TRAIN_TIMES)[torch.randint(0, len(TRAIN_TIMES), shape, generator=g)]
 
 
 def lr_at(step: int, total: int, base: float, warmup: int = 50) -> float:
@@ -152,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--cut-weight", type=float, default=0.02, help="weight of the cut classifier's loss")
     ap.add_argument("--cut-repaint-weight", type=float, default=0.3, help="weight of the cut frames' repaint loss")
+    ap.add_argument("--object-weight", type=float, default=0.1,
+                    help="weight of the object probability's cross-entropy")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--width", type=int, default=TinyWorldConfig.width)
     ap.add_argument("--layers", type=int, default=TinyWorldConfig.layers)
@@ -205,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(total=args.steps, initial=step, desc="train", dynamic_ncols=True)
     while step < args.steps:
         rng_state = data.rng.bit_generator.state
-        fr, ac, pr = data.frames(B, n)
+        fr, ac, pr, ob = data.frames(B, n)
         z = to_frame_space(to_img(fr.reshape(-1, *fr.shape[2:]))).reshape(B, n, cfg.channels, *fr.shape[2:4])
         act, pro = torch.from_numpy(ac), torch.from_numpy(pr)
         t = sample_t((B, n - 1), g)
@@ -225,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         warped, known = warp(z[:, :-1].flatten(0, 1), dx, dy, net.marker)
         moved_err = (known * (warped - z[:, 1:].flatten(0, 1)) ** 2).sum((1, 2, 3)) / known.sum((1, 2, 3)).clamp_min(1)
         cut = (moved_err > 1e-4).view(B, n - 1)
-        x0, _, cut_logit = net.predict(seq_x, seq_prev, seq_t, seq_a, seq_p, DenseAttention(None, tf_bias),
+        x0, _, cut_logit, obj_logit = net.predict(seq_x, seq_prev, seq_t, seq_a, seq_p, DenseAttention(None, tf_bias),
                                        predict_from=n, cut=cut)
         # each job its own mean: the revealed strip and the marker (a few % of a frame's pixels, where the world is
         # imagined) would otherwise drown under cut frames' full repaints
@@ -235,7 +243,13 @@ def main(argv: list[str] | None = None) -> None:
         loss_new = (err * painted).sum() / painted.sum().clamp_min(1)
         loss_cut = (err * is_cut).sum() / (is_cut.sum() * err[0].numel()).clamp_min(1)
         loss_cls = F.binary_cross_entropy_with_logits(cut_logit, cut.float())
-        loss = loss_new + args.cut_repaint_weight * loss_cut + args.cut_weight * loss_cls
+        # the object probability where the network paints (strip, cut frames), not on the marker (an overlay)
+        where = torch.maximum(painted, is_cut.expand_as(painted)) * (~net.marker).float()
+        coverage = torch.from_numpy(ob[:, 1:]).flatten(0, 1)[:, None]  # (N, 1, S, S)
+        bce = F.binary_cross_entropy_with_logits(obj_logit.flatten(0, 1), coverage, reduction="none")
+        loss_obj = (bce * where).sum() / where.sum().clamp_min(1)
+        loss = (loss_new + args.cut_repaint_weight * loss_cut + args.cut_weight * loss_cls
+                + args.object_weight * loss_obj)
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"non-finite loss {loss.item()} at step {step}; the batch came from data RNG state "
@@ -250,7 +264,8 @@ def main(argv: list[str] | None = None) -> None:
                 pe.lerp_(p, 1 - decay)
         step += 1
         bar.update(1)
-        bar.set_postfix(new=f"{loss_new.item():.4f}", cut=f"{loss_cut.item():.3f}", cls=f"{loss_cls.item():.3f}")
+        bar.set_postfix(new=f"{loss_new.item():.4f}", cut=f"{loss_cut.item():.3f}", cls=f"{loss_cls.item():.3f}",
+                        obj=f"{loss_obj.item():.3f}")
         if step % args.ckpt_every == 0 or step == args.steps:
             save_ckpt()
     bar.close()

@@ -136,6 +136,16 @@ class WorldMap:
         return cls(height=h.astype(np.float32), objects=obj)
 
 
+def _view(field: np.ndarray, x: int, y: int, view: int) -> np.ndarray:
+    s = field.shape[0]
+    return field[np.ix_((np.arange(view) + y) % s, (np.arange(view) + x) % s)]
+
+
+def object_view(world: WorldMap, x: int, y: int, *, view: int = 64) -> np.ndarray:
+    """The object coverage of the view at (x, y) (`render_view`'s), float32 (view, view) in [0, 1]."""
+    return _view(world.objects, x, y, view)
+
+
 def render_view(
     world: WorldMap, theme: str, x: int, y: int, *, view: int = 64, space: bool = False
 ) -> np.ndarray:
@@ -155,11 +165,8 @@ def render_view(
         KeyError: unknown theme.
     """
     lo, hi, ob = (np.asarray(c, dtype=np.float32) for c in PALETTES[theme])
-    s = world.size
-    rows = (np.arange(view) + y) % s
-    cols = (np.arange(view) + x) % s
-    h = world.height[np.ix_(rows, cols)][..., None]
-    o = world.objects[np.ix_(rows, cols)][..., None]
+    h = _view(world.height, x, y, view)[..., None]
+    o = object_view(world, x, y, view=view)[..., None]
     img = lo * (1 - h) + hi * h
     img = img * (1 - o) + ob * o
     # The player marker: a small cross at the centre, white, or gold while space is held.

@@ -7,12 +7,16 @@ import torch
 from worldcast.models.base import rectified_flow_update
 from worldcast.models.tinyworld import world
 from worldcast.models.tinyworld.network import (
+    HEAD_PLANES,
+    HEIGHT,
+    OBJECT,
     PALETTE,
     WORLD_COLOURS,
     DenseAttention,
     TinyWorldConfig,
     TinyWorldDenoiser,
     camera_shift,
+    draw_objects,
     frame_age_bias,
     marker_mask,
     paint,
@@ -151,32 +155,66 @@ def test_the_warp_shows_the_next_view_wherever_the_previous_one_saw_it() -> None
     assert known[-1].bool().sum() == S * S - marker.sum()  # still: everything but the marker is known
 
 
-def test_painted_pixels_stay_inside_the_worlds_palette() -> None:
+def test_the_painter_draws_as_the_simulator_does() -> None:
+    """`paint` is `world.render_view`'s equation: terrain between the low and high colours by height, the object
+    colour by coverage; the overlay colours only on the marker."""
     torch.manual_seed(2)
     net = TinyWorldDenoiser(CFG)
     colours = net.colours(torch.randn(2, CFG.prompt_dim))
     assert colours.shape == (2, PALETTE, 3)
-    logits = torch.randn(2, PALETTE, S, S) * 3
-    out = paint(logits, colours, net.overlay_bias)
+    head = torch.randn(2, HEAD_PLANES, S, S) * 3
+    head[:, 2] = 30.0  # the world layer everywhere it may be
     outside = ~marker_mask(S)
-    # outside the marker every pixel is a convex mix of the three world colours: with all three equal, exactly it
-    same = colours.clone()
-    same[:, :WORLD_COLOURS] = colours[:, :1]
-    flat = paint(logits, same, net.overlay_bias)
-    torch.testing.assert_close(flat[:, :, outside], same[:, 0, :, None].expand(-1, -1, int(outside.sum())))
-    # logits that pick the first overlay colour paint it on the marker and nowhere else
-    pick = torch.full((2, PALETTE, S, S), -20.0)
-    pick[:, WORLD_COLOURS] = 20.0
+    h = torch.sigmoid(head[:, HEIGHT:HEIGHT + 1])
+    lo, hi, ob = (colours[:, i, :, None, None] for i in range(3))
+    # expected picture: the object's probability mixes the object colour over the terrain
+    o = torch.sigmoid(head[:, OBJECT:OBJECT + 1])
+    want = (lo + h * (hi - lo)) * (1 - o) + ob * o
+    out = paint(head, colours, net.overlay_bias)
+    torch.testing.assert_close(out[:, :, outside], want[:, :, outside])
+    # a drawn coverage paints exact object colour where 1, exact terrain where 0
+    drawn = (torch.rand(2, 1, S, S) < 0.3).float()
+    out = paint(head, colours, net.overlay_bias, drawn)
+    on = (drawn[:, 0].bool() & outside)
+    torch.testing.assert_close(out.permute(0, 2, 3, 1)[on], ob[:, :, 0, 0][:, None].expand(-1, S * S, -1)
+                               .reshape(2, S, S, 3)[on])
+    off = (~drawn[:, 0].bool() & outside)
+    torch.testing.assert_close(out.permute(0, 2, 3, 1)[off], (lo + h * (hi - lo)).permute(0, 2, 3, 1)[off])
+    # layer logits that pick the first overlay colour paint it on the marker and nowhere else
+    pick = head.clone()
+    pick[:, 2:] = -20.0
+    pick[:, 3] = 20.0
     hud = paint(pick, colours, net.overlay_bias)
     torch.testing.assert_close(hud[:, :, ~outside], colours[:, WORLD_COLOURS, :, None].expand(-1, -1,
                                                                                           int((~outside).sum())))
     assert not torch.isclose(hud[:, :, outside], colours[:, WORLD_COLOURS, :, None]).all()
-    assert out.shape == (2, 3, S, S)
+
+
+def test_drawn_objects_keep_their_probability_and_come_in_blobs() -> None:
+    """Over many draws each pixel is object about as often as its probability says (the copula keeps the
+    marginals), and neighbours agree far more often than independent draws would; only edges are partial."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.full((1, 1, S, S), 0.05)
+    p[..., :, : S // 2] = 0.5
+    logit = torch.logit(p).expand(256, -1, -1, -1)
+    eps = torch.randn(256, 1, S, S, generator=g)
+    d = draw_objects(logit, eps)
+    assert float(d.min()) >= 0 and float(d.max()) <= 1
+    assert float(((d > 0) & (d < 1)).float().mean()) < 0.25  # anti-aliased edges only (many at p = 0.5)
+    rate = d.mean(0)[0]
+    assert abs(float(rate[:, : S // 2 - 6].mean()) - 0.5) < 0.02
+    assert abs(float(rate[:, S // 2 + 6:].mean()) - 0.05) < 0.01
+    # neighbours on the sparse half: P(both object) far above independence's 0.05 ** 2
+    right = d[..., S // 2 + 6:]
+    both = float((right[..., :, 1:] * right[..., :, :-1]).mean())
+    assert both > 5 * 0.05 ** 2
+    # deterministic in the noise: the same noise draws the same objects
+    assert torch.equal(draw_objects(logit, eps), d)
 
 
 def test_a_new_network_learns_to_mix_colours() -> None:
-    """No symmetric start: the world colours differ, and the mixing logits get a gradient from the first
-    step (with equal colours every painted pixel would stay the world's mean forever)."""
+    """No symmetric start: the world colours differ, and the height and object logits get a gradient from the
+    first step (with equal colours they would get none)."""
     torch.manual_seed(0)
     net = TinyWorldDenoiser(CFG)
     c = net.colours(torch.randn(1, CFG.prompt_dim))[0, :WORLD_COLOURS]
@@ -209,13 +247,13 @@ def test_known_pixels_are_copied_exactly_and_a_cut_repaints_them() -> None:
     k = known[0, 0].bool()
     outs = []
     for t in (1.0, 0.3):
-        x0, _, logit = net.predict(torch.randn(1, 1, 3, S, S), *args[:1], torch.full((1, 1), t), *args[2:],
+        x0, _, logit, _ = net.predict(torch.randn(1, 1, 3, S, S), *args[:1], torch.full((1, 1), t), *args[2:],
                                    cut=torch.zeros(1, 1, dtype=torch.bool))
         assert torch.equal(x0[0, 0][:, k], fr[1][:, k])
         outs.append(x0)
     assert not torch.equal(outs[0][0, 0][:, ~k], outs[1][0, 0][:, ~k])  # the strip is imagined anew
     assert logit.shape == (1, 1)
-    cut, _, _ = net.predict(torch.randn(1, 1, 3, S, S), *args, cut=torch.ones(1, 1, dtype=torch.bool))
+    cut, _, _, _ = net.predict(torch.randn(1, 1, 3, S, S), *args, cut=torch.ones(1, 1, dtype=torch.bool))
     assert not torch.equal(cut[0, 0][:, k], fr[1][:, k])
     x0, kv = net(torch.randn(1, 1, 3, S, S), *args)  # serving: the classifier decides (a new one: no cut)
     assert torch.equal(x0[0, 0][:, k], fr[1][:, k])
@@ -229,3 +267,67 @@ def test_rectified_flow_update_endpoints() -> None:
     torch.testing.assert_close(rectified_flow_update(x1, x0, t1, t0), x0)
     half = rectified_flow_update(x1, x0, t1, torch.full((2,), 0.5))
     torch.testing.assert_close(half, 0.5 * x0 + 0.5 * eps)
+
+
+def test_serving_draws_each_strip_pixel_as_terrain_or_object_and_follows_the_noise() -> None:
+    """With `draw` on (serving), a pass at flow time 1 paints imagined pixels exactly the object colour or a terrain
+    colour between low and high (mixes only on an object's anti-aliased edge); the draw follows the noise (the
+    same noise, the same picture; other noise, other objects), and passes at t < 1 paint the expected picture."""
+    torch.manual_seed(4)
+    net = TinyWorldDenoiser(CFG)
+    for p in net.parameters():
+        p.data.add_(torch.randn_like(p) * 0.05)
+    with torch.no_grad():
+        net.head.conv_out.bias[OBJECT] = 0.0  # objects likely: both kinds of pixel in one strip
+    net.draw = True
+    acts = np.stack([world.action_vector({"d": True, "shift": True})])
+    fr = _frames("night", acts)
+    q = torch.zeros(1, CFG.tokens_per_frame, dtype=torch.long)
+    bias = frame_age_bias(q, q, torch.ones_like(q, dtype=torch.bool), cfg=CFG)
+    prompt = torch.randn(1, 1, CFG.prompt_dim)
+    args = (fr[None, :1], torch.ones(1, 1), torch.from_numpy(acts)[None], prompt, DenseAttention(None, bias))
+    _, known = warp(fr[:1], *camera_shift(torch.from_numpy(acts)), marker_mask(S))
+    imagined = ~known[0, 0].bool() & ~marker_mask(S)
+    lo, hi, ob = net.colours(prompt[0])[0, :3].detach()
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randn(1, 1, 3, S, S, generator=g)
+    with torch.no_grad():
+        x0, _, _, _ = net.predict(noise, *args, cut=torch.zeros(1, 1, dtype=torch.bool))
+        again, _, _, _ = net.predict(noise.clone(), *args, cut=torch.zeros(1, 1, dtype=torch.bool))
+        other, _, _, _ = net.predict(torch.randn(1, 1, 3, S, S, generator=g), *args,
+                                     cut=torch.zeros(1, 1, dtype=torch.bool))
+        mean, _, _, _ = net.predict(noise, fr[None, :1], torch.full((1, 1), 0.5), *args[2:],
+                                    cut=torch.zeros(1, 1, dtype=torch.bool))
+    px = x0[0, 0][:, imagined].T  # (n, 3)
+    is_object = (px - ob).abs().amax(1) < 1e-5
+    along = ((px - lo) @ (hi - lo)) / (hi - lo).square().sum()
+    on_terrain = (px - (lo + along[:, None].clamp(0, 1) * (hi - lo))).abs().amax(1) < 1e-4
+    assert float((is_object | on_terrain).float().mean()) > 0.7
+    assert 0 < int(is_object.sum()) < len(px)
+    assert torch.equal(x0, again)
+    assert not torch.equal(x0[0, 0][:, imagined], other[0, 0][:, imagined])
+    mpx = mean[0, 0][:, imagined].T
+    assert not bool(((mpx - ob).abs().amax(1) < 1e-5).any())  # t < 1: the expected picture, objects mixed in
+
+
+def test_weights_of_another_painter_are_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Weights whose config lacks the painter (the first TinyWorld 2 weights mixed a 5-colour palette: their tensors
+    have the same shapes) or names another one are refused with the reason, not loaded into the wrong meaning."""
+    import json
+
+    import pytest
+    from safetensors.torch import load_file, save_file
+
+    from worldcast.models.tinyworld.model import TinyWorldModel, save_weights
+
+    net = TinyWorldDenoiser(CFG)
+    good = tmp_path / "good.safetensors"
+    save_weights(good, CFG, net, torch.zeros(len(world.THEMES), CFG.prompt_dim))
+    assert TinyWorldModel.from_pretrained(good).cfg == CFG  # loads
+    tensors = load_file(str(good))
+    for name, meta in (("none", {k: v for k, v in CFG.__dict__.items() if k != "painter"}),
+                       ("other", CFG.__dict__ | {"painter": "palette"})):
+        bad = tmp_path / f"{name}.safetensors"
+        save_file(tensors, str(bad), metadata={"config": json.dumps(meta)})
+        with pytest.raises(ValueError, match="trained for another network"):
+            TinyWorldModel.from_pretrained(bad)
