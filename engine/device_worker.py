@@ -22,8 +22,9 @@ Failure policy (`StepRunner`):
   step alone overran, is ended with an error. When a batched forward
   overruns, its sessions become suspects: their next steps run alone, and
   a suspect whose solo step overruns is ended; one whose solo step of the
-  kind that overran (denoise or commit) runs in time is cleared. While any step has been running for `stall_factor` timeouts,
-  the worker reports itself stalled (`/readyz` answers 503).
+  kind that overran (denoise or commit) runs in time is cleared. While any
+  step has been running for `stall_factor` timeouts, the worker reports
+  itself stalled (`/readyz` answers 503).
 - commit steps decode a chunk's frames and hand them to `on_frames` (the
   runner calls it itself) before the commit forward that applies the
   chunk's state changes (so that forward is off the motion-to-photon
