@@ -46,7 +46,13 @@ async def test_a_stopped_engine_is_stalled_routed_around_recovers_and_is_killed_
     with serve("--engines", "2", "--admission", "static", "--max-sessions", "4", "--admin-token", ADMIN,
                "--restart-backoff", "0.5", *stall_flags()) as server:
         async with httpx.AsyncClient(base_url=server, timeout=30) as http:
+            # one session on each engine: both ready first (/readyz answers once one is; on a starved 2-core
+            # box an engine still warming can miss a heartbeat and be skipped by placement for a moment)
+            for e in (0, 1):
+                await wait_state(http, e, "ready", READY_TIMEOUT_S)
             a = await StreamClient.connect(server, decode=False, seed=1)
+            for e in (0, 1):
+                await wait_state(http, e, "ready", READY_TIMEOUT_S)
             b = await StreamClient.connect(server, decode=False, seed=2)
             c: StreamClient | None = None
             victim_pid: int | None = None
