@@ -55,6 +55,7 @@ Design (TinyWorld 2; why it keeps a world alive on a CPU budget):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -262,6 +263,15 @@ def carry_noise(noise_prev: torch.Tensor, fresh: torch.Tensor, action: torch.Ten
     return torch.where(known > 0, warped, fresh.to(noise_prev.dtype))
 
 
+@functools.lru_cache(maxsize=8)
+def _unit_gaussian(sigma_px: float, device: torch.device) -> torch.Tensor:
+    """float32 (1, 1, 2r + 1, 2r + 1), r = ceil(3 sigma): a Gaussian kernel of unit L2 norm (built once per device)."""
+    r = max(1, int(math.ceil(3 * sigma_px)))
+    k1 = torch.exp(-0.5 * (torch.arange(-r, r + 1, dtype=torch.float32) / sigma_px) ** 2)
+    k2 = k1[:, None] * k1[None, :]
+    return (k2 / k2.square().sum().sqrt())[None, None].to(device)
+
+
 def draw_objects(object_logit: torch.Tensor, eps: torch.Tensor, sigma_px: float = DRAW_SIGMA_PX) -> torch.Tensor:
     """Draw object coverage from its per-pixel probabilities with spatially correlated noise.
 
@@ -282,10 +292,8 @@ def draw_objects(object_logit: torch.Tensor, eps: torch.Tensor, sigma_px: float 
     Returns:
         (N, 1, S, S) coverage in [0, 1] (0 or 1 away from an edge), in object_logit's dtype.
     """
-    r = max(1, int(math.ceil(3 * sigma_px)))
-    k1 = torch.exp(-0.5 * (torch.arange(-r, r + 1, device=eps.device, dtype=torch.float32) / sigma_px) ** 2)
-    k2 = k1[:, None] * k1[None, :]
-    k2 = (k2 / k2.square().sum().sqrt())[None, None]
+    k2 = _unit_gaussian(sigma_px, eps.device)
+    r = k2.shape[-1] // 2
     z = F.conv2d(F.pad(eps.float(), (r, r, r, r), mode="circular"), k2)
     p = torch.sigmoid(object_logit.float()).clamp(1e-6, 1 - 1e-6)
     level = math.sqrt(2) * torch.erfinv(2 * p - 1)  # Phi^-1(p)
