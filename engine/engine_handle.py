@@ -74,10 +74,6 @@ class SessionSource(Conditioner, Protocol):
         ...
 
 
-class EngineUnavailable(Exception):
-    """The engine is not ready (starting, lost or restarting) or went away mid-operation."""
-
-
 class EngineHandle(abc.ABC):
     """One engine core as the server sees it (see the module docstring).
 

@@ -82,8 +82,9 @@ class _Outbox:
             self.send(self._bulk.get())
 
 
-class EngineServer:
-    """The engine side of one engine process (built by `engine_main`)."""
+class EngineProcessCore:
+    """The engine core's side of one engine process (built by `engine_main`): reads the client's messages, runs the
+    device worker, answers with events."""
 
     def __init__(self, spec: msg.EngineProcessSpec, conn: Connection) -> None:
         from worldcast.models import registry
@@ -244,7 +245,7 @@ def engine_main(conn: Connection, spec: msg.EngineProcessSpec) -> None:
     logging.basicConfig(level=spec.log_level,
                         format=f"%(asctime)s %(levelname)s engine[{spec.engine_id}] %(name)s: %(message)s")
     try:
-        server = EngineServer(spec, conn)
+        server = EngineProcessCore(spec, conn)
     except BaseException as e:  # noqa: BLE001 - reported, then the process ends
         logger.exception("engine %d: could not start", spec.engine_id)
         try:

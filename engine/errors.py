@@ -11,8 +11,8 @@ class StatePoolExhausted(EngineError):
     """No free state slot within the pool's byte budget (a session needs all of its declared state)."""
 
 
-#: The older name (the pool once held only KV caches).
-KVPoolExhausted = StatePoolExhausted
+class EngineUnavailable(EngineError):
+    """The engine is not ready (starting, lost or restarting) or went away mid-operation."""
 
 
 class StepFailed(EngineError):

@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable
 
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig, EngineSnapshot
-from worldcast.engine.engine_handle import EngineHandle, EngineUnavailable, SessionSource
+from worldcast.engine.engine_handle import EngineHandle, SessionSource
+from worldcast.engine.errors import EngineUnavailable
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.threads import ThreadChoice
 from worldcast.models.base import WorldModel

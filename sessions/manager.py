@@ -38,8 +38,8 @@ import numpy as np
 from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.engine_conditioner import InputDelta
-from worldcast.engine.engine_handle import EngineHandle, EngineUnavailable
-from worldcast.engine.errors import KVPoolExhausted
+from worldcast.engine.engine_handle import EngineHandle
+from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
 from worldcast.engine.local_engine import LocalEngine
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
@@ -273,7 +273,7 @@ class SessionManager:
             session.pause()  # nothing to generate until the first direction
         try:
             engine.add_session(sid, session.inputs, seed=session.seed)
-        except (KVPoolExhausted, EngineUnavailable) as e:
+        except (StatePoolExhausted, EngineUnavailable) as e:
             raise CapacityExhausted(str(e), retry_after_s=self.next_release_in_s()) from e
         self.sessions[sid] = session
         self._placed[sid] = engine

@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from worldcast.engine.engine_handle import EngineHandle, EngineUnavailable
+from worldcast.engine.engine_handle import EngineHandle
+from worldcast.engine.errors import EngineUnavailable
 from worldcast.sessions.errors import MoveFailed, SessionNotFound
 from worldcast.sessions.session import CloseReason, Session, SessionState
 

@@ -11,7 +11,7 @@ import torch
 
 from tests.fakes import ScriptedConditioner
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
-from worldcast.engine.errors import KVPoolExhausted
+from worldcast.engine.errors import StatePoolExhausted
 from worldcast.engine.step_output import FrameOut
 
 
@@ -69,7 +69,7 @@ def test_serves_several_sessions_with_increasing_frames(worker) -> None:  # type
 def test_pool_exhaustion_is_refused_up_front(worker) -> None:  # type: ignore[no-untyped-def]
     for sid in "abc":
         worker.add_session(sid, ScriptedConditioner(), seed=0)
-    with pytest.raises(KVPoolExhausted):
+    with pytest.raises(StatePoolExhausted):
         worker.add_session("d", ScriptedConditioner(), seed=0)
     worker.remove_session("a")
     wait_for(lambda: worker.free_slots == 1)
@@ -345,7 +345,7 @@ def test_a_slot_whose_removal_is_queued_is_free_for_the_next_add(model) -> None:
     w.add_session("c", ScriptedConditioner(), seed=0)  # the old count refused this: "all 2 state slots in use"
     w.remove_session("c")  # created and deleted before the loop came round: its reservation is free too
     w.add_session("d", ScriptedConditioner(), seed=0)
-    with pytest.raises(KVPoolExhausted):
+    with pytest.raises(StatePoolExhausted):
         w.add_session("e", ScriptedConditioner(), seed=0)
     w._apply_pending()  # removals first, then adds: no allocation fails
     assert sorted(w.rollouts) == ["b", "d"] and w.pool.used_slots == 2 and w.free_slots == 0
