@@ -1,8 +1,8 @@
 """Fragmented MP4 (H.264) for MediaSource: the encoder, the fragmenter and a session frame sink.
 
-- `Fmp4Encoder` (no asyncio): libx264 through PyAV, `preset=ultrafast`,
-  `tune=zerolatency` (no B-frames, no lookahead: one packet out per frame in),
-  a short GOP (one second by default) and an IDR whenever asked. Its init
+- `Fmp4Encoder` (no asyncio): libx264 through PyAV in the one realtime
+  configuration (`transport/media/h264.py`: one packet out per frame in, an
+  IDR every second and whenever asked), constant quality. Its init
   segment (`ftyp` + `moov`) comes from PyAV's mp4 muxer with
   `movflags=empty_moov+default_base_moof`: it declares no duration (mvhd and
   mdhd durations 0, no `mehd`), which Chromium treats as a live stream and
@@ -41,6 +41,7 @@ import av
 
 from worldcast.sessions.session import VideoFrame
 from worldcast.transport.frame_queue import FrameQueue, QueuedSink
+from worldcast.transport.media import h264
 from worldcast.transport.media import picture as media_picture
 from worldcast.transport.mp4box import (
     Sample,
@@ -78,7 +79,7 @@ class Fmp4Encoder:
     Args:
         width, height: picture size, pixels (even: 4:2:0 chroma).
         fps: frame rate, frames/s; each frame lasts 1/fps s in the media timeline.
-        gop_frames: frames between forced IDRs (None: one second).
+        gop_frames: frames between unrequested IDRs (None: `h264.KEYFRAME_INTERVAL_S`).
         crf: x264 constant rate factor (lower: better quality, more bytes).
 
     Attributes:
@@ -93,8 +94,6 @@ class Fmp4Encoder:
     """
 
     def __init__(self, *, width: int, height: int, fps: int, gop_frames: int | None = None, crf: int = 23) -> None:
-        if width <= 0 or height <= 0 or width % 2 or height % 2:
-            raise ValueError(f"fMP4 H.264 needs an even, positive picture size, got {width}x{height}")
         if not 1 <= fps <= 240:
             raise ValueError(f"fps must lie in 1..240, got {fps}")
         self.width, self.height, self.fps = width, height, fps
@@ -104,13 +103,9 @@ class Fmp4Encoder:
         self._container = av.open(self._buf, "w", format="mp4",
                                   options={"movflags": "empty_moov+default_base_moof"})
         st = self._container.add_stream("libx264", rate=fps)
-        st.width, st.height, st.pix_fmt = width, height, "yuv420p"
+        h264.configure(st.codec_context, width=width, height=height, fps=fps, gop_frames=gop_frames, crf=crf)
+        st.width, st.height = width, height
         st.time_base = Fraction(1, self.timescale)
-        cc = st.codec_context
-        cc.gop_size = gop_frames or fps
-        cc.max_b_frames = 0
-        cc.thread_count = 1  # 256x256 frames take ~1-2 ms on one core; threads would only add latency
-        cc.options = {"preset": "ultrafast", "tune": "zerolatency", "crf": str(crf), "forced-idr": "1"}
         self._stream = st
         self._container.start_encoding()  # opens the codec and writes ftyp + moov (empty_moov)
         self.init_segment = self._buf.getvalue()

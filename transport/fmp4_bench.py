@@ -19,6 +19,7 @@ import av
 import numpy as np
 
 from worldcast.transport.fmp4 import Fmp4Encoder
+from worldcast.transport.media import h264
 from worldcast.transport.media.picture import yuv420p
 from worldcast.transport.mp4box import iter_boxes
 
@@ -34,9 +35,8 @@ def ffmpeg_hold(side: int, frames: int = 10) -> list[int]:
     buf = io.BytesIO()
     c = av.open(buf, "w", format="mp4", options={"movflags": "empty_moov+default_base_moof+frag_every_frame"})
     st = c.add_stream("libx264", rate=20)
+    h264.configure(st.codec_context, width=side, height=side, fps=20, crf=23)
     st.width = st.height = side
-    st.pix_fmt = "yuv420p"
-    st.codec_context.options = {"preset": "ultrafast", "tune": "zerolatency"}
     held = []
     for i in range(frames):
         f = picture(i, side)

@@ -17,7 +17,7 @@ every frame until the PTS caught up with the clock.
 
 Publishers:
 - `RawPublisher`: RGB24 frames to `rtc.VideoSource`; libwebrtc encodes (VP8).
-- `EncodedPublisher`: one H.264 encode with PyAV (libx264 ultrafast, zerolatency,
+- `EncodedPublisher`: one H.264 encode with PyAV (`transport/media/h264.py`: libx264 ultrafast, zerolatency,
   SPS/PPS repeated on every keyframe) to `rtc.EncodedVideoSource`, keyframes
   on the SDK's request (`take_feedback`). The encode runs on a worker thread.
 """
@@ -40,13 +40,9 @@ from worldcast.sessions.clock import VIDEO_CLOCK_RATE
 from worldcast.sessions.session import VideoFrame
 from worldcast.transport.frame_queue import FrameQueue, QueuedSink
 from worldcast.transport.livekit.config import SourceKind
-from worldcast.transport.media import picture
+from worldcast.transport.media import h264, picture
 
 logger = logging.getLogger(__name__)
-
-#: Keyframe interval of the H.264 encode, frames (a late subscriber also asks for one).
-H264_GOP_FRAMES = 40
-
 
 #: Per-frame metadata carried to subscribers in LiveKit's packet trailer: the frame index and the PTS in
 #: µs (subscribers' render timestamps are 0 when the room asks for no playout delay).
@@ -110,14 +106,9 @@ class EncodedPublisher:
         self.source = rtc.EncodedVideoSource(width, height)
         self.width, self.height = width, height
         ctx = av.CodecContext.create("libx264", "w")
-        ctx.width, ctx.height, ctx.pix_fmt = width, height, "yuv420p"
+        # the one realtime H.264 configuration; SPS/PPS before every keyframe: a late subscriber can start at any
+        h264.configure(ctx, width=width, height=height, fps=fps, bitrate_bps=max_bitrate_bps, repeat_headers=True)
         ctx.time_base = Fraction(1, VIDEO_CLOCK_RATE)
-        ctx.framerate = Fraction(round(fps))
-        ctx.bit_rate = max_bitrate_bps
-        # zerolatency: no lookahead, no B-frames, one packet out per frame in; repeat-headers: SPS/PPS
-        # before every keyframe, so a late subscriber can start at any keyframe
-        ctx.options = {"preset": "ultrafast", "tune": "zerolatency",
-                       "x264-params": f"repeat-headers=1:keyint={H264_GOP_FRAMES}"}
         self.ctx = ctx
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="livekit-h264")
         self.frames_encoded = 0

@@ -1,5 +1,6 @@
 """A session's frames on their way to the sinks: what every transport shares (issue 30's frame pipeline).
 
 Today: `picture`, the one preparation of a frame's picture (upscale, stamp, yuv420p) that the WebRTC track,
-the fMP4 stream and LiveKit all publish.
+the fMP4 stream and LiveKit all publish; `h264`, the one libx264 configuration of the fMP4 stream and
+LiveKit's pre-encoded track.
 """

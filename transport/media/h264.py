@@ -1,0 +1,71 @@
+"""The one H.264 configuration every encoded sink uses (libx264 through PyAV).
+
+Realtime settings, the same for the fMP4 stream and LiveKit's pre-encoded track:
+
+- `preset=ultrafast`, `tune=zerolatency`: no lookahead, no B-frames, sliced threads off, so
+  one packet comes out per picture in, at once (x264's documentation of `--tune zerolatency`);
+- one encoder thread: small pictures (256x256 takes ~1-2 ms on one core) gain nothing from
+  threads but their latency;
+- an IDR every `gop_frames` pictures (one second by default) and wherever the caller asks
+  (`forced-idr`, a picture marked I): flush, cancel and a viewer that joins late get one at once.
+
+What differs between sinks is explicit: rate control (constant quality `crf` for the fMP4
+stream, a bitrate for LiveKit, whose congestion control names one) and whether SPS/PPS repeat
+before every keyframe (`repeat_headers`: needed where a subscriber can join at any keyframe and
+no init segment carries them, as in LiveKit; the fMP4 stream carries them once in its `avcC`).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import av
+
+#: Seconds between IDR pictures nobody asked for.
+KEYFRAME_INTERVAL_S = 1.0
+
+
+def gop_frames_for(fps: float) -> int:
+    """Pictures between unrequested IDRs at `fps` frames/s: `KEYFRAME_INTERVAL_S` of them, at least 1."""
+    return max(1, round(KEYFRAME_INTERVAL_S * fps))
+
+
+def configure(cc: av.video.codeccontext.VideoCodecContext, *, width: int, height: int, fps: float,
+              gop_frames: int | None = None, crf: int | None = None, bitrate_bps: int | None = None,
+              repeat_headers: bool = False) -> None:
+    """Set a libx264 codec context (not yet opened) to worldcast's realtime configuration (module docstring).
+
+    Args:
+        cc: a PyAV libx264 encoder context (`av.CodecContext.create("libx264", "w")` or a muxer stream's).
+        width, height: picture size, pixels (even: yuv420p chroma).
+        fps: frame rate, frames/s (sets the GOP when `gop_frames` is None).
+        gop_frames: pictures between unrequested IDRs; None: `gop_frames_for(fps)`.
+        crf: constant rate factor (constant quality); exclusive with `bitrate_bps`.
+        bitrate_bps: target bitrate, bits/s; exclusive with `crf`.
+        repeat_headers: SPS/PPS before every keyframe.
+
+    Raises:
+        ValueError: odd or non-positive size, fps not positive, or both or neither of crf / bitrate_bps.
+    """
+    if width <= 0 or height <= 0 or width % 2 or height % 2:
+        raise ValueError(f"H.264 4:2:0 needs an even, positive picture size, got {width}x{height}")
+    if not fps > 0:
+        raise ValueError(f"fps must be positive, got {fps}")
+    if (crf is None) == (bitrate_bps is None):
+        raise ValueError("give exactly one of crf (constant quality) and bitrate_bps")
+    cc.width, cc.height, cc.pix_fmt = width, height, "yuv420p"
+    cc.framerate = Fraction(fps).limit_denominator(1001)
+    gop = gop_frames or gop_frames_for(fps)
+    cc.gop_size = gop
+    cc.max_b_frames = 0
+    cc.thread_count = 1
+    options = {"preset": "ultrafast", "tune": "zerolatency", "forced-idr": "1"}
+    if crf is not None:
+        options["crf"] = str(crf)
+    else:
+        cc.bit_rate = int(bitrate_bps)  # type: ignore[arg-type]
+    params = [f"keyint={gop}"]
+    if repeat_headers:
+        params.append("repeat-headers=1")
+    options["x264-params"] = ":".join(params)
+    cc.options = options
