@@ -78,10 +78,19 @@ PALETTE = WORLD_COLOURS + OVERLAY_COLOURS
 HEIGHT, OBJECT, LAYERS = 0, 1, slice(2, 5)
 HEAD_PLANES = 2 + 1 + OVERLAY_COLOURS
 #: Smoothing (pixels, Gaussian sigma) of the field objects are drawn from (`draw_objects`): about the simulator's
-#: objects (discs of radius 2-5 px, `world.WorldMap.generate`). Chosen among 1.5-5 px by looking at offline
-#: rollouts on map seeds other than the play test's (not a command kept in the repository): smaller fields draw
-#: ragged, speckled blobs whose edges alone double a world's texture.
-DRAW_SIGMA_PX = 4.0
+#: objects (discs of radius 2-5 px, `world.WorldMap.generate`). Chosen among 1.5-6 px on 5-minute rollouts of
+#: map seeds other than the play test's (`python -m worldcast.models.tinyworld.playtest`, seeds 3,000,000 on;
+#: model card): smaller fields draw ragged, speckled blobs whose edges alone double a world's texture.
+DRAW_SIGMA_PX = 6.0
+#: Smoothing (pixels, Gaussian sigma) of the terrain height a serving pass paints (`smooth_height`). The
+#: simulator's height is value noise on 32- and 16-pixel cells (`world.WorldMap.generate`), so this takes
+#: nothing from it; chosen among 1-2 px by the same command as DRAW_SIGMA_PX.
+TERRAIN_SIGMA_PX = 2.0
+#: Offset added to the object logit before objects are drawn (a one-parameter recalibration of the served
+#: sampler, as Platt scaling is): under its own drawn context the network expects more objects than under the
+#: simulator's it was trained on, so the drawn share ran 1.41x the simulator's (geometric mean over the six worlds
+#: at minutes 1 and 5 of the tuning seeds; -0.4 gave 0.955x). Fitted to 1x by the same command as DRAW_SIGMA_PX.
+DRAW_LOGIT_OFFSET = -0.35
 #: Input planes per pixel: the noisy frame where the warp cannot show the pixel (3), the warped previous frame (3),
 #: the known mask (1).
 INPUT_PLANES = 7
@@ -224,7 +233,7 @@ class Palette(nn.Module):
 
 
 def paint(head: torch.Tensor, colours: torch.Tensor, overlay_bias: torch.Tensor,
-          objects: torch.Tensor | None = None) -> torch.Tensor:
+          objects: torch.Tensor | None = None, height: torch.Tensor | None = None) -> torch.Tensor:
     """The picture the head's planes describe: head (N, 5, S, S), colours (N, 5, 3) -> (N, 3, S, S).
 
     As `world.render_view` draws: terrain = low + sigmoid(height) (high - low); the world pixel is
@@ -235,9 +244,12 @@ def paint(head: torch.Tensor, colours: torch.Tensor, overlay_bias: torch.Tensor,
     Args:
         objects: (N, 1, S, S) object coverage o to paint with (a draw, `draw_objects`); None: the
             head's probability sigmoid(object logit), the expected picture.
+        height: (N, 1, S, S) terrain height in [0, 1] to paint with (`smooth_height`); None: the head's
+            sigmoid(height logit).
     """
     lo, hi, ob = (colours[:, i, :, None, None] for i in range(WORLD_COLOURS))  # (N, 3, 1, 1)
-    terrain = lo + torch.sigmoid(head[:, HEIGHT:HEIGHT + 1]) * (hi - lo)
+    h = torch.sigmoid(head[:, HEIGHT:HEIGHT + 1]) if height is None else height.to(head.dtype)
+    terrain = lo + h * (hi - lo)
     o = torch.sigmoid(head[:, OBJECT:OBJECT + 1]) if objects is None else objects
     pixel = torch.lerp(terrain, ob.expand_as(terrain), o)
     w = torch.softmax(head[:, LAYERS] + overlay_bias, dim=1)  # (N, 3, S, S)
@@ -263,13 +275,32 @@ def carry_noise(noise_prev: torch.Tensor, fresh: torch.Tensor, action: torch.Ten
     return torch.where(known > 0, warped, fresh.to(noise_prev.dtype))
 
 
-@functools.lru_cache(maxsize=8)
-def _unit_gaussian(sigma_px: float, device: torch.device) -> torch.Tensor:
-    """float32 (1, 1, 2r + 1, 2r + 1), r = ceil(3 sigma): a Gaussian kernel of unit L2 norm (built once per device)."""
+@functools.lru_cache(maxsize=16)
+def gaussian_kernel_1d(sigma_px: float, device: torch.device, *, unit_l2: bool = False) -> torch.Tensor:
+    """float32 (2r + 1,), r = ceil(3 sigma): a Gaussian kernel (built once per sigma and device) of unit sum, or,
+    with `unit_l2`, of unit L2 norm (then its outer product with itself, the 2-D kernel, has unit L2 norm too)."""
     r = max(1, int(math.ceil(3 * sigma_px)))
-    k1 = torch.exp(-0.5 * (torch.arange(-r, r + 1, dtype=torch.float32) / sigma_px) ** 2)
-    k2 = k1[:, None] * k1[None, :]
-    return (k2 / k2.square().sum().sqrt())[None, None].to(device)
+    k = torch.exp(-0.5 * (torch.arange(-r, r + 1, dtype=torch.float32) / sigma_px) ** 2)
+    return (k / (k.square().sum().sqrt() if unit_l2 else k.sum())).to(device)
+
+
+def gaussian_blur(x: torch.Tensor, sigma_px: float, *, padding: str, unit_l2: bool = False) -> torch.Tensor:
+    """Separable Gaussian blur of float32 planes (N, 1, H, W) -> (N, 1, H, W).
+
+    Args:
+        padding: "circular" (a torus, or i.i.d. noise) or "replicate" (a window onto something larger).
+        unit_l2: a kernel of unit L2 norm (`gaussian_kernel_1d`): blurred i.i.d. N(0, 1) noise stays N(0, 1)
+            per pixel; else of unit sum (a weighted mean).
+    """
+    k = gaussian_kernel_1d(sigma_px, x.device, unit_l2=unit_l2)
+    r = k.shape[0] // 2
+    H, W = x.shape[-2:]
+    if padding == "circular" and r > min(H, W):  # a kernel wider than the plane: wrap around more than once
+        n = -(-r // min(H, W))
+        x = x.repeat(1, 1, 2 * n + 1, 2 * n + 1)[..., n * H - r:(n + 1) * H + r, n * W - r:(n + 1) * W + r]
+    else:
+        x = F.pad(x, (r, r, r, r), mode=padding)
+    return F.conv2d(F.conv2d(x, k.view(1, 1, -1, 1)), k.view(1, 1, 1, -1))
 
 
 def draw_objects(object_logit: torch.Tensor, eps: torch.Tensor, sigma_px: float = DRAW_SIGMA_PX) -> torch.Tensor:
@@ -292,12 +323,29 @@ def draw_objects(object_logit: torch.Tensor, eps: torch.Tensor, sigma_px: float 
     Returns:
         (N, 1, S, S) coverage in [0, 1] (0 or 1 away from an edge), in object_logit's dtype.
     """
-    k2 = _unit_gaussian(sigma_px, eps.device)
-    r = k2.shape[-1] // 2
-    z = F.conv2d(F.pad(eps.float(), (r, r, r, r), mode="circular"), k2)
+    z = gaussian_blur(eps.float(), sigma_px, padding="circular", unit_l2=True)
     p = torch.sigmoid(object_logit.float()).clamp(1e-6, 1 - 1e-6)
     level = math.sqrt(2) * torch.erfinv(2 * p - 1)  # Phi^-1(p)
     return ((level - z) * sigma_px + 0.5).clamp(0, 1).to(object_logit.dtype)
+
+
+def smooth_height(height_logit: torch.Tensor, sigma_px: float = TERRAIN_SIGMA_PX) -> torch.Tensor:
+    """The terrain height a serving pass paints: sigmoid(height_logit) blurred by a Gaussian of `sigma_px`.
+
+    One pass from pure noise reads the noise where the warp cannot show a pixel, and its height keeps a
+    pixel-scale grain of that noise (measured: stripes of a few levels along each revealed strip, which
+    the warp then carries through the world and which more than double a world's mean |Laplacian| against
+    the simulator's). The simulator's terrain has no detail that fine (`TERRAIN_SIGMA_PX`), so the height
+    is smoothed before it is painted; only painted pixels change (known pixels keep the warp). The view's
+    border is extended by replication, not wrapped: the view is a window, not the torus.
+
+    Args:
+        height_logit: (N, 1, S, S) the head's height logits, any float dtype.
+
+    Returns:
+        (N, 1, S, S) float32 height in [0, 1] (the weight of the high terrain colour in `paint`).
+    """
+    return gaussian_blur(torch.sigmoid(height_logit.float()), sigma_px, padding="replicate")
 
 
 # -----------------------------------------------------------------------------
@@ -556,8 +604,15 @@ class TinyWorldDenoiser(nn.Module):
         bias = torch.zeros(1 + OVERLAY_COLOURS, S, S)
         bias[1:] = torch.where(marker, 0.0, -1e4)
         self.register_buffer("overlay_bias", bias, persistent=False)
-        #: whether passes at flow time 1 draw their objects (`draw_objects`; serving) or paint the expected picture
+        #: whether passes paint a sample (serving: objects drawn at flow time 1, `draw_objects`; the terrain
+        #: height smoothed, `smooth_height`) or the expected picture (training)
         self.draw = False
+        #: the sample's settings: two smoothings, pixels, and the object logit's offset (`DRAW_SIGMA_PX`,
+        #: `TERRAIN_SIGMA_PX`, `DRAW_LOGIT_OFFSET`; the play test's tuning
+        #: command varies them: `playtest.main`). Compiled steps bake them in: set them before compiling.
+        self.draw_sigma_px = DRAW_SIGMA_PX
+        self.terrain_sigma_px = TERRAIN_SIGMA_PX
+        self.draw_logit_offset = DRAW_LOGIT_OFFSET
 
     # -- token layout ---------------------------------------------------------
 
@@ -647,8 +702,8 @@ class TinyWorldDenoiser(nn.Module):
         None: where the logit is positive.
 
         With `self.draw` set (serving), frames at flow time 1 draw their objects from the object
-        probabilities with `draw_noise` (`draw_objects`); other passes, and training, paint the
-        expected picture.
+        probabilities with `draw_noise` (`draw_objects`) and every pass paints the smoothed terrain
+        height (`smooth_height`); training paints the expected picture.
         """
         cfg = self.cfg
         B, Fr = x_t.shape[:2]
@@ -688,12 +743,14 @@ class TinyWorldDenoiser(nn.Module):
         colours, overlay_bias = self.colours(prompt[:, k:].flatten(0, 1)), self.overlay_bias.to(dt)
         object_logit = head[:, OBJECT:OBJECT + 1]
         if self.draw:
-            drawn = draw_objects(object_logit, sel(noise.flatten(0, 1))[:, :1])
+            served_logit = object_logit + self.draw_logit_offset
+            drawn = draw_objects(served_logit, sel(noise.flatten(0, 1))[:, :1], self.draw_sigma_px)
             first = t[:, k:].reshape(-1, 1, 1, 1) >= 1
-            objects = torch.where(first, drawn, torch.sigmoid(object_logit))
+            objects = torch.where(first, drawn, torch.sigmoid(served_logit))
+            height = smooth_height(head[:, HEIGHT:HEIGHT + 1], self.terrain_sigma_px)
         else:
-            objects = None
-        painted = paint(head, colours, overlay_bias, objects)
+            objects = height = None
+        painted = paint(head, colours, overlay_bias, objects, height)
         is_cut = (cut_logit > 0) if cut is None else cut.to(torch.bool)
         keep = (known > 0) & ~is_cut.reshape(-1, 1, 1, 1)  # (B*Fo, 1, S, S)
         x0 = torch.where(keep, warped, painted)

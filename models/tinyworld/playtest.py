@@ -49,6 +49,8 @@ MAX_ANGLE_DEG = 25.0
 MAX_MAGNITUDE_ERR = 0.25
 #: Map seeds of the play test (held out: training uses seeds below 1000, the rollout evaluation 1,000,000 on).
 MAP_SEED_BASE = 2_000_000
+#: Map seeds the serving sampler's settings are tuned on (`main`): neither trained on nor judged by the play test.
+TUNING_SEED_BASE = 3_000_000
 
 
 @dataclass(frozen=True)
@@ -213,8 +215,8 @@ def judge(per_world: dict[str, dict[str, object]], key: str) -> dict[str, object
             "answers_every_key": total > 0 and answered / total >= ANSWER_SHARE}
 
 
-def play_worlds(model: WorldModel, *, minutes: int, seed: int, captions: dict[str, list[str]] | None = None
-                ) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+def play_worlds(model: WorldModel, *, minutes: int, seed: int, captions: dict[str, list[str]] | None = None,
+                map_seed_base: int = MAP_SEED_BASE) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     """Play every world for `minutes` minutes through the served path (module docstring).
 
     Args:
@@ -222,6 +224,7 @@ def play_worlds(model: WorldModel, *, minutes: int, seed: int, captions: dict[st
         minutes: unbroken minutes per world (>= 1).
         seed: the player scripts' seed.
         captions: theme -> captions, the first of which prompts that world (default: `prompts.TRAIN_CAPTIONS`).
+        map_seed_base: world w is played on map seed map_seed_base + w.
 
     Returns:
         ({"worlds": per world and mark the window statistics, "bars": per mark `judge`}, theme -> uint8
@@ -243,7 +246,7 @@ def play_worlds(model: WorldModel, *, minutes: int, seed: int, captions: dict[st
     videos: dict[str, np.ndarray] = {}
     for w, theme in enumerate(world.THEMES):
         actions, segs = player_script(rng, n)
-        map_seed = MAP_SEED_BASE + w
+        map_seed = map_seed_base + w
         prompt = model.encode_prompt(captions[theme][0])
         shown = model.theme_for(prompt)  # type: ignore[attr-defined]
         t0 = time.perf_counter()
@@ -282,3 +285,52 @@ def save_worlds(path: Path, videos: dict[str, np.ndarray], seconds: list[float])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Tune the serving sampler's settings on the tuning seeds: the play test's bars per world, printed as JSON.
+
+        python -m worldcast.models.tinyworld.playtest --draw-sigma 6 --terrain-sigma 2 --object-offset 0
+
+    (`network.DRAW_SIGMA_PX`, `network.TERRAIN_SIGMA_PX`, `network.DRAW_LOGIT_OFFSET`.) The play test itself
+    (`evaluate.py`) runs on other seeds, so the settings are not chosen on the numbers that judge them.
+    """
+    import argparse
+    import json
+
+    import torch
+
+    from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, TinyWorldModel
+
+    ap = argparse.ArgumentParser(prog="python -m worldcast.models.tinyworld.playtest",
+                                 description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
+    ap.add_argument("--minutes", type=int, default=5)
+    ap.add_argument("--map-seed-base", type=int, default=TUNING_SEED_BASE)
+    ap.add_argument("--seed", type=int, default=1, help="the player scripts' seed (the play test uses 0)")
+    ap.add_argument("--draw-sigma", type=float, default=None, help="px; default network.DRAW_SIGMA_PX")
+    ap.add_argument("--terrain-sigma", type=float, default=None, help="px; default network.TERRAIN_SIGMA_PX")
+    ap.add_argument("--object-offset", type=float, default=None, help="default network.DRAW_LOGIT_OFFSET")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    model = TinyWorldModel.from_pretrained(args.weights)
+    if args.draw_sigma is not None:
+        model.net.draw_sigma_px = args.draw_sigma
+    if args.terrain_sigma is not None:
+        model.net.terrain_sigma_px = args.terrain_sigma
+    if args.object_offset is not None:
+        model.net.draw_logit_offset = args.object_offset
+    choose_way(model, compile_steps=not args.no_compile)
+    played, _ = play_worlds(model, minutes=args.minutes, seed=args.seed, map_seed_base=args.map_seed_base)
+    bars = played["bars"]
+    print(json.dumps({"draw_sigma_px": model.net.draw_sigma_px, "terrain_sigma_px": model.net.terrain_sigma_px,
+                      "draw_logit_offset": model.net.draw_logit_offset, "map_seed_base": args.map_seed_base,
+                      "seed": args.seed, "bars": bars}, indent=2))
+    return 0 if all(b["alive"] and b["answers_every_key"] for b in bars.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,8 +18,10 @@ from worldcast.models.tinyworld.network import (
     camera_shift,
     draw_objects,
     frame_age_bias,
+    gaussian_blur,
     marker_mask,
     paint,
+    smooth_height,
     to_frame_space,
     warp,
 )
@@ -212,6 +214,43 @@ def test_drawn_objects_keep_their_probability_and_come_in_blobs() -> None:
     assert torch.equal(draw_objects(logit, eps), d)
 
 
+def test_smoothing_the_height_keeps_the_simulators_terrain_and_removes_pixel_grain() -> None:
+    """The served height smoothing leaves a simulator view's height (value noise on 16- and 32-pixel cells) all but
+    unchanged, while a pixel-scale grain on it (the one-pass painter's) loses most of its mean |Laplacian|; the
+    result stays a height in [0, 1], and the view's edge is not wrapped around."""
+    views = torch.stack([torch.from_numpy(world._view(world.WorldMap.generate(seed).height, 37 * seed, 11, 64))
+                         for seed in range(4)])[:, None].clamp(1e-3, 1 - 1e-3)
+
+    def lap(h: torch.Tensor) -> float:
+        return float((h[..., :-2, 1:-1] + h[..., 2:, 1:-1] + h[..., 1:-1, :-2] + h[..., 1:-1, 2:]
+                      - 4 * h[..., 1:-1, 1:-1]).abs().mean())
+
+    smooth = smooth_height(torch.logit(views))
+    assert smooth.dtype == torch.float32 and smooth.shape == views.shape
+    assert float((smooth - views).abs().max()) < 0.05 and float((smooth - views).abs().mean()) < 0.01
+    g = torch.Generator().manual_seed(1)
+    grain = (views + 0.05 * torch.randn(views.shape, generator=g)).clamp(1e-3, 1 - 1e-3)
+    out = smooth_height(torch.logit(grain).to(torch.bfloat16))
+    assert lap(out) < lap(grain) / 8
+    assert float(out.min()) >= 0 and float(out.max()) <= 1
+    edge = torch.zeros(1, 1, S, S)
+    edge[..., :, : S // 2] = 1.0  # a cliff at the middle column and, on a torus, at the border
+    h = smooth_height(torch.logit(edge.clamp(1e-3, 1 - 1e-3)))
+    assert float(h[..., :, 0].min()) > 0.99 and float(h[..., :, -1].max()) < 0.01  # the border: no wrap
+    assert 0.3 < float(h[0, 0, 5, S // 2 - 1]) < 0.7  # the cliff: blurred
+
+
+def test_the_circular_blur_of_a_plane_smaller_than_its_kernel_wraps_as_often_as_it_needs() -> None:
+    """A draw field wider than the frame (a 16x16 test model, a 6-px field: radius 18) wraps the noise around as
+    many times as needed: the same as blurring the periodic plane tiled out and cropping it back."""
+    g = torch.Generator().manual_seed(3)
+    for side in (16, 64):
+        x = torch.randn(2, 1, side, side, generator=g)
+        tiled = gaussian_blur(x.repeat(1, 1, 5, 5), 6.0, padding="circular", unit_l2=True)
+        crop = tiled[..., 2 * side:3 * side, 2 * side:3 * side]
+        assert torch.allclose(gaussian_blur(x, 6.0, padding="circular", unit_l2=True), crop, atol=1e-5)
+
+
 def test_a_new_network_learns_to_mix_colours() -> None:
     """No symmetric start: the world colours differ, and the height and object logits get a gradient from the
     first step (with equal colours they would get none)."""
@@ -306,6 +345,7 @@ def test_serving_draws_each_strip_pixel_as_terrain_or_object_and_follows_the_noi
     assert 0 < int(is_object.sum()) < len(px)
     assert torch.equal(x0, again)
     assert not torch.equal(x0[0, 0][:, imagined], other[0, 0][:, imagined])
+    assert torch.equal(x0[0, 0][:, known[0, 0].bool()], fr[1][:, known[0, 0].bool()])  # smoothing paints, never moves
     mpx = mean[0, 0][:, imagined].T
     assert not bool(((mpx - ob).abs().amax(1) < 1e-5).any())  # t < 1: the expected picture, objects mixed in
 
