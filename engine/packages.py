@@ -36,6 +36,7 @@ import functools
 import hashlib
 import logging
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -76,16 +77,25 @@ class ArgSpec:
 
 
 def weights_digest(fn: StepFn) -> str:
-    """sha256 over the tensors a step closes over: every `nn.Module` or tensor among a
-    `functools.partial`'s bound arguments (parameters and buffers, names and bytes), and the
-    function's qualified name. Hashing TinyWorld's 3 M parameters takes a few ms."""
+    """sha256 over what a step's compiled code depends on besides its arguments: the function's
+    qualified name and the source file of its module; every `nn.Module` or tensor among a
+    `functools.partial`'s bound arguments (parameters and buffers, names and bytes; a module's
+    plain settings, such as TinyWorld's sampler smoothings, and its class's source file). Editing
+    the model's code or a setting misses the cache as new weights do. Hashing TinyWorld's 3 M
+    parameters takes a few ms."""
     h = hashlib.sha256()
     base = fn.func if isinstance(fn, functools.partial) else fn
     h.update(f"{getattr(base, '__module__', '')}.{getattr(base, '__qualname__', repr(base))}".encode())
+    _digest_source(h, getattr(base, "__module__", None))
     bound = [*fn.args, *fn.keywords.values()] if isinstance(fn, functools.partial) else []
     for obj in bound:
         tensors: list[tuple[str, torch.Tensor]] = []
         if isinstance(obj, torch.nn.Module):
+            _digest_source(h, type(obj).__module__)
+            for m in obj.modules():
+                settings = sorted((k, v) for k, v in vars(m).items()
+                                  if not k.startswith("_") and isinstance(v, (bool, int, float, str)))
+                h.update(repr(settings).encode())
             tensors = [*obj.named_parameters(), *obj.named_buffers()]
         elif isinstance(obj, torch.Tensor):
             tensors = [("", obj)]
@@ -95,6 +105,14 @@ def weights_digest(fn: StepFn) -> str:
             h.update(str(tuple(t.shape)).encode())
             h.update(t.detach().cpu().flatten().clone().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _digest_source(h: hashlib._Hash, module_name: str | None) -> None:
+    """Feed `h` the bytes of `module_name`'s source file (nothing for a module without one)."""
+    mod = sys.modules.get(module_name or "")
+    path = getattr(mod, "__file__", None)
+    if path and Path(path).is_file():
+        h.update(Path(path).read_bytes())
 
 
 def package_key(name: str, digest: str, specs: Sequence[ArgSpec], device: torch.device) -> str:

@@ -38,7 +38,27 @@ def test_a_key_changes_with_weights_shapes_dtypes_and_step() -> None:
     assert key != package_key("lin", weights_digest(fa), (ArgSpec.of(torch.zeros(2, 4, dtype=torch.bfloat16)),), CPU)
     with torch.no_grad():
         a.weight[0, 0] += 1e-3  # one weight moved: a package built before no longer matches
-    assert key != package_key("lin", weights_digest(functools.partial(_lin, a)), spec, CPU)
+    moved = package_key("lin", weights_digest(functools.partial(_lin, a)), spec, CPU)
+    assert key != moved
+    a.smoothing_px = 2.0  # a module's plain setting the traced code reads (TinyWorld's sampler smoothings)
+    assert moved != package_key("lin", weights_digest(functools.partial(_lin, a)), spec, CPU)
+
+
+def test_a_key_changes_with_the_code_of_the_step_and_its_module(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Editing the step's module (or the module class's) misses the cache: new code with old weights is never
+    served a package compiled from the old code."""
+    import importlib
+    import sys
+
+    src = tmp_path / "pkgstep.py"
+    src.write_text("def step(mod, x):\n    return mod(x)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("pkgstep")
+    lin = torch.nn.Linear(4, 4)
+    before = weights_digest(functools.partial(mod.step, lin))
+    src.write_text("def step(mod, x):\n    return mod(x) * 2\n")
+    assert weights_digest(functools.partial(mod.step, lin)) != before
+    sys.modules.pop("pkgstep", None)
 
 
 def test_a_package_checks_its_arguments_before_running() -> None:
