@@ -98,7 +98,7 @@ def _serving(model: WorldModel, col: _Collector, *, sessions: int, max_batch: in
     extra: dict[str, Any] = {} if compile is None else {"compile": compile}
     if compile_buckets is not None:
         extra["compile_buckets"] = compile_buckets
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * (sessions + 4),
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * (sessions + 4),
                                          max_batch=max_batch, torch_threads=threads, precision=precision, **extra),
                      on_frames=col.on_frames, on_error=col.on_error)
     w.on_step = col.on_step

@@ -93,7 +93,6 @@ class EngineConfig:
     state_budget_bytes: int | None = None
     memory_fraction: float = 0.8  #: share of the free memory after the weights the state pool may take, (0, 1]
     max_slots: int = 64  #: most state slots allocated, however much memory is free
-    kv_budget_bytes: int | None = None  #: the older name of `state_budget_bytes` (used when that is None)
     max_batch: int = 8  #: most sessions per batched step (1 = no batching)
     torch_threads: int | None = None  #: intra-op CPU threads for torch (None: chosen by measurement at warm-up)
     reserved_cores: int = 1  #: cores left to the event loop, video encoders and prompt encoder when choosing threads
@@ -127,9 +126,8 @@ class EngineConfig:
     stall_kill_after_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("state_budget_bytes", "kv_budget_bytes"):
-            if (v := getattr(self, name)) is not None and v <= 0:
-                raise ValueError(f"{name} must be positive")
+        if self.state_budget_bytes is not None and self.state_budget_bytes <= 0:
+            raise ValueError("state_budget_bytes must be positive")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must lie in (0, 1], got {self.memory_fraction}")
         if self.max_slots < 1:
@@ -144,12 +142,6 @@ class EngineConfig:
         if self.precision is not None:
             dtype_from_name(self.precision)
 
-    @property
-    def budget_bytes(self) -> int | None:
-        """The fixed state budget, bytes (None: sized from the device's memory)."""
-        return self.state_budget_bytes if self.state_budget_bytes is not None else self.kv_budget_bytes
-
-
 def plan_engine_memory(model: WorldModel, config: EngineConfig,
                        memory_reader: MemoryReader = read_device_memory) -> StatePlan:
     """Size the state pool for `model` on its device (engine/memory.py), let the model fit its activations
@@ -161,7 +153,7 @@ def plan_engine_memory(model: WorldModel, config: EngineConfig,
         DeviceTooSmall: not one session's state fits.
     """
     reading = memory_reader(model.device)
-    plan = plan_state_memory(model.spec.states, state_budget_bytes=config.budget_bytes,
+    plan = plan_state_memory(model.spec.states, state_budget_bytes=config.state_budget_bytes,
                              memory_fraction=config.memory_fraction, max_slots=config.max_slots, reading=reading)
     logger.info("DeviceWorker: %s", plan.describe())
     if plan.headroom_bytes is not None:

@@ -97,7 +97,7 @@ def server_config(**overrides) -> ServerConfig:  # type: ignore[no-untyped-def]
         port=free_port(),
         ice_host_addresses=["127.0.0.1"],
         video_scale=2,
-        engine=EngineConfig(kv_budget_bytes=64 * 2**20, max_batch=4, torch_threads=1),
+        engine=EngineConfig(state_budget_bytes=64 * 2**20, max_batch=4, torch_threads=1),
         sessions=SessionConfig(
             idle_after_s=60.0, timeout_s=120.0,
             admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=8),

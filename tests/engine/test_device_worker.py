@@ -44,7 +44,7 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
 @pytest.fixture
 def worker(model):  # type: ignore[no-untyped-def]
     rec = Recorder()
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 3, max_batch=4,
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * 3, max_batch=4,
                                          torch_threads=1), on_frames=rec.on_frames, on_error=rec.on_error)
     w.rec = rec  # type: ignore[attr-defined]
     w.start()
@@ -125,7 +125,7 @@ def test_a_failing_session_ends_alone(worker, monkeypatch) -> None:  # type: ign
 
 
 def test_stopped_worker_reports_not_alive(model) -> None:  # type: ignore[no-untyped-def]
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session()),
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session()),
                      on_frames=lambda f: None, on_error=lambda s, r: None)
     w.start()
     assert w.alive
@@ -137,7 +137,7 @@ def test_a_wake_that_arrives_during_a_pass_is_not_lost(model) -> None:  # type: 
     """With nothing to do the worker sleeps for `idle_poll_s` (an hour here). A wake that arrives while it
     is polling (after it read the sessions, before it sleeps: an action pushed just then) must make it poll
     again at once, not sleep through the hour; several wakes before a poll cost one pass."""
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session(), torch_threads=1,
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session(), torch_threads=1,
                                          idle_poll_s=3600), on_frames=lambda f: None, on_error=lambda s, r: None)
     polls: list[float] = []
     second = threading.Event()
@@ -188,7 +188,7 @@ def strict_worker(model):  # type: ignore[no-untyped-def]
     """A worker whose timeouts are measured on a steerable clock."""
     rec = Recorder()
     clock = SteerableClock()
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 3, max_batch=4,
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * 3, max_batch=4,
                                          torch_threads=1, step_timeout_s=TIMEOUT_S, stall_factor=2.0),
                      on_frames=rec.on_frames, on_error=rec.on_error, perf_clock=clock)
     w.rec, w.steer = rec, clock  # type: ignore[attr-defined]
@@ -273,7 +273,7 @@ def test_warmup_chooses_the_thread_count_by_timing_every_candidate(model) -> Non
 
     before = torch.get_num_threads()
     rec = Recorder()
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 2, max_batch=1),
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * 2, max_batch=1),
                      on_frames=rec.on_frames, on_error=rec.on_error)
     try:
         choice = w.choose_threads()
@@ -293,7 +293,7 @@ def test_warmup_chooses_the_thread_count_by_timing_every_candidate(model) -> Non
 def test_configured_threads_are_used_without_timing(model) -> None:  # type: ignore[no-untyped-def]
     before = torch.get_num_threads()
     rec = Recorder()
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 2, torch_threads=1),
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * 2, torch_threads=1),
                      on_frames=rec.on_frames, on_error=rec.on_error)
     try:
         choice = w.choose_threads()
@@ -334,7 +334,7 @@ def test_the_runner_carries_out_a_plan_literally(model) -> None:  # type: ignore
 def test_a_slot_whose_removal_is_queued_is_free_for_the_next_add(model) -> None:  # type: ignore[no-untyped-def]
     """Issue 31, item 4: the server counts a slot free when it removes a session; the worker must too, before
     its loop comes round (here: not started), or the next add is refused after the server admitted it."""
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 2),
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * 2),
                      on_frames=lambda f: None, on_error=lambda s, r: None)
     w.add_session("a", ScriptedConditioner(), seed=0)
     w.add_session("b", ScriptedConditioner(), seed=0)

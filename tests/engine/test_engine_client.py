@@ -87,7 +87,7 @@ async def until(cond, timeout_s: float = 120.0, what: str = "condition") -> None
 
 
 def launch(model, **kw) -> EngineLaunch:  # type: ignore[no-untyped-def]
-    cfg = EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 2, max_batch=1, torch_threads=1)
+    cfg = EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * 2, max_batch=1, torch_threads=1)
     return EngineLaunch(model="tinyworld", weights=kw.pop("weights", None), options={}, device="cpu", config=cfg,
                         log_level=logging.WARNING, **kw)
 
@@ -101,7 +101,7 @@ def twin_frames(model, held: tuple[str, ...], seed: int, n: int) -> dict[int, np
         with lock:
             out.update({f.frame_index: f.image.copy() for f in frames})
 
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session(), max_batch=1,
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session(), max_batch=1,
                                          torch_threads=1), on_frames=on_frames, on_error=lambda s, r: None)
     w.start()
     try:
@@ -234,6 +234,6 @@ def test_an_engine_launch_pins_the_compile_cache_for_every_incarnation(model, mo
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert launch(model).config.compile_cache_dir == tmp_path / "xdg" / "worldcast" / "torch-compile"
-    cfg = EngineConfig(kv_budget_bytes=2**24, compile_cache_dir=tmp_path / "given")
+    cfg = EngineConfig(state_budget_bytes=2**24, compile_cache_dir=tmp_path / "given")
     assert EngineLaunch(model="tinyworld", weights=None, options={}, device="cpu",
                         config=cfg).config.compile_cache_dir == tmp_path / "given"

@@ -93,9 +93,6 @@ def test_the_worker_sizes_its_pool_from_the_reading_and_plans_activations(model,
     with pytest.raises(DeviceTooSmall):
         DeviceWorker(model, EngineConfig(memory_fraction=0.5, torch_threads=1), on_frames=lambda f: None,
                      on_error=lambda s, r: None, memory_reader=lambda dev: fake(slot))
-    old = DeviceWorker(model, EngineConfig(kv_budget_bytes=slot * 2, torch_threads=1), on_frames=lambda f: None,
-                       on_error=lambda s, r: None, memory_reader=lambda dev: fake(slot))  # the old name still works
-    assert old.pool.num_slots == 2
 
 
 def test_start_up_objects_frozen_out_of_collection_are_not_scanned_again() -> None:

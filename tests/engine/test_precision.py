@@ -139,7 +139,7 @@ def test_the_device_worker_serves_the_dtype_it_chose(fresh_model) -> None:  # ty
         with lock:
             frames.extend(fs)
 
-    w = DeviceWorker(m, EngineConfig(kv_budget_bytes=2**24, max_batch=2, torch_threads=1, precision="bfloat16",
+    w = DeviceWorker(m, EngineConfig(state_budget_bytes=2**24, max_batch=2, torch_threads=1, precision="bfloat16",
                                      compile=False), on_frames=on_frames, on_error=lambda s, r: None)
     w.warmup(chunks=1)
     report = w.snapshot.warmup
@@ -169,13 +169,13 @@ def test_a_restarted_engine_serves_its_predecessors_dtype_without_measuring(fres
     from worldcast.engine.warmup import ServedWay
 
     m = fresh_model
-    before = DeviceWorker(m, EngineConfig(kv_budget_bytes=2**24, torch_threads=1, compile=False, precision="bfloat16"),
+    before = DeviceWorker(m, EngineConfig(state_budget_bytes=2**24, torch_threads=1, compile=False, precision="bfloat16"),
                           on_frames=lambda fs: None, on_error=lambda s, r: None)
     before.warmup(chunks=1)
     report = before.warmup_report
     assert ServedWay.from_report(report) == ServedWay("bfloat16", ()) and ServedWay.from_report(None) is None
     m.set_precision(torch.float32)  # a fresh process's model starts in its reference dtype
-    w = DeviceWorker(m, EngineConfig(kv_budget_bytes=2**24, torch_threads=1, compile=False),
+    w = DeviceWorker(m, EngineConfig(state_budget_bytes=2**24, torch_threads=1, compile=False),
                      on_frames=lambda fs: None, on_error=lambda s, r: None)
     assert w.pool.tensors["kv"]["k"].dtype is torch.float32
     w.resume(report)

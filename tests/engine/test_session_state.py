@@ -49,7 +49,7 @@ def wait_for(cond, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-
 
 
 def worker(model, rec: Frames) -> DeviceWorker:  # type: ignore[no-untyped-def]
-    w = DeviceWorker(model, EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * 2, max_batch=1,
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * 2, max_batch=1,
                                          torch_threads=1), on_frames=rec.on_frames, on_error=rec.on_error)
     w.start()
     return w

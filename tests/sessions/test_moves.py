@@ -43,7 +43,7 @@ class MirroringLocalEngine(LocalEngine):
 
 def manager(model, engines: int = 2, max_sessions: int = 8, slots: int = 2,  # type: ignore[no-untyped-def]
             kind: type[LocalEngine] = LocalEngine) -> SessionManager:
-    cfg = EngineConfig(kv_budget_bytes=model.spec.state_bytes_per_session() * slots, max_batch=2, torch_threads=1)
+    cfg = EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * slots, max_batch=2, torch_threads=1)
     return SessionManager(model, engine_config=cfg, engines=[kind(i, model, cfg) for i in range(engines)],
                           config=SessionConfig(tick_s=3600, warmup=False, admission=AdmissionConfig(
                               policy=AdmissionPolicy.STATIC, max_sessions=max_sessions)))

@@ -243,7 +243,7 @@ def test_a_device_too_slow_for_one_session_is_degraded_and_says_so() -> None:
             return super().denoise(x_t, t, cond, state)
 
     slow = SlowDeviceTinyWorld.from_pretrained()
-    cfg = server_config(engine=EngineConfig(kv_budget_bytes=64 * 2**20, max_batch=1, torch_threads=1),
+    cfg = server_config(engine=EngineConfig(state_budget_bytes=64 * 2**20, max_batch=1, torch_threads=1),
                         sessions=SessionConfig(idle_after_s=60.0, timeout_s=120.0,
                                                admission=AdmissionConfig(policy=AdmissionPolicy.DUTY_CYCLE)))
     for srv in _serve(cfg, slow):

@@ -16,7 +16,7 @@ from worldcast.transport.metrics import Metrics
 
 async def test_scrapes_and_admission_while_sessions_come_and_go(model) -> None:  # type: ignore[no-untyped-def]
     m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, max_batch=4,
-                                                         kv_budget_bytes=model.spec.state_bytes_per_session() * 4),
+                                                         state_budget_bytes=model.spec.state_bytes_per_session() * 4),
                        config=SessionConfig(tick_s=3600, warmup=False,
                                             admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=4)))
     metrics = Metrics(m)
