@@ -78,18 +78,19 @@ PALETTE = WORLD_COLOURS + OVERLAY_COLOURS
 HEIGHT, OBJECT, LAYERS = 0, 1, slice(2, 5)
 HEAD_PLANES = 2 + 1 + OVERLAY_COLOURS
 #: Smoothing (pixels, Gaussian sigma) of the field objects are drawn from (`draw_objects`): about the simulator's
-#: objects (discs of radius 2-5 px, `world.WorldMap.generate`). Chosen among 1.5-6 px on 5-minute rollouts of
-#: map seeds other than the play test's (`python -m worldcast.models.tinyworld.playtest`, seeds 3,000,000 on;
-#: model card): smaller fields draw ragged, speckled blobs whose edges alone double a world's texture.
+#: objects (discs of radius 2-5 px, `world.WorldMap.generate`). Chosen among 1.5-6 px on offline rollouts of
+#: the tuning seeds (3,000,000 on, not the play test's; a script not kept), then checked through the served path
+#: by `python -m worldcast.models.tinyworld.playtest` (model card): smaller fields draw ragged, speckled blobs
+#: whose edges alone double a world's texture.
 DRAW_SIGMA_PX = 6.0
 #: Smoothing (pixels, Gaussian sigma) of the terrain height a serving pass paints (`smooth_height`). The
 #: simulator's height is value noise on 32- and 16-pixel cells (`world.WorldMap.generate`), so this takes
-#: nothing from it; chosen among 1-2 px by the same command as DRAW_SIGMA_PX.
+#: nothing from it; chosen among 1-2 px as DRAW_SIGMA_PX was.
 TERRAIN_SIGMA_PX = 2.0
 #: Offset added to the object logit before objects are drawn (a one-parameter recalibration of the served
 #: sampler, as Platt scaling is): under its own drawn context the network expects more objects than under the
 #: simulator's it was trained on, so the drawn share ran 1.41x the simulator's (geometric mean over the six worlds
-#: at minutes 1 and 5 of the tuning seeds; -0.4 gave 0.955x). Fitted to 1x by the same command as DRAW_SIGMA_PX.
+#: at minutes 1 and 5 of the tuning seeds; -0.4 gave 0.955x), fitted to 1x with `playtest`'s command.
 DRAW_LOGIT_OFFSET = -0.35
 #: Input planes per pixel: the noisy frame where the warp cannot show the pixel (3), the warped previous frame (3),
 #: the known mask (1).
