@@ -24,7 +24,7 @@ from worldcast.engine.compiled import default_cache_dir
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.engine.engine_process import engine_main
-from worldcast.engine.shm_frames import FrameRing
+from worldcast.engine.shm_frames import ShmFrameRing
 from worldcast.engine.warmup import WarmupReport
 from worldcast.models.spec import WorldModelSpec
 
@@ -97,7 +97,7 @@ class Incarnation:
     number: int
     proc: Any  #: multiprocessing.Process (spawn context)
     conn: Connection
-    ring: FrameRing
+    ring: ShmFrameRing
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     pid: int | None = None
     num_slots: int = 0
@@ -110,13 +110,13 @@ class Incarnation:
 
 
 
-def ring_for(spec: WorldModelSpec, config: EngineConfig) -> FrameRing:
+def ring_for(spec: WorldModelSpec, config: EngineConfig) -> ShmFrameRing:
     """A frame ring for one engine process: slots of one frame of the model's size, enough for a few
     chunks of every session of a full batch (fewer for large frames: at most `RING_MAX_BYTES`)."""
     frame_bytes = spec.frame_height * spec.frame_width * 3
     frames = max(64, 4 * spec.chunk_pixel_frames(0) * max(1, config.max_batch))
-    return FrameRing.create(slots=FrameRing.slots_for(frame_bytes=frame_bytes, frames=frames, max_bytes=RING_MAX_BYTES),
-                            slot_bytes=frame_bytes)
+    slots = ShmFrameRing.slots_for(frame_bytes=frame_bytes, frames=frames, max_bytes=RING_MAX_BYTES)
+    return ShmFrameRing.create(slots=slots, slot_bytes=frame_bytes)
 
 
 def spawn(engine_id: int, launch: EngineLaunch, *, spec: WorldModelSpec, number: int, warmup: bool,

@@ -42,7 +42,7 @@ from worldcast.engine.engine_conditioner import MirrorConditioner
 from worldcast.engine.errors import EngineError
 from worldcast.engine.memory import freeze_startup_objects
 from worldcast.engine.session_state import SessionStateError
-from worldcast.engine.shm_frames import FrameMeta, FrameRing, FrameRingFull
+from worldcast.engine.shm_frames import FrameMeta, ShmFrameRing, ShmFrameRingFull
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.threads import available_cores
 
@@ -95,7 +95,7 @@ class EngineProcessCore:
         for mod in spec.family_modules:
             importlib.import_module(mod)
         self.model = registry.load(spec.model, weights=spec.weights, device=spec.device, options=spec.options)
-        self.ring = FrameRing.attach(spec.ring_name, slots=spec.ring_slots, slot_bytes=spec.ring_slot_bytes)
+        self.ring = ShmFrameRing.attach(spec.ring_name, slots=spec.ring_slots, slot_bytes=spec.ring_slot_bytes)
         config = spec.config
         if spec.prior_threads is not None and config.torch_threads is None:
             config = dataclasses.replace(config, torch_threads=spec.prior_threads)
@@ -118,7 +118,7 @@ class EngineProcessCore:
         for f in frames:
             try:
                 idx = self.ring.write(f.image)
-            except FrameRingFull:
+            except ShmFrameRingFull:
                 logger.warning("engine %d: frame ring full (the server is not reading): dropped frame %d of "
                                "Session(%s)", self.spec.engine_id, f.frame_index, f.session_id)
                 continue

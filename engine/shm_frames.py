@@ -1,4 +1,4 @@
-"""FrameRing: decoded frames from an engine process to the server, through shared memory.
+"""ShmFrameRing: decoded frames from an engine process to the server, through shared memory.
 
 An engine process writes each frame's pixels into the next slot of a ring
 in POSIX shared memory (`multiprocessing.shared_memory`) and sends only a
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 HEADER_BYTES = 64
 
 
-class FrameRingFull(Exception):
+class ShmFrameRingFull(Exception):
     """Every slot holds a frame the reader has not released yet."""
 
 
@@ -67,11 +67,11 @@ class FrameMeta:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
-class FrameRing:
+class ShmFrameRing:
     """A single-writer, single-reader ring of frame slots in shared memory.
 
-    Create it in the server with `FrameRing.create`, pass `name`, `slots` and
-    `slot_bytes` to the engine, which calls `FrameRing.attach`.
+    Create it in the server with `ShmFrameRing.create`, pass `name`, `slots` and
+    `slot_bytes` to the engine, which calls `ShmFrameRing.attach`.
 
     Args:
         shm: the shared memory block.
@@ -99,7 +99,7 @@ class FrameRing:
         return self.shm.name
 
     @classmethod
-    def create(cls, *, slots: int, slot_bytes: int) -> FrameRing:
+    def create(cls, *, slots: int, slot_bytes: int) -> ShmFrameRing:
         """A new, empty ring in a fresh shared-memory block (the caller owns and unlinks it)."""
         size = HEADER_BYTES + slots * slot_bytes
         shm = shared_memory.SharedMemory(create=True, size=size)
@@ -107,7 +107,7 @@ class FrameRing:
         return cls(shm, slots=slots, slot_bytes=slot_bytes, owner=True)
 
     @classmethod
-    def attach(cls, name: str, *, slots: int, slot_bytes: int) -> FrameRing:
+    def attach(cls, name: str, *, slots: int, slot_bytes: int) -> ShmFrameRing:
         """Open an existing ring by name (the engine side).
 
         Raises:
@@ -140,7 +140,7 @@ class FrameRing:
             its ring index (pass it in the frame's `FrameMeta`).
 
         Raises:
-            FrameRingFull: the reader has not released the slot yet (the frame is not written; counted
+            ShmFrameRingFull: the reader has not released the slot yet (the frame is not written; counted
                 in `dropped`).
             ValueError: the image is not uint8 or is larger than a slot.
         """
@@ -151,7 +151,7 @@ class FrameRing:
             raise ValueError(f"a frame of {tuple(image.shape)} ({n} B) exceeds the ring's {self.slot_bytes} B slots")
         if self.written - self.released() >= self.slots:
             self.dropped += 1
-            raise FrameRingFull(f"all {self.slots} frame slots are unreleased")
+            raise ShmFrameRingFull(f"all {self.slots} frame slots are unreleased")
         idx = self.written
         slot = self._data[idx % self.slots]
         np.copyto(slot[:n].reshape(image.shape), image)
@@ -184,7 +184,7 @@ class FrameRing:
             try:
                 self.shm.close()
             except BufferError:  # a view still exported somewhere: leave the mapping to the process's exit
-                logger.debug("FrameRing(%s): mapping still in use at close", self.name)
+                logger.debug("ShmFrameRing(%s): mapping still in use at close", self.name)
             if self.owner:
                 try:
                     self.shm.unlink()

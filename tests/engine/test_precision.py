@@ -169,7 +169,8 @@ def test_a_restarted_engine_serves_its_predecessors_dtype_without_measuring(fres
     from worldcast.engine.warmup import ServedWay
 
     m = fresh_model
-    before = DeviceWorker(m, EngineConfig(state_budget_bytes=2**24, torch_threads=1, compile=False, precision="bfloat16"),
+    before = DeviceWorker(m, EngineConfig(state_budget_bytes=2**24, torch_threads=1, compile=False,
+                                          precision="bfloat16"),
                           on_frames=lambda fs: None, on_error=lambda s, r: None)
     before.warmup(chunks=1)
     report = before.warmup_report

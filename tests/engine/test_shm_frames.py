@@ -1,4 +1,4 @@
-"""FrameRing: frames through shared memory, in ring order, never overwritten before release."""
+"""ShmFrameRing: frames through shared memory, in ring order, never overwritten before release."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from worldcast.engine.shm_frames import FrameMeta, FrameRing, FrameRingFull
+from worldcast.engine.shm_frames import FrameMeta, ShmFrameRing, ShmFrameRingFull
 
 
 def _meta(idx: int, shape: tuple[int, int, int]) -> FrameMeta:
@@ -15,7 +15,7 @@ def _meta(idx: int, shape: tuple[int, int, int]) -> FrameMeta:
 
 
 def test_frames_come_back_identical_in_order_and_slots_are_reused_after_release() -> None:
-    ring = FrameRing.create(slots=3, slot_bytes=4 * 5 * 3)
+    ring = ShmFrameRing.create(slots=3, slot_bytes=4 * 5 * 3)
     try:
         rng = np.random.default_rng(0)
         for i in range(10):  # more frames than slots: each released before the ring wraps onto it
@@ -32,11 +32,11 @@ def test_frames_come_back_identical_in_order_and_slots_are_reused_after_release(
 
 
 def test_a_full_ring_drops_the_new_frame_instead_of_overwriting_an_unread_one() -> None:
-    ring = FrameRing.create(slots=2, slot_bytes=3)
+    ring = ShmFrameRing.create(slots=2, slot_bytes=3)
     try:
         a, b, c = (np.full((1, 1, 3), v, np.uint8) for v in (1, 2, 3))
         ia, ib = ring.write(a), ring.write(b)
-        with pytest.raises(FrameRingFull):
+        with pytest.raises(ShmFrameRingFull):
             ring.write(c)
         assert ring.dropped == 1 and ring.written == 2
         assert np.array_equal(ring.read(_meta(ia, (1, 1, 3))), a)  # unread frames were not touched
@@ -48,7 +48,7 @@ def test_a_full_ring_drops_the_new_frame_instead_of_overwriting_an_unread_one() 
 
 
 def test_bad_frames_are_refused_and_change_nothing() -> None:
-    ring = FrameRing.create(slots=2, slot_bytes=12)
+    ring = ShmFrameRing.create(slots=2, slot_bytes=12)
     try:
         with pytest.raises(ValueError, match="exceeds"):
             ring.write(np.zeros((2, 3, 3), np.uint8))
@@ -58,17 +58,17 @@ def test_bad_frames_are_refused_and_change_nothing() -> None:
     finally:
         ring.close()
     with pytest.raises(ValueError):
-        FrameRing.create(slots=0, slot_bytes=1)
+        ShmFrameRing.create(slots=0, slot_bytes=1)
 
 
 def _write_from_child(name: str, slots: int, slot_bytes: int, value: int) -> None:
-    ring = FrameRing.attach(name, slots=slots, slot_bytes=slot_bytes)
+    ring = ShmFrameRing.attach(name, slots=slots, slot_bytes=slot_bytes)
     ring.write(np.full((2, 2, 3), value, np.uint8))
     ring.close()
 
 
 def test_another_process_writes_what_this_one_reads_and_the_owner_unlinks() -> None:
-    ring = FrameRing.create(slots=2, slot_bytes=12)
+    ring = ShmFrameRing.create(slots=2, slot_bytes=12)
     name = ring.name
     try:
         p = mp.get_context("spawn").Process(target=_write_from_child, args=(name, 2, 12, 42))
@@ -79,5 +79,5 @@ def test_another_process_writes_what_this_one_reads_and_the_owner_unlinks() -> N
     finally:
         ring.close()
     with pytest.raises(FileNotFoundError):
-        FrameRing.attach(name, slots=2, slot_bytes=12)
+        ShmFrameRing.attach(name, slots=2, slot_bytes=12)
     ring.close()  # idempotent
