@@ -276,13 +276,23 @@ def carry_noise(noise_prev: torch.Tensor, fresh: torch.Tensor, action: torch.Ten
     return torch.where(known > 0, warped, fresh.to(noise_prev.dtype))
 
 
-@functools.lru_cache(maxsize=16)
 def gaussian_kernel_1d(sigma_px: float, device: torch.device, *, unit_l2: bool = False) -> torch.Tensor:
-    """float32 (2r + 1,), r = ceil(3 sigma): a Gaussian kernel (built once per sigma and device) of unit sum, or,
-    with `unit_l2`, of unit L2 norm (then its outer product with itself, the 2-D kernel, has unit L2 norm too)."""
+    """float32 (2r + 1,), r = ceil(3 sigma): a Gaussian kernel of unit sum, or, with `unit_l2`, of unit L2 norm
+    (then its outer product with itself, the 2-D kernel, has unit L2 norm too). Eager calls build it once per
+    sigma and device; a compiled step builds it in its graph, where it is a constant (Dynamo would trace through
+    the cache and warn)."""
+    if torch.compiler.is_compiling():
+        return _gaussian_kernel_1d(sigma_px, device, unit_l2)
+    return _cached_gaussian_kernel_1d(sigma_px, device, unit_l2)
+
+
+def _gaussian_kernel_1d(sigma_px: float, device: torch.device, unit_l2: bool) -> torch.Tensor:
     r = max(1, int(math.ceil(3 * sigma_px)))
-    k = torch.exp(-0.5 * (torch.arange(-r, r + 1, dtype=torch.float32) / sigma_px) ** 2)
-    return (k / (k.square().sum().sqrt() if unit_l2 else k.sum())).to(device)
+    k = torch.exp(-0.5 * (torch.arange(-r, r + 1, dtype=torch.float32, device=device) / sigma_px) ** 2)
+    return k / (k.square().sum().sqrt() if unit_l2 else k.sum())
+
+
+_cached_gaussian_kernel_1d = functools.lru_cache(maxsize=16)(_gaussian_kernel_1d)
 
 
 def gaussian_blur(x: torch.Tensor, sigma_px: float, *, padding: str, unit_l2: bool = False) -> torch.Tensor:
