@@ -186,26 +186,10 @@ def eval_speed(model: TinyWorldModel, frames: int = 60) -> dict[str, float]:
 
 def save_strip(path: Path, vids: dict[str, np.ndarray], rows: int = 4) -> None:
     """PNG: for `rows` sequences, ground truth above the model (true actions) at several horizons."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cols = [0, 1, 2, 4, 8, 16, 32]
-    fig, axes = plt.subplots(2 * rows, len(cols), figsize=(len(cols) * 1.2, 2 * rows * 1.25))
-    for r in range(rows):
-        for c, h in enumerate(cols):
-            axes[2 * r, c].imshow(vids["gt"][r, h])
-            axes[2 * r + 1, c].imshow(vids["gt"][r, 0] if h == 0 else vids["true"][r, h - 1])
-            if r == 0:
-                axes[0, c].set_title(f"t+{h}", fontsize=8)
-        axes[2 * r, 0].set_ylabel("sim", fontsize=7)
-        axes[2 * r + 1, 0].set_ylabel("model", fontsize=7)
-    for ax in axes.flat:
-        ax.set_xticks([]), ax.set_yticks([])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    playtest.save_pairs(path, [("sim", [vids["gt"][r, h] for h in cols],
+                                [vids["gt"][r, 0] if h == 0 else vids["true"][r, h - 1] for h in cols])
+                               for r in range(rows)], [f"t+{h}" for h in cols], cell_in=1.2)
 
 
 #: The bars of the model card: (bar, least value); "stable" must be true.

@@ -261,30 +261,43 @@ def play_worlds(model: WorldModel, *, minutes: int, seed: int, captions: dict[st
     return {"worlds": per_world, "bars": {f"minute_{mk}": judge(per_world, f"minute_{mk}") for mk in marks}}, videos
 
 
-def save_worlds(path: Path, videos: dict[str, np.ndarray], seconds: list[float]) -> None:
-    """PNG: per world, the simulator above the model at `seconds` (clipped to the video's length)."""
+def save_pairs(path: Path, rows: list[tuple[str, list[np.ndarray], list[np.ndarray]]], titles: list[str],
+               *, cell_in: float = 1.3) -> None:
+    """PNG: per row, the simulator's frames above the model's, one column per title.
+
+    Args:
+        rows: (label, simulator frames, model frames), each frame uint8 (S, S, 3), as many as `titles`.
+        cell_in: inches per picture.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    themes = list(videos)
-    fig, axes = plt.subplots(2 * len(themes), len(seconds), figsize=(len(seconds) * 1.3, 2 * len(themes) * 1.3),
+    fig, axes = plt.subplots(2 * len(rows), len(titles), figsize=(len(titles) * cell_in, 2 * len(rows) * cell_in),
                              squeeze=False)
-    for r, theme in enumerate(themes):
-        for c, s in enumerate(seconds):
-            k = min(int(s * FPS), videos[theme].shape[1] - 1)
-            axes[2 * r, c].imshow(videos[theme][0, k])
-            axes[2 * r + 1, c].imshow(videos[theme][1, k])
+    for r, (label, sim, model) in enumerate(rows):
+        for c, title in enumerate(titles):
+            axes[2 * r, c].imshow(sim[c])
+            axes[2 * r + 1, c].imshow(model[c])
             if r == 0:
-                axes[0, c].set_title(f"{s:g} s", fontsize=8)
-        axes[2 * r, 0].set_ylabel(f"{theme}\nsimulator", fontsize=7)
+                axes[0, c].set_title(title, fontsize=8)
+        axes[2 * r, 0].set_ylabel(label, fontsize=7)
         axes[2 * r + 1, 0].set_ylabel("model", fontsize=7)
     for ax in axes.flat:
         ax.set_xticks([]), ax.set_yticks([])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def save_worlds(path: Path, videos: dict[str, np.ndarray], seconds: list[float]) -> None:
+    """PNG: per world, the simulator above the model at `seconds` (clipped to the video's length)."""
+    rows = []
+    for theme, v in videos.items():
+        ks = [min(int(s * FPS), v.shape[1] - 1) for s in seconds]
+        rows.append((f"{theme}\nsimulator", [v[0, k] for k in ks], [v[1, k] for k in ks]))
+    save_pairs(path, rows, [f"{s:g} s" for s in seconds])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,3 +93,23 @@ def test_a_served_session_starts_on_the_simulators_view(model) -> None:  # type:
 def test_the_play_test_runs_at_least_a_minute(model) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="at least a minute"):
         playtest.play_worlds(model, minutes=0, seed=0)
+
+
+def test_the_pictures_put_each_world_or_sequence_above_its_model_row(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`save_worlds` and evaluate's `save_strip` both draw through `save_pairs`: a PNG of 2 rows per world (or
+    sequence), one column per time, the simulator's frame where asked (a frame's colour shows in its cell)."""
+    from PIL import Image
+
+    from worldcast.models.tinyworld.evaluate import save_strip
+
+    red = np.zeros((3, 40, 64, 64, 3), np.uint8)
+    red[..., 0] = 255
+    videos = {"meadow": np.stack([red[0], red[1] // 2]), "snow": np.stack([red[0], red[1]])}
+    playtest.save_worlds(tmp_path / "w.png", videos, [0, 1, 10])  # 10 s lies past the video: its last frame
+    img = np.asarray(Image.open(tmp_path / "w.png").convert("RGB"))
+    assert img.shape[:2] == (round(4 * 1.3 * 110), round(3 * 1.3 * 110))
+    cell = img.shape[0] // 4
+    assert img[cell // 2, img.shape[1] // 6, 0] > 200 and img[cell // 2, img.shape[1] // 6, 1] < 60  # sim: red
+    assert 100 < img[cell + cell // 2, img.shape[1] // 6, 0] < 160  # the meadow's model: half red
+    save_strip(tmp_path / "s.png", {"gt": red[:2, :33], "true": red[:2, :32]}, rows=2)
+    assert np.asarray(Image.open(tmp_path / "s.png")).shape[:2] == (round(4 * 1.2 * 110), round(7 * 1.2 * 110))
