@@ -81,7 +81,8 @@ def weights_digest(fn: StepFn) -> str:
     qualified name and the source file of its module; every `nn.Module` or tensor among a
     `functools.partial`'s bound arguments (parameters and buffers, names and bytes; a module's
     plain settings, such as TinyWorld's sampler smoothings, and its class's source file). Editing
-    the model's code or a setting misses the cache as new weights do. Hashing TinyWorld's 3 M
+    either file or a setting misses the cache as new weights do; code in other modules they call
+    (kernels, helpers) is not hashed. Hashing TinyWorld's 3 M
     parameters takes a few ms."""
     h = hashlib.sha256()
     base = fn.func if isinstance(fn, functools.partial) else fn

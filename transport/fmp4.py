@@ -104,7 +104,6 @@ class Fmp4Encoder:
                                   options={"movflags": "empty_moov+default_base_moof"})
         st = self._container.add_stream("libx264", rate=fps)
         h264.configure(st.codec_context, width=width, height=height, fps=fps, gop_frames=gop_frames, crf=crf)
-        st.width, st.height = width, height
         st.time_base = Fraction(1, self.timescale)
         self._stream = st
         self._container.start_encoding()  # opens the codec and writes ftyp + moov (empty_moov)

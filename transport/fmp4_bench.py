@@ -36,7 +36,6 @@ def ffmpeg_hold(side: int, frames: int = 10) -> list[int]:
     c = av.open(buf, "w", format="mp4", options={"movflags": "empty_moov+default_base_moof+frag_every_frame"})
     st = c.add_stream("libx264", rate=20)
     h264.configure(st.codec_context, width=side, height=side, fps=20, crf=23)
-    st.width = st.height = side
     held = []
     for i in range(frames):
         f = picture(i, side)

@@ -2,8 +2,8 @@
 
 Realtime settings, the same for the fMP4 stream and LiveKit's pre-encoded track:
 
-- `preset=ultrafast`, `tune=zerolatency`: no lookahead, no B-frames, sliced threads off, so
-  one packet comes out per picture in, at once (x264's documentation of `--tune zerolatency`);
+- `preset=ultrafast`, `tune=zerolatency`: no lookahead, no B-frames (x264's `--tune zerolatency`),
+  so one packet comes out per picture in, at once;
 - one encoder thread: small pictures (256x256 takes ~1-2 ms on one core) gain nothing from
   threads but their latency;
 - an IDR every `gop_frames` pictures (one second by default) and wherever the caller asks
