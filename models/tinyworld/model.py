@@ -45,11 +45,13 @@ from worldcast.models.spec import (
 from worldcast.models.tinyworld import world
 from worldcast.models.tinyworld.family import ACTIONS, CONDITIONING
 from worldcast.models.tinyworld.network import (
+    DRAW_PLANES,
     ChunkRingAttention,
     TinyWorldConfig,
     TinyWorldDenoiser,
     alibi_slopes,
     carry_noise,
+    noise_canvas_side,
     to_frame_space,
     to_pixels,
 )
@@ -78,12 +80,14 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
 
     State: "kv", the self-attention ring (sink + rolling window of frames), and
     "prev", the last committed frame (each frame starts from it, warped by its action),
-    both in `dtype`; "noise", float32 (1, S, S), the noise objects are drawn from, carried
-    with the camera (`network.carry_noise`). Latents are frames (3, S, S) in frame space, one
-    per chunk; the init step commits the initial picture as frame 0. Conditioning: a text prompt,
-    encoded as "prompt" float32 (prompt_dim,), a sentence embedding, part of every chunk.
+    both in `dtype`; "noise", float32 (2, C, C), the canvas of noise objects and terrain are drawn
+    from, carried with the camera (`network.carry_noise`; C = S + 2 * `network.DRAW_MARGIN_PX`).
+    Latents are frames (3, S, S) in frame space, one per chunk; the init step commits the initial picture
+    as frame 0. Conditioning: a text prompt, encoded as "prompt" float32 (prompt_dim,), a sentence
+    embedding, part of every chunk.
     """
     latent = (cfg.channels, cfg.frame_size, cfg.frame_size)
+    canvas = noise_canvas_side(cfg.frame_size)
     return WorldModelSpec(
         name=f"tinyworld-w{cfg.width}l{cfg.layers}",
         frame_height=cfg.frame_size,
@@ -97,7 +101,7 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
                               tokens_per_frame=cfg.tokens_per_frame, window_frames=cfg.window_frames,
                               sink_frames=cfg.sink_frames, dtype=dtype),
             TensorStateSpec("prev", shape=latent, dtype=dtype),
-            TensorStateSpec("noise", shape=(1, cfg.frame_size, cfg.frame_size), dtype=torch.float32),
+            TensorStateSpec("noise", shape=(DRAW_PLANES, canvas, canvas), dtype=torch.float32),
         ),
         actions=ACTIONS,
         conditioning=dataclasses.replace(CONDITIONING, tensors=(("prompt", (cfg.prompt_dim,), torch.float32),)),
@@ -388,9 +392,10 @@ class TinyWorldModel(WorldModel):
                 "prev": Replace(x0[:, -1]), "noise": Replace(noise)}
 
     def draw_noise(self, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
-        """The chunk's draw noise (B, 1, 1, h, w) float32: the state's, carried with the camera, fresh where the
-        move reveals pixels from the first plane of the chunk's initial noise (`ChunkConditioning.noise`, the
-        x_t its first pass starts from); the same in every batch the chunk's steps and commit run in.
+        """The chunk's draw noise (B, 1, 2, C, C) float32: the state's canvas, carried with the camera, fresh where
+        the move brings it onto new positions from the chunk's initial noise (`ChunkConditioning.noise`, the x_t
+        its first pass starts from, `network.fresh_canvas`); the same in every batch the chunk's steps and commit
+        run in.
 
         Raises:
             ValueError: the conditioning carries no initial noise (an init step).
@@ -399,9 +404,8 @@ class TinyWorldModel(WorldModel):
         if memo is None:
             if cond.noise is None:
                 raise ValueError("TinyWorld draws from the chunk's initial noise; this chunk's conditioning has none")
-            fresh = cond.noise[:, 0, :1].float()
-            memo = cond.memo["draw_noise"] = carry_noise(state.tensor("noise"), fresh, cond.action[:, 0],
-                                                         self.net.marker)[:, None]
+            fresh = cond.noise[:, 0].flatten(1).float()  # (B, C*h*w)
+            memo = cond.memo["draw_noise"] = carry_noise(state.tensor("noise"), fresh, cond.action[:, 0])[:, None]
         return memo
 
     @torch.no_grad()

@@ -36,10 +36,16 @@ Design (TinyWorld 2; why it keeps a world alive on a CPU budget):
   below flow time 1 paint the expected picture; serving *draws* the objects:
   a pixel is object where a smooth, object-sized standard normal field lies
   below the probability's normal quantile (a Gaussian copula, `draw_objects`).
-  The field's noise lives in world coordinates: it moves with the camera like
-  the picture (`carry_noise`), so the next strip continues the last one's
-  draws and an object comes out as one blob, not as streaks; once painted, it
-  is copied like any known pixel.
+  The field's noise lives in world coordinates, on a canvas reaching past the
+  view (`carry_noise`): it moves with the camera like the picture, so the next
+  strip is drawn from the same field as the last and an object comes out as
+  one blob, not as combs; once painted, it is copied like any known pixel.
+- Drawn terrain: the painter's height for a revealed strip is the expected
+  continuation of the known edge, and walking extruded that edge into bands.
+  Serving adds the increment of a second world-anchored field between each
+  revealed pixel and the edge pixel it continues (`draw_terrain`), sized to
+  the simulator's terrain statistics, so the terrain varies along the walk as
+  the simulator's does and never drifts (the increments telescope).
 - A full-resolution convolutional pixel head turns the transformer's per-patch
   features into those per-pixel planes, so edges are per pixel, not per 8x8 patch.
 - Frames attend causally to a bounded set of earlier frames (a rolling window
@@ -78,20 +84,34 @@ PALETTE = WORLD_COLOURS + OVERLAY_COLOURS
 HEIGHT, OBJECT, LAYERS = 0, 1, slice(2, 5)
 HEAD_PLANES = 2 + 1 + OVERLAY_COLOURS
 #: Smoothing (pixels, Gaussian sigma) of the field objects are drawn from (`draw_objects`): about the simulator's
-#: objects (discs of radius 2-5 px, `world.WorldMap.generate`). Chosen among 1.5-6 px on offline rollouts of
-#: the tuning seeds (3,000,000 on, not the play test's; a script not kept), then checked through the served path
-#: by `python -m worldcast.models.tinyworld.playtest` (model card): smaller fields draw ragged, speckled blobs
-#: whose edges alone double a world's texture.
-DRAW_SIGMA_PX = 6.0
+#: objects (discs of radius 2-5 px, `world.WorldMap.generate`). Chosen between 4 and 6 px on the tuning seeds
+#: (3,000,000 on, not the play test's) through the served path by `python -m worldcast.models.tinyworld.playtest`
+#: (model card, *Serving settings*): 6 px draws fewer, larger blobs, so one 20 s window of one world held
+#: 0.44-3.49x the simulator's objects; 4 px, more and smaller ones, 0.72-2.79x.
+DRAW_SIGMA_PX = 4.0
 #: Smoothing (pixels, Gaussian sigma) of the terrain height a serving pass paints (`smooth_height`). The
 #: simulator's height is value noise on 32- and 16-pixel cells (`world.WorldMap.generate`), so this takes
-#: nothing from it; chosen among 1-2 px as DRAW_SIGMA_PX was.
+#: nothing from it; chosen among 1-2 px on offline rollouts of the tuning seeds.
 TERRAIN_SIGMA_PX = 2.0
 #: Offset added to the object logit before objects are drawn (a one-parameter recalibration of the served
 #: sampler, as Platt scaling is): under its own drawn context the network expects more objects than under the
-#: simulator's it was trained on, so the drawn share ran 1.41x the simulator's (geometric mean over the six worlds
-#: at minutes 1 and 5 of the tuning seeds; -0.4 gave 0.955x), fitted to 1x with `playtest`'s command.
-DRAW_LOGIT_OFFSET = -0.35
+#: simulator's it was trained on: with a 4-px field and drawn terrain the drawn share ran 1.26x the simulator's
+#: (geometric mean over the six worlds at minutes 1 and 5 of the tuning seeds), and a log-linear fit of the share
+#: against the offset (about -1 in log share per unit, measured between 0 and -0.4) puts 1x at -0.24.
+DRAW_LOGIT_OFFSET = -0.24
+#: Smoothing (pixels, Gaussian sigma) of the field the terrain's variation is drawn from (`draw_terrain`) and its
+#: size in height units: the simulator's terrain (`world.WorldMap.generate`) has the structure function
+#: E[(h(x + d) - h(x))^2] = 0.00073, 0.0029, 0.0105, 0.031 at d = 2, 4, 8, 16 px, which a unit Gaussian field of
+#: sigma 8 px scaled by 0.155 matches within 10 % (2 (1 - exp(-d^2 / 4 sigma^2)) alpha^2; computed over 20 maps).
+#: Serving takes sigma 7 px (the largest the noise canvas's margin holds, `DRAW_MARGIN_PX`).
+TERRAIN_FIELD_SIGMA_PX = 7.0
+TERRAIN_DRAW_SCALE = 0.155
+#: Margin (pixels) of the draw noise's canvas beyond each side of the view (`carry_noise`): at least the
+#: reach, ceil(3 sigma), of the widest field drawn from it, so every field over the view is a function of noise
+#: anchored to the world alone.
+DRAW_MARGIN_PX = 22
+#: Planes of the draw noise's canvas: the objects' field, the terrain's field (independent).
+DRAW_PLANES = 2
 #: Input planes per pixel: the noisy frame where the warp cannot show the pixel (3), the warped previous frame (3),
 #: the known mask (1).
 INPUT_PLANES = 7
@@ -257,23 +277,72 @@ def paint(head: torch.Tensor, colours: torch.Tensor, overlay_bias: torch.Tensor,
     return (w[:, :1] * pixel + torch.einsum("nkhw,nkc->nchw", w[:, 1:], colours[:, WORLD_COLOURS:]))
 
 
-def carry_noise(noise_prev: torch.Tensor, fresh: torch.Tensor, action: torch.Tensor,
-                marker: torch.Tensor) -> torch.Tensor:
-    """The noise objects are drawn from, anchored to the world: the previous frame's noise moved by the
-    camera like the picture (`warp`), fresh noise where the move cannot show it (the revealed strip, the
-    marker).
+def noise_canvas_side(frame_size: int) -> int:
+    """Side of the draw noise's canvas: the view plus `DRAW_MARGIN_PX` on each side."""
+    return frame_size + 2 * DRAW_MARGIN_PX
+
+
+def fresh_canvas(fresh: torch.Tensor, side: int) -> torch.Tensor:
+    """A canvas of fresh noise (N, DRAW_PLANES, side, side) float32 from (N, K) standard normal values:
+    plane 0 takes the first side^2 values, plane 1 the values rolled by K // 2 (`carry_noise`). A 64x64
+    frame's initial noise (K = 12,288) fills the canvas (side 108); a smaller frame's values repeat
+    (test-sized models only)."""
+    N, K = fresh.shape
+    if K < side * side:  # a frame too small to fill the canvas (test-sized models): its values repeat
+        fresh = fresh.repeat(1, -(-side * side // K))
+        K = fresh.shape[1]
+    planes = [fresh[:, :side * side], torch.roll(fresh, K // 2, dims=1)[:, :side * side]]
+    return torch.stack(planes, dim=1).float().view(N, DRAW_PLANES, side, side)
+
+
+def carry_noise(noise_prev: torch.Tensor, fresh: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """The noise a frame's draws come from, anchored to the world: the previous frame's canvas moved by the
+    camera like the picture (`warp`), fresh noise where the move brings the canvas onto positions it did not hold.
+
+    The canvas reaches `DRAW_MARGIN_PX` beyond the view on each side, so every smooth field over the view that a
+    draw reads (`noise_field`, reach <= the margin) is a function of world positions alone: a position keeps its
+    noise for as long as it stays on the canvas, and a strip revealed next frame is drawn from the same field as
+    its neighbour drawn this frame (a field over the view alone would wrap or pad at the edge, and each strip
+    would see another field there: drawn objects came out as combs, one tooth per strip). The player marker hides
+    the picture, not the world, so the canvas has no holes.
 
     Args:
-        noise_prev: (N, 1, S, S) the previous frame's draw noise, standard normal per pixel.
-        fresh: (N, 1, S, S) new standard normal noise (the pass's own).
+        noise_prev: (N, DRAW_PLANES, C, C) the previous frame's canvas, C = `noise_canvas_side`, standard normal.
+        fresh: (N, K) standard normal values, K >= C * C (the chunk's initial noise, flattened): plane 0 takes
+            the first C * C, plane 1 the same values rolled by K // 2: a revealed strip (a few pixels wide) reads
+            other values in its two planes except at the few positions that lie K // 2 apart within the strip.
         action: (N, A) the frame's actions.
-        marker: bool (S, S) the marker's pixels.
 
     Returns:
-        (N, 1, S, S) in noise_prev's dtype: still i.i.d. standard normal per world position.
+        (N, DRAW_PLANES, C, C) in noise_prev's dtype: i.i.d. standard normal per world position and plane.
     """
-    warped, known = warp(noise_prev, *camera_shift(action), marker)
-    return torch.where(known > 0, warped, fresh.to(noise_prev.dtype))
+    N, P, C, _ = noise_prev.shape
+    new = fresh_canvas(fresh, C).flatten(2)  # (N, P, C*C)
+    dx, dy = camera_shift(action)
+    r = torch.arange(C, device=noise_prev.device)
+    ys, xs = r[None] + dy[:, None], r[None] + dx[:, None]  # (N, C) source row / column on the previous canvas
+    ok = (((ys >= 0) & (ys < C))[:, :, None] & ((xs >= 0) & (xs < C))[:, None, :]).flatten(1)  # (N, C*C)
+    src = (ys.clamp(0, C - 1)[:, :, None] * C + xs.clamp(0, C - 1)[:, None, :]).flatten(1)
+    moved = noise_prev.flatten(2).gather(2, src[:, None].expand(-1, P, -1))
+    return torch.where(ok[:, None], moved, new.to(noise_prev.dtype)).view(N, P, C, C)
+
+
+def noise_field(canvas: torch.Tensor, sigma_px: float, frame_size: int) -> torch.Tensor:
+    """A smooth standard normal field over the view from one canvas plane (N, 1, C, C) -> float32 (N, 1, S, S).
+
+    The plane blurred by a Gaussian of `sigma_px` whose kernel has unit L2 norm (so each pixel stays N(0, 1)
+    exactly), evaluated only where the kernel lies on the canvas: the view's pixels. Neighbours at distance d
+    correlate as exp(-d^2 / (4 sigma^2)).
+
+    Raises:
+        ValueError: the kernel reaches beyond the canvas's margin.
+    """
+    r = max(1, int(math.ceil(3 * sigma_px)))
+    m = (canvas.shape[-1] - frame_size) // 2
+    if r > m:
+        raise ValueError(f"a field of sigma {sigma_px} px reaches {r} px, beyond the canvas's {m} px margin")
+    x = canvas[..., m - r:m + frame_size + r, m - r:m + frame_size + r].float()
+    return gaussian_blur(x, sigma_px, unit_l2=True, valid=True)
 
 
 def gaussian_kernel_1d(sigma_px: float, device: torch.device, *, unit_l2: bool = False) -> torch.Tensor:
@@ -295,49 +364,76 @@ def _gaussian_kernel_1d(sigma_px: float, device: torch.device, unit_l2: bool) ->
 _cached_gaussian_kernel_1d = functools.lru_cache(maxsize=16)(_gaussian_kernel_1d)
 
 
-def gaussian_blur(x: torch.Tensor, sigma_px: float, *, padding: str, unit_l2: bool = False) -> torch.Tensor:
-    """Separable Gaussian blur of float32 planes (N, 1, H, W) -> (N, 1, H, W).
+def gaussian_blur(x: torch.Tensor, sigma_px: float, *, unit_l2: bool = False, valid: bool = False) -> torch.Tensor:
+    """Separable Gaussian blur of float32 planes (N, 1, H, W).
 
     Args:
-        padding: "circular" (a torus, or i.i.d. noise) or "replicate" (a window onto something larger).
         unit_l2: a kernel of unit L2 norm (`gaussian_kernel_1d`): blurred i.i.d. N(0, 1) noise stays N(0, 1)
             per pixel; else of unit sum (a weighted mean).
+        valid: only where the kernel lies on the plane: (N, 1, H - 2r, W - 2r), r = ceil(3 sigma); else
+            (N, 1, H, W) with the border extended by replication (the plane is a window onto something larger).
     """
     k = gaussian_kernel_1d(sigma_px, x.device, unit_l2=unit_l2)
-    r = k.shape[0] // 2
-    H, W = x.shape[-2:]
-    if padding == "circular" and r > min(H, W):  # a kernel wider than the plane: wrap around more than once
-        n = -(-r // min(H, W))
-        x = x.repeat(1, 1, 2 * n + 1, 2 * n + 1)[..., n * H - r:(n + 1) * H + r, n * W - r:(n + 1) * W + r]
-    else:
-        x = F.pad(x, (r, r, r, r), mode=padding)
+    if not valid:
+        r = k.shape[0] // 2
+        x = F.pad(x, (r, r, r, r), mode="replicate")
     return F.conv2d(F.conv2d(x, k.view(1, 1, -1, 1)), k.view(1, 1, 1, -1))
 
 
-def draw_objects(object_logit: torch.Tensor, eps: torch.Tensor, sigma_px: float = DRAW_SIGMA_PX) -> torch.Tensor:
+def draw_objects(object_logit: torch.Tensor, z: torch.Tensor, sigma_px: float = DRAW_SIGMA_PX) -> torch.Tensor:
     """Draw object coverage from its per-pixel probabilities with spatially correlated noise.
 
     A pixel is object where z < Phi^-1(p), p = sigmoid(object_logit), z a smooth standard normal field
-    made from the plane eps: blurred by a Gaussian of `sigma_px` pixels (circular padding) and divided
-    by the kernel's L2 norm, so each pixel stays N(0, 1) exactly. That is a Gaussian copula: every pixel
-    keeps its own probability P(z < Phi^-1(p)) = p, while neighbours draw alike, so objects come as
-    blobs a few pixels across rather than salt and pepper. The edge is anti-aliased as the simulator's
-    discs are (`world.WorldMap.generate`: a 1-pixel ramp): coverage ramps linearly over about one
-    pixel of the field's slope, clamp((Phi^-1(p) - z) * sigma_px + 1/2, 0, 1) (the field changes by
-    about 1 / sigma_px per pixel).
+    (`noise_field` of `sigma_px` pixels). That is a Gaussian copula: every pixel keeps its own probability
+    P(z < Phi^-1(p)) = p, while neighbours draw alike, so objects come as blobs a few pixels across rather
+    than salt and pepper. The edge is anti-aliased as the simulator's discs are (`world.WorldMap.generate`:
+    a 1-pixel ramp): coverage ramps linearly over about one pixel of the field's slope,
+    clamp((Phi^-1(p) - z) * sigma_px + 1/2, 0, 1) (the field changes by about 1 / sigma_px per pixel).
 
     Args:
         object_logit: (N, 1, S, S) logits of object coverage.
-        eps: (N, 1, S, S) i.i.d. standard normal noise (`carry_noise`: a serving session's, from its
-            seed, anchored to the world).
+        z: (N, 1, S, S) float32 the field (a serving session's from its seed, anchored to the world).
+        sigma_px: the field's smoothing, pixels (sets the edge's ramp).
 
     Returns:
         (N, 1, S, S) coverage in [0, 1] (0 or 1 away from an edge), in object_logit's dtype.
     """
-    z = gaussian_blur(eps.float(), sigma_px, padding="circular", unit_l2=True)
     p = torch.sigmoid(object_logit.float()).clamp(1e-6, 1 - 1e-6)
     level = math.sqrt(2) * torch.erfinv(2 * p - 1)  # Phi^-1(p)
-    return ((level - z) * sigma_px + 0.5).clamp(0, 1).to(object_logit.dtype)
+    return ((level - z.float()) * sigma_px + 0.5).clamp(0, 1).to(object_logit.dtype)
+
+
+def draw_terrain(height: torch.Tensor, z: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor,
+                 scale: float = TERRAIN_DRAW_SCALE) -> torch.Tensor:
+    """The painted terrain height with the variation its expected continuation lacks.
+
+    A painter that predicts the expected terrain of a revealed strip continues the known edge (the
+    conditional mean of a smooth field adds no new variation), so walking extrudes the edge into bands
+    along the motion and the terrain flattens. Serving adds to each pixel the increment of a smooth
+    world-anchored field z between the pixel and the known pixel its strip continues (the view's edge
+    in the direction the camera came from, where the warp's source index is clamped):
+    h(u) + scale (z(u) - z(ref(u))). The increments telescope: along a walk the painted height follows
+    scale * z's variation from where the walk began, with z's statistics (`TERRAIN_DRAW_SCALE` fits
+    them to the simulator's), instead of drifting as a sum of fresh draws would. Pixels the warp can
+    show have ref(u) = u (increment 0); they are copied anyway.
+
+    Args:
+        height: (N, 1, S, S) float32 height in [0, 1] (`smooth_height`).
+        z: (N, 1, S, S) float32 standard normal field anchored to the world (`noise_field`).
+        dx, dy: int64 (N,) the frame's camera move (`camera_shift`).
+        scale: the field's size in height units.
+
+    Returns:
+        (N, 1, S, S) float32 height in [0, 1].
+    """
+    N, _, S, _ = z.shape
+    r = torch.arange(S, device=z.device)
+    # the pixel a revealed pixel continues: its source on the previous view clamped to that view, in this view
+    ref_y = (r[None] + dy[:, None]).clamp(0, S - 1) - dy[:, None]  # (N, S)
+    ref_x = (r[None] + dx[:, None]).clamp(0, S - 1) - dx[:, None]
+    src = (ref_y[:, :, None] * S + ref_x[:, None, :]).flatten(1)  # (N, S*S)
+    z_ref = z.flatten(1).gather(1, src).view_as(z)
+    return (height + scale * (z - z_ref)).clamp(0, 1)
 
 
 def smooth_height(height_logit: torch.Tensor, sigma_px: float = TERRAIN_SIGMA_PX) -> torch.Tensor:
@@ -356,7 +452,7 @@ def smooth_height(height_logit: torch.Tensor, sigma_px: float = TERRAIN_SIGMA_PX
     Returns:
         (N, 1, S, S) float32 height in [0, 1] (the weight of the high terrain colour in `paint`).
     """
-    return gaussian_blur(torch.sigmoid(height_logit.float()), sigma_px, padding="replicate")
+    return gaussian_blur(torch.sigmoid(height_logit.float()), sigma_px)
 
 
 # -----------------------------------------------------------------------------
@@ -624,6 +720,8 @@ class TinyWorldDenoiser(nn.Module):
         self.draw_sigma_px = DRAW_SIGMA_PX
         self.terrain_sigma_px = TERRAIN_SIGMA_PX
         self.draw_logit_offset = DRAW_LOGIT_OFFSET
+        self.terrain_field_sigma_px = TERRAIN_FIELD_SIGMA_PX
+        self.terrain_draw_scale = TERRAIN_DRAW_SCALE
 
     # -- token layout ---------------------------------------------------------
 
@@ -677,8 +775,8 @@ class TinyWorldDenoiser(nn.Module):
                 block then computes just its K/V projection and the head is skipped.
             predict_from: predict x0 only for frames predict_from.. (a sequence whose earlier
                 frames are context).
-            draw_noise: (B, F, 1, S, S) float32 the noise objects are drawn from where `self.draw`
-                is set (`carry_noise`); None: the first plane of x_t (fresh each frame).
+            draw_noise: (B, F, DRAW_PLANES, C, C) float32 the canvas of noise a serving pass draws from where
+                `self.draw` is set (`carry_noise`, C = `noise_canvas_side`); None: a fresh canvas made of x_t.
 
         Returns:
             x0: (B, F - predict_from, 3, S, S) predicted clean frames (None when `kv_only`), and
@@ -722,7 +820,10 @@ class TinyWorldDenoiser(nn.Module):
         assert x_t.shape == prev.shape, f"x_t {tuple(x_t.shape)} vs prev {tuple(prev.shape)}"
         dt = self.inp.weight.dtype
         # objects are drawn from the noise as given (float32 when serving), at full precision
-        noise = x_t[:, :, :1] if draw_noise is None else draw_noise
+        if draw_noise is None and self.draw:  # nothing carried: a canvas of fresh noise from x_t itself
+            fresh = x_t.float().flatten(2).flatten(0, 1)  # (B*F, 3*S*S)
+            draw_noise = fresh_canvas(fresh, noise_canvas_side(S)).unflatten(0, (B, Fr))
+        noise = draw_noise
         x_t, prev, action, prompt = x_t.to(dt), prev.to(dt), action.to(dt), prompt.to(dt)
         dx, dy = camera_shift(action.flatten(0, 1))
         warped, known = warp(prev.flatten(0, 1), dx, dy, self.marker)
@@ -754,11 +855,15 @@ class TinyWorldDenoiser(nn.Module):
         colours, overlay_bias = self.colours(prompt[:, k:].flatten(0, 1)), self.overlay_bias.to(dt)
         object_logit = head[:, OBJECT:OBJECT + 1]
         if self.draw:
+            canvas = sel(noise.flatten(0, 1))  # (B*Fo, DRAW_PLANES, C, C)
             served_logit = object_logit + self.draw_logit_offset
-            drawn = draw_objects(served_logit, sel(noise.flatten(0, 1))[:, :1], self.draw_sigma_px)
+            drawn = draw_objects(served_logit, noise_field(canvas[:, :1], self.draw_sigma_px, S), self.draw_sigma_px)
             first = t[:, k:].reshape(-1, 1, 1, 1) >= 1
             objects = torch.where(first, drawn, torch.sigmoid(served_logit))
             height = smooth_height(head[:, HEIGHT:HEIGHT + 1], self.terrain_sigma_px)
+            z_terrain = noise_field(canvas[:, 1:2], self.terrain_field_sigma_px, S)
+            drawn_height = draw_terrain(height, z_terrain, sel(dx), sel(dy), self.terrain_draw_scale)
+            height = torch.where(first, drawn_height, height)
         else:
             objects = height = None
         painted = paint(head, colours, overlay_bias, objects, height)

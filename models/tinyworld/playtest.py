@@ -303,9 +303,11 @@ def save_worlds(path: Path, videos: dict[str, np.ndarray], seconds: list[float])
 def main(argv: list[str] | None = None) -> int:
     """Tune the serving sampler's settings on the tuning seeds: the play test's bars per world, printed as JSON.
 
-        python -m worldcast.models.tinyworld.playtest --draw-sigma 6 --terrain-sigma 2 --object-offset 0
+        python -m worldcast.models.tinyworld.playtest --draw-sigma 4 --terrain-sigma 2 --object-offset 0 \
+            --terrain-scale 0.155
 
-    (`network.DRAW_SIGMA_PX`, `network.TERRAIN_SIGMA_PX`, `network.DRAW_LOGIT_OFFSET`.) The play test itself
+    (`network.DRAW_SIGMA_PX`, `network.TERRAIN_SIGMA_PX`, `network.DRAW_LOGIT_OFFSET`,
+    `network.TERRAIN_DRAW_SCALE`.) The play test itself
     (`evaluate.py`) runs on other seeds, so the settings are not chosen on the numbers that judge them.
     """
     import argparse
@@ -324,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draw-sigma", type=float, default=None, help="px; default network.DRAW_SIGMA_PX")
     ap.add_argument("--terrain-sigma", type=float, default=None, help="px; default network.TERRAIN_SIGMA_PX")
     ap.add_argument("--object-offset", type=float, default=None, help="default network.DRAW_LOGIT_OFFSET")
+    ap.add_argument("--terrain-scale", type=float, default=None, help="default network.TERRAIN_DRAW_SCALE")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -336,11 +339,14 @@ def main(argv: list[str] | None = None) -> int:
         model.net.terrain_sigma_px = args.terrain_sigma
     if args.object_offset is not None:
         model.net.draw_logit_offset = args.object_offset
+    if args.terrain_scale is not None:
+        model.net.terrain_draw_scale = args.terrain_scale
     choose_way(model, compile_steps=not args.no_compile)
     played, _ = play_worlds(model, minutes=args.minutes, seed=args.seed, map_seed_base=args.map_seed_base)
     bars = played["bars"]
     print(json.dumps({"draw_sigma_px": model.net.draw_sigma_px, "terrain_sigma_px": model.net.terrain_sigma_px,
-                      "draw_logit_offset": model.net.draw_logit_offset, "map_seed_base": args.map_seed_base,
+                      "draw_logit_offset": model.net.draw_logit_offset,
+                      "terrain_draw_scale": model.net.terrain_draw_scale, "map_seed_base": args.map_seed_base,
                       "seed": args.seed, "bars": bars}, indent=2))
     return 0 if all(b["alive"] and b["answers_every_key"] for b in bars.values()) else 1
 

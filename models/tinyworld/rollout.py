@@ -14,11 +14,13 @@ import torch
 
 from worldcast.models.base import rectified_flow_update
 from worldcast.models.tinyworld.network import (
+    DRAW_PLANES,
     DenseAttention,
     TinyWorldConfig,
     TinyWorldDenoiser,
     carry_noise,
     frame_age_bias,
+    noise_canvas_side,
 )
 
 
@@ -101,10 +103,11 @@ def iter_rollout(
     _, kv = _step(net, z0, z0, 0.0, next(acts), next(pros), 0, cache)
     cache.append(0, kv)
     prev, B = z0, z0.shape[0]
-    noise = torch.zeros(B, 1, *z0.shape[2:])  # the draw noise, carried with the camera as the engine does
+    side = noise_canvas_side(z0.shape[-1])
+    noise = torch.zeros(B, DRAW_PLANES, side, side)  # the draw noise, carried with the camera as the engine does
     for i, (a, p) in enumerate(zip(acts, pros), start=1):
         x = torch.randn(z0.shape, generator=generator)
-        noise = carry_noise(noise, x[:, :1], a, net.marker)
+        noise = carry_noise(noise, x.flatten(1), a)
         for k, t in enumerate(timesteps):
             x0, _ = _step(net, x, prev, t, a, p, i, cache, noise)
             t_next = timesteps[k + 1] if k + 1 < len(timesteps) else 0.0

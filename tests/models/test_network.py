@@ -16,10 +16,14 @@ from worldcast.models.tinyworld.network import (
     TinyWorldConfig,
     TinyWorldDenoiser,
     camera_shift,
+    carry_noise,
     draw_objects,
+    draw_terrain,
     frame_age_bias,
     gaussian_blur,
     marker_mask,
+    noise_canvas_side,
+    noise_field,
     paint,
     smooth_height,
     to_frame_space,
@@ -199,8 +203,10 @@ def test_drawn_objects_keep_their_probability_and_come_in_blobs() -> None:
     p = torch.full((1, 1, S, S), 0.05)
     p[..., :, : S // 2] = 0.5
     logit = torch.logit(p).expand(256, -1, -1, -1)
-    eps = torch.randn(256, 1, S, S, generator=g)
-    d = draw_objects(logit, eps)
+    C = noise_canvas_side(S)
+    z = noise_field(torch.randn(256, 1, C, C, generator=g), 6.0, S)
+    assert abs(float(z.std()) - 1) < 0.05, "the field is standard normal per pixel"
+    d = draw_objects(logit, z, 6.0)
     assert float(d.min()) >= 0 and float(d.max()) <= 1
     assert float(((d > 0) & (d < 1)).float().mean()) < 0.25  # anti-aliased edges only (many at p = 0.5)
     rate = d.mean(0)[0]
@@ -211,7 +217,7 @@ def test_drawn_objects_keep_their_probability_and_come_in_blobs() -> None:
     both = float((right[..., :, 1:] * right[..., :, :-1]).mean())
     assert both > 5 * 0.05 ** 2
     # deterministic in the noise: the same noise draws the same objects
-    assert torch.equal(draw_objects(logit, eps), d)
+    assert torch.equal(draw_objects(logit, z, 6.0), d)
 
 
 def test_smoothing_the_height_keeps_the_simulators_terrain_and_removes_pixel_grain() -> None:
@@ -240,15 +246,66 @@ def test_smoothing_the_height_keeps_the_simulators_terrain_and_removes_pixel_gra
     assert 0.3 < float(h[0, 0, 5, S // 2 - 1]) < 0.7  # the cliff: blurred
 
 
-def test_the_circular_blur_of_a_plane_smaller_than_its_kernel_wraps_as_often_as_it_needs() -> None:
-    """A draw field wider than the frame (a 16x16 test model, a 6-px field: radius 18) wraps the noise around as
-    many times as needed: the same as blurring the periodic plane tiled out and cropping it back."""
-    g = torch.Generator().manual_seed(3)
-    for side in (16, 64):
-        x = torch.randn(2, 1, side, side, generator=g)
-        tiled = gaussian_blur(x.repeat(1, 1, 5, 5), 6.0, padding="circular", unit_l2=True)
-        crop = tiled[..., 2 * side:3 * side, 2 * side:3 * side]
-        assert torch.allclose(gaussian_blur(x, 6.0, padding="circular", unit_l2=True), crop, atol=1e-5)
+def test_draw_fields_are_anchored_to_the_world_so_each_strip_continues_the_last() -> None:
+    """Over a walk of random moves (keys, shift, mouse pans, diagonals), the field a draw reads at a world
+    position does not change from one frame to the next while that position is in view: a strip revealed
+    now is drawn from the same field as the neighbour drawn a frame ago (the view-only field this replaced
+    wrapped at the edge, and drawn objects came out as combs). The two planes are independent fields."""
+    g = torch.Generator().manual_seed(5)
+    rng = np.random.default_rng(5)
+    C = noise_canvas_side(S)
+    canvas = torch.zeros(1, 2, C, C)
+    acts = world.random_actions(rng, 60)
+    seen: dict[tuple[int, int], tuple[float, float]] = {}  # world (y, x) -> (object field, terrain field)
+    values = []
+    x = y = 0
+    checked = 0
+    for a in acts:
+        a_t = torch.from_numpy(a)[None]
+        canvas = carry_noise(canvas, torch.randn(1, 3 * S * S, generator=g), a_t)
+        dx, dy = world.camera_step(a)
+        x, y = x + dx, y + dy
+        zo, zt = noise_field(canvas[:, :1], 6.0, S)[0, 0], noise_field(canvas[:, 1:], 7.0, S)[0, 0]
+        now = {(y + r, x + c): (float(zo[r, c]), float(zt[r, c]))
+               for r in range(S) for c in range(S) if (y + r) % 3 == 0 and (x + c) % 3 == 0}
+        for key, v in now.items():  # in view last frame and this one (a position out of view is forgotten)
+            if key in seen:
+                assert seen[key] == v, f"the field moved at world {key}"
+                checked += 1
+        seen = now
+        values += list(now.values())
+    assert checked > 10_000
+    zs = np.array(values)
+    assert abs(np.corrcoef(zs.T)[0, 1]) < 0.2, "the object and terrain fields are independent"
+
+
+def test_drawn_terrain_follows_the_field_along_a_walk_instead_of_extruding_the_edge() -> None:
+    """A painter that only continues the known edge (the expected continuation, as a mean-trained painter
+    does) extrudes it into bands; with `draw_terrain` the heights along a walk follow the world-anchored
+    field's increments exactly from where the walk began, h = h0 + scale (z - z0): they telescope, never
+    drift. Pixels the warp shows are untouched."""
+    g = torch.Generator().manual_seed(6)
+    C = noise_canvas_side(S)
+    canvas = torch.zeros(1, 2, C, C)
+    right = torch.from_numpy(world.action_vector({"d": True}))[None]
+    height = torch.full((1, 1, S, S), 0.5)
+    scale = 0.05  # small enough that nothing clamps
+    z0 = None
+    for _ in range(40):  # 80 px to the right: everything in view was painted on the walk
+        canvas = carry_noise(canvas, torch.randn(1, 3 * S * S, generator=g), right)
+        dx, dy = camera_shift(right)
+        z = noise_field(canvas[:, 1:], 7.0, S)
+        z0 = z[..., :, : S - 2] if z0 is None else z0
+        src = height[..., :, 2:]  # the warp: known pixels move two columns left
+        continued = torch.cat([src, src[..., :, -1:].expand(-1, -1, -1, 2)], dim=-1)  # the edge extruded
+        drawn = draw_terrain(continued, z, dx, dy, scale)
+        assert torch.equal(drawn[..., :, : S - 2], continued[..., :, : S - 2]), "known pixels are untouched"
+        height = drawn
+    # a row's heights follow the field along the walk: h(x) - h(x') = scale (z(x) - z(x'))
+    dz = z[0, 0] - z[0, 0, :, :1]
+    dh = height[0, 0] - height[0, 0, :, :1]
+    torch.testing.assert_close(dh, scale * dz, atol=1e-5, rtol=0)
+    assert float(height.std(dim=-1).mean()) > 0.5 * scale, "the walk shows variation along the motion"
 
 
 def test_a_compiled_blur_builds_its_kernel_without_tracing_the_eager_cache() -> None:
@@ -257,13 +314,13 @@ def test_a_compiled_blur_builds_its_kernel_without_tracing_the_eager_cache() -> 
     import warnings
 
     x = torch.randn(1, 1, 64, 64, generator=torch.Generator().manual_seed(0))
-    fn = torch.compile(lambda t: gaussian_blur(t, 6.0, padding="circular", unit_l2=True), backend="eager",
+    fn = torch.compile(lambda t: gaussian_blur(t, 6.0, unit_l2=True), backend="eager",
                        fullgraph=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         y = fn(x)
     assert not [w for w in caught if "lru_cache" in str(w.message)]
-    assert torch.allclose(y, gaussian_blur(x, 6.0, padding="circular", unit_l2=True))
+    assert torch.allclose(y, gaussian_blur(x, 6.0, unit_l2=True))
 
 
 def test_a_new_network_learns_to_mix_colours() -> None:
