@@ -40,9 +40,9 @@ from fractions import Fraction
 import av
 
 from worldcast.sessions.session import VideoFrame
-from worldcast.transport.frame_queue import FrameQueue, QueuedSink
 from worldcast.transport.media import h264
 from worldcast.transport.media import picture as media_picture
+from worldcast.transport.media.frame_queue import FrameQueue, QueuedSink
 from worldcast.transport.mp4box import (
     Sample,
     annexb_to_avcc,

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from worldcast.transport.frame_queue import FrameQueue, QueuedSink
 from worldcast.transport.media import picture
+from worldcast.transport.media.frame_queue import FrameQueue, QueuedSink
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class SessionVideoTrack(QueuedSink, MediaStreamTrack):
         scale: integer upscale factor applied before encoding (1 = model resolution).
         depth: frames held at most.
         stamp: stamp each frame's index and applied action seq into its bottom rows, after
-            upscaling (`transport/stamp.py`; for latency measurement).
+            upscaling (`transport/media/stamp.py`; for latency measurement).
     """
 
     kind = "video"
