@@ -52,8 +52,8 @@ from worldcast.transport.model_api import MAX_BODY_BYTES, create_body_limit
 from worldcast.transport.peers import PeerRegistry
 from worldcast.transport.routes import admin, health, sessions, streams, webrtc
 from worldcast.transport.routes.deps import printable
+from worldcast.transport.stream.connection import StreamSocketTuning
 from worldcast.transport.webrtc import WebRTCPeer, configure_ice, quiet_closed_transport_errors
-from worldcast.transport.ws_stream import StreamSocketTuning
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         peers = PeerRegistry(make_peer, on_close=metrics.on_peer_close)
         metrics.peer_count = lambda: len(peers)
         app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, peers, metrics
-        app.state.streams = {}  # session id -> its WebSocket stream (ws_stream.StreamConnection)
+        app.state.streams = {}  # session id -> its WebSocket stream (stream/connection.StreamConnection)
         app.state.rpc_buckets = {}  # session id -> the TokenBucket of its HTTP RPCs
         app.state.image_decodes = asyncio.Semaphore(1)  # starting images decoded one at a time
         app.state.make_guard = make_guard

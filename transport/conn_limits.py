@@ -180,7 +180,7 @@ def serve_config(app: Any, *, host: str, port: int, limits: ConnectionLimits, lo
     """The `uvicorn.Config` of a worldcast server: the guarded HTTP protocol, WebSocket settings.
 
     Video is already compressed (no permessage-deflate); client WebSocket messages are small
-    (1 MiB cap, far above `ws_stream.MAX_TEXT_BYTES`: a larger frame closes the socket).
+    (1 MiB cap, far above `stream/connection.MAX_TEXT_BYTES`: a larger frame closes the socket).
     """
     import uvicorn
 

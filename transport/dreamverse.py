@@ -11,7 +11,7 @@ client reads (rollout starts, segment events, per-segment media) `dreamverse_eve
 the tables. `DreamverseConnection` owns the incoming half: it checks each client message, answers the
 acknowledgements, and turns requests into the project's and the directing layer's calls, in arrival order.
 It is a protocol translation only: it composes the connection core (`connection.py`), the fMP4 socket it
-shares with the worldcast stream (`stream_socket.py`) and its `DreamverseEvents`, and overrides nothing.
+shares with the worldcast stream (`stream/socket.py`) and its `DreamverseEvents`, and overrides nothing.
 
 Client -> server (JSON text): `session_init_v2` (first) and `project_init_v1` {curated_prompts,
 initial_rollout_prompt, preset_id, preset_label, enhancement_enabled, auto_extension_enabled,
@@ -49,7 +49,7 @@ from worldcast.transport.dreamverse_messages import TOGGLES, Refused, check_mess
 from worldcast.transport.dreamverse_prompts import REWRITE_MODEL, ProjectInit
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.schemas import MAX_PROMPT_CHARS
-from worldcast.transport.stream_socket import CLOSE_NORMAL, CLOSE_POLICY, REFUSED, StreamSocket
+from worldcast.transport.stream.socket import CLOSE_NORMAL, CLOSE_POLICY, REFUSED, StreamSocket
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +66,12 @@ class DreamverseConnection:
     core and the stream socket, by composition; what the client reads back is its `events`.
 
     Args:
-        ws, session, video_scale, guard: as `ws_stream.StreamConnection`.
+        ws, session, video_scale, guard: as `stream.connection.StreamConnection`.
         init: the `session_init_v2` request (the first project).
         segment_s: segment length, s.
         segment_cap: segments per rollout before `ltx2_stream_complete` (0: no cap).
         session_timeout_s: the session ends after this long (sent in `gpu_assigned`).
-        on_frames: as `ws_stream.StreamConnection`.
+        on_frames: as `stream.connection.StreamConnection`.
     """
 
     def __init__(self, ws: WebSocket, session: Session, *, video_scale: int, init: ProjectInit,

@@ -30,9 +30,9 @@ from typing import Any
 from worldcast.sessions.directing import DirectingSession, Segment, SegmentEnd
 from worldcast.sessions.projects import REWRITE_RULE, Project
 from worldcast.transport.dreamverse_prompts import REWRITE_MODEL, ProjectInit
-from worldcast.transport.fmp4 import Fmp4Fragmenter
-from worldcast.transport.stream_socket import StreamSocket, dumps
-from worldcast.transport.ws_queue import MediaItem, QueueOverflow, Render
+from worldcast.transport.stream.fmp4 import Fmp4Fragmenter
+from worldcast.transport.stream.queue import MediaItem, QueueOverflow, Render
+from worldcast.transport.stream.socket import StreamSocket, dumps
 
 
 @dataclass

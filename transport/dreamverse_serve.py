@@ -18,7 +18,7 @@ from worldcast.transport.dreamverse import MAX_DREAMVERSE_BYTES, DreamverseConne
 from worldcast.transport.dreamverse_prompts import ProjectInit
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.rpc import RpcError, parse_json
-from worldcast.transport.ws_stream import CLOSE_NORMAL, CLOSE_POLICY, dumps
+from worldcast.transport.stream.connection import CLOSE_NORMAL, CLOSE_POLICY, dumps
 
 #: How long the server waits for session_init_v2, s. Dreamverse then starts without prompts; worldcast closes
 #: the socket (4408, `init_timeout`): no session is made for a socket that never starts one.

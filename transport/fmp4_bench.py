@@ -18,10 +18,10 @@ import time
 import av
 import numpy as np
 
-from worldcast.transport.fmp4 import Fmp4Encoder
 from worldcast.transport.media import h264
 from worldcast.transport.media.picture import yuv420p
-from worldcast.transport.mp4box import iter_boxes
+from worldcast.transport.stream.fmp4 import Fmp4Encoder
+from worldcast.transport.stream.mp4box import iter_boxes
 
 
 def picture(i: int, side: int) -> av.VideoFrame:

@@ -112,10 +112,11 @@ def test_livekit_uses_the_common_scale_rule_and_failed_creates_free_everything(m
 
 
 async def test_silent_sockets_and_unconnected_offers_hold_no_slot_and_retry_after_is_true(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport import dreamverse_serve, ws_stream
+    from worldcast.transport import dreamverse_serve
+    from worldcast.transport.stream import connection as stream_connection
 
     monkeypatch.setattr(dreamverse_serve, "INIT_TIMEOUT_S", 1.5)
-    monkeypatch.setattr(ws_stream, "AUTH_TIMEOUT_S", 1.5)
+    monkeypatch.setattr(stream_connection, "AUTH_TIMEOUT_S", 1.5)
     await drain(server)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         # silent Dreamverse sockets get no session at all; they are told and closed after the init timeout
@@ -179,9 +180,9 @@ async def test_silent_sockets_and_unconnected_offers_hold_no_slot_and_retry_afte
 
 
 async def test_unknown_and_real_ids_answer_alike_on_every_surface(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport import ws_stream
+    from worldcast.transport.stream import connection as stream_connection
 
-    monkeypatch.setattr(ws_stream, "AUTH_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(stream_connection, "AUTH_TIMEOUT_S", 1.0)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         await drain(server)
         real, _h = await new_session(http)

@@ -1,4 +1,4 @@
-"""The WebSocket surfaces: the worldcast stream (WS /v1/sessions/{id}/stream, `ws_stream.py`) and
+"""The WebSocket surfaces: the worldcast stream (WS /v1/sessions/{id}/stream, `stream/connection.py`) and
 Dreamverse's WS /ws (`dreamverse_serve.py`), with the Dreamverse client's HTTP reads (GET /status,
 /prompt-system-config, /curated-presets: `dreamverse_http.py`)."""
 
@@ -8,7 +8,7 @@ from fastapi import APIRouter, WebSocket
 
 from worldcast.transport.dreamverse_http import router as dreamverse_http_router
 from worldcast.transport.dreamverse_serve import serve_dreamverse
-from worldcast.transport.ws_stream import serve_stream
+from worldcast.transport.stream.connection import serve_stream
 
 router = APIRouter()
 router.include_router(dreamverse_http_router)

@@ -43,7 +43,7 @@ from worldcast.sessions.session import VideoFrame
 from worldcast.transport.media import h264
 from worldcast.transport.media import picture as media_picture
 from worldcast.transport.media.frame_queue import FrameQueue, QueuedSink
-from worldcast.transport.mp4box import (
+from worldcast.transport.stream.mp4box import (
     Sample,
     annexb_to_avcc,
     avc_codec_string,

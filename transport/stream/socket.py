@@ -1,11 +1,11 @@
 """The fMP4 WebSocket of one session, protocol-neutral: media out, text in, one control loop, one close.
 
 Two protocols run over it, each by composition (a `StreamProtocol` handed to `StreamSocket`, never a
-subclass): the worldcast stream (`ws_stream.StreamConnection`, docs/streaming.md) and Dreamverse's `/ws`
+subclass): the worldcast stream (`connection.StreamConnection`, docs/streaming.md) and Dreamverse's `/ws`
 (`dreamverse.DreamverseConnection`). The socket owns what both share:
 
 - video: the session's frames through a `_CountingSink` into the fMP4 sink (`fmp4.Fmp4Sink`: encoder,
-  frames counted per directing segment in `ws_queue.FrameAccount`), then `ws_queue.OutboundQueue` (media
+  frames counted per directing segment in `queue.FrameAccount`), then `queue.OutboundQueue` (media
   dropped for a reader that stops reading, control text never), rendered by the protocol at send time;
 - input: every client message size- and rate-checked by the connection core's guard before it is parsed
   (`admit`), binary refused, text handed to the protocol; requests queued for one control loop that runs
@@ -32,11 +32,11 @@ from worldcast.sessions.errors import SessionError
 from worldcast.sessions.session import Session, VideoFrame
 from worldcast.transport import errors
 from worldcast.transport.connection import Connection, frame_fields
-from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Sink
 from worldcast.transport.limits import Rejection
 from worldcast.transport.rpc import RpcError, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES
-from worldcast.transport.ws_queue import Close, FrameAccount, MediaItem, OutboundQueue, QueueOverflow, Render
+from worldcast.transport.stream.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Sink
+from worldcast.transport.stream.queue import Close, FrameAccount, MediaItem, OutboundQueue, QueueOverflow, Render
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The WebSocket stream of a session: fMP4 video out; actions, RPCs and directions in (one socket).
 
 `StreamConnection` is this protocol's translation only; it composes the connection core
-(`connection.Connection`: guard, feedback, action and RPC dispatch, the close) and the protocol-neutral
-socket (`stream_socket.StreamSocket`: fMP4 sink, outbound queue, control loop), as Dreamverse's `/ws`
+(`transport/connection.Connection`: guard, feedback, action and RPC dispatch, the close) and the protocol-neutral
+socket (`socket.StreamSocket`: fMP4 sink, outbound queue, control loop), as Dreamverse's `/ws`
 (`dreamverse.py`) does. Authentication and admission (`authenticate`, `serve_stream`) are here.
 
     GET /v1/sessions/{id}/stream   (WebSocket; the protocol is in docs/streaming.md)
@@ -13,7 +13,7 @@ Authentication: `Authorization: Bearer <token>` on the upgrade request, or
 is refused: URLs end up in access logs.
 
 Server -> client: binary messages are the fMP4 byte stream (the init segment,
-then one media segment per frame, `transport/fmp4.py`); text messages are
+then one media segment per frame, `transport/stream/fmp4.py`); text messages are
 JSON events `{"event": name, ...}`; RPC replies are `{"id", "result" | "error"}`
 exactly as on the data channel. Each media segment follows its `media` event;
 `media_init` (MIME, codec) precedes the init segment.
@@ -51,11 +51,12 @@ from worldcast.sessions.errors import SessionError
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState
 from worldcast.transport.connection import Connection
-from worldcast.transport.fmp4 import Fmp4Encoder, Fmp4Fragmenter
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.rpc import RpcError, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
-from worldcast.transport.stream_socket import (  # noqa: F401 - CLOSE_INTERNAL, MAX_PENDING_CONTROL re-exported
+from worldcast.transport.stream.fmp4 import Fmp4Encoder, Fmp4Fragmenter
+from worldcast.transport.stream.queue import MediaItem
+from worldcast.transport.stream.socket import (  # noqa: F401 - CLOSE_INTERNAL, MAX_PENDING_CONTROL re-exported
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
     CLOSE_POLICY,
@@ -65,7 +66,6 @@ from worldcast.transport.stream_socket import (  # noqa: F401 - CLOSE_INTERNAL, 
     dumps,
     request_ref,
 )
-from worldcast.transport.ws_queue import MediaItem
 
 logger = logging.getLogger(__name__)
 
