@@ -49,11 +49,11 @@ from worldcast.transport.limits import InputGuard
 from worldcast.transport.memory import HeapTrimmer, configure_malloc
 from worldcast.transport.metrics import Metrics
 from worldcast.transport.model_api import MAX_BODY_BYTES, create_body_limit
-from worldcast.transport.peers import PeerRegistry
 from worldcast.transport.routes import admin, health, sessions, streams, webrtc
 from worldcast.transport.routes.deps import printable
 from worldcast.transport.stream.connection import StreamSocketTuning
-from worldcast.transport.webrtc import WebRTCPeer, configure_ice, quiet_closed_transport_errors
+from worldcast.transport.webrtc.peer import WebRTCPeer, configure_ice, quiet_closed_transport_errors
+from worldcast.transport.webrtc.registry import PeerRegistry
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The connection core: what every client connection of a session does, whatever its protocol.
 
 One `Connection` per client connection, composed (never subclassed) by each transport adapter:
-WebRTC (`webrtc.WebRTCPeer`), LiveKit (`livekit/world.LiveKitWorld`), the worldcast stream
+WebRTC (`webrtc/peer.WebRTCPeer`), LiveKit (`livekit/world.LiveKitWorld`), the worldcast stream
 (`stream/connection.StreamConnection`) and Dreamverse's `/ws` (`dreamverse.DreamverseConnection`). It holds
 
 - the input guard (`limits.InputGuard`: sizes, rates, the flood verdict) and the coalesced feedback

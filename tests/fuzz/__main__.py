@@ -29,7 +29,7 @@ def real_offers() -> list[str]:
     """Offers of real aiortc peers: with and without a data channel."""
     from aiortc import RTCConfiguration, RTCPeerConnection
 
-    from worldcast.transport.webrtc import configure_ice
+    from worldcast.transport.webrtc.peer import configure_ice
 
     async def one(dc: bool) -> str:
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))

@@ -32,14 +32,14 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from worldcast.sessions.session import Session, SessionState, VideoFrame
 from worldcast.transport.connection import Connection, frame_event
 from worldcast.transport.connection import retrieve as _retrieve
-from worldcast.transport.ice import (  # noqa: F401 - configure_ice, quiet_closed_transport_errors re-exported
+from worldcast.transport.limits import InputGuard, InputLimits, head_id
+from worldcast.transport.rpc import Settle
+from worldcast.transport.webrtc.ice import (  # noqa: F401 - configure_ice, quiet_closed_transport_errors re-exported
     close_peer_connection,
     configure_ice,
     quiet_closed_transport_errors,
 )
-from worldcast.transport.limits import InputGuard, InputLimits, head_id
-from worldcast.transport.rpc import Settle
-from worldcast.transport.video_track import SessionVideoTrack
+from worldcast.transport.webrtc.video_track import SessionVideoTrack
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class WebRTCPeer:
         """Apply the client's offer, start the negotiation timer, attach the track to the session,
         and return our answer (ICE gathering complete).
 
-        Validate the offer first (`transport/sdp.py`): this only reports what aiortc refuses.
+        Validate the offer first (`transport/webrtc/sdp.py`): this only reports what aiortc refuses.
 
         Raises:
             ValueError: aiortc cannot negotiate the SDP (the peer is closed).

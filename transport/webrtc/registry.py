@@ -6,7 +6,7 @@ make-before-break: each offer gets a new RTCPeerConnection; a re-offer's
 peer receives the session's frames at once but replaces the live one only
 when it reaches `connected`; if it never does (bad network, a client that
 never applies the answer) it is closed by its negotiation timeout and the
-live peer keeps streaming. A bad offer is refused (`transport/sdp.py`)
+live peer keeps streaming. A bad offer is refused (`transport/webrtc/sdp.py`)
 before any peer connection is made, so it never touches the live one.
 
 Every peer is known here from the moment its RTCPeerConnection exists until
@@ -27,8 +27,8 @@ from aiortc import RTCSessionDescription
 from worldcast.sessions.errors import SessionClosedError
 from worldcast.sessions.session import Session, SessionState
 from worldcast.transport.connection import retrieve as _retrieve
-from worldcast.transport.sdp import validate_offer
-from worldcast.transport.webrtc import WebRTCPeer
+from worldcast.transport.webrtc.peer import WebRTCPeer
+from worldcast.transport.webrtc.sdp import validate_offer
 
 logger = logging.getLogger(__name__)
 
