@@ -259,7 +259,7 @@ def direct(args: argparse.Namespace) -> None:
 
     import httpx
 
-    from worldcast.transport import direct as direct_mod
+    from worldcast.transport.clients import direct as direct_mod
 
     try:
         if args.script == "-":

@@ -112,7 +112,7 @@ def test_livekit_uses_the_common_scale_rule_and_failed_creates_free_everything(m
 
 
 async def test_silent_sockets_and_unconnected_offers_hold_no_slot_and_retry_after_is_true(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport import dreamverse_serve
+    from worldcast.transport.dreamverse import serve as dreamverse_serve
     from worldcast.transport.stream import connection as stream_connection
 
     monkeypatch.setattr(dreamverse_serve, "INIT_TIMEOUT_S", 1.5)
@@ -262,7 +262,7 @@ async def test_bad_json_and_direction_floods_on_the_stream_are_summarised_and_cu
 
 
 async def test_a_dreamverse_flood_is_cut_off_before_and_after_session_init(server) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport.dreamverse_serve import MAX_PRE_INIT_MESSAGES
+    from worldcast.transport.dreamverse.serve import MAX_PRE_INIT_MESSAGES
 
     await drain(server)
     async with connect(ws_base(server.url) + "/ws", compression=None, max_size=2**24) as ws:

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worldcast.engine.local_engine import LocalEngine
 from worldcast.sessions.manager import SessionManager
-from worldcast.transport.dreamverse_http import SERVICE
+from worldcast.transport.dreamverse.http import SERVICE
 
 router = APIRouter()
 

@@ -1,13 +1,13 @@
 """The WebSocket surfaces: the worldcast stream (WS /v1/sessions/{id}/stream, `stream/connection.py`) and
-Dreamverse's WS /ws (`dreamverse_serve.py`), with the Dreamverse client's HTTP reads (GET /status,
-/prompt-system-config, /curated-presets: `dreamverse_http.py`)."""
+Dreamverse's WS /ws (`dreamverse/serve.py`), with the Dreamverse client's HTTP reads (GET /status,
+/prompt-system-config, /curated-presets: `dreamverse/http.py`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, WebSocket
 
-from worldcast.transport.dreamverse_http import router as dreamverse_http_router
-from worldcast.transport.dreamverse_serve import serve_dreamverse
+from worldcast.transport.dreamverse.http import router as dreamverse_http_router
+from worldcast.transport.dreamverse.serve import serve_dreamverse
 from worldcast.transport.stream.connection import serve_stream
 
 router = APIRouter()

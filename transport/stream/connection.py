@@ -3,7 +3,7 @@
 `StreamConnection` is this protocol's translation only; it composes the connection core
 (`transport/connection.Connection`: guard, feedback, action and RPC dispatch, the close) and the protocol-neutral
 socket (`socket.StreamSocket`: fMP4 sink, outbound queue, control loop), as Dreamverse's `/ws`
-(`dreamverse.py`) does. Authentication and admission (`authenticate`, `serve_stream`) are here.
+(`transport/dreamverse/connection.py`) does. Authentication and admission (`authenticate`, `serve_stream`) are here.
 
     GET /v1/sessions/{id}/stream   (WebSocket; the protocol is in docs/streaming.md)
 

@@ -2,7 +2,7 @@
 
 Two protocols run over it, each by composition (a `StreamProtocol` handed to `StreamSocket`, never a
 subclass): the worldcast stream (`connection.StreamConnection`, docs/streaming.md) and Dreamverse's `/ws`
-(`dreamverse.DreamverseConnection`). The socket owns what both share:
+(`transport/dreamverse/connection.DreamverseConnection`). The socket owns what both share:
 
 - video: the session's frames through a `_CountingSink` into the fMP4 sink (`fmp4.Fmp4Sink`: encoder,
   frames counted per directing segment in `queue.FrameAccount`), then `queue.OutboundQueue` (media

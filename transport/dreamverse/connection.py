@@ -5,13 +5,14 @@ FastVideo's Dreamverse (`apps/dreamverse`: `dreamverse/session/controller.py` on
 directed video as fMP4 over one WebSocket at `/ws`, same origin as its page. This module speaks what that
 client sends and reads, with its field names; the shapes were read from that code, none of it is copied.
 The project's state and rules (seeds, rollouts, the segment cap, the rule-based rewrite) are the directing
-layer's (`sessions/projects.py`, over `sessions/directing.py`); prompt parsing is `dreamverse_prompts.py`,
-message checks `dreamverse_messages.py`, the client's HTTP reads `dreamverse_http.py`, and every message the
-client reads (rollout starts, segment events, per-segment media) `dreamverse_events.py`. docs/streaming.md has
+layer's (`sessions/projects.py`, over `sessions/directing.py`); prompt parsing is `prompts.py`,
+message checks `messages.py`, the client's HTTP reads `http.py`, and every message the
+client reads (rollout starts, segment events, per-segment media) `events.py`. docs/streaming.md has
 the tables. `DreamverseConnection` owns the incoming half: it checks each client message, answers the
 acknowledgements, and turns requests into the project's and the directing layer's calls, in arrival order.
-It is a protocol translation only: it composes the connection core (`connection.py`), the fMP4 socket it
-shares with the worldcast stream (`stream/socket.py`) and its `DreamverseEvents`, and overrides nothing.
+It is a protocol translation only: it composes the connection core (`transport/connection.py`), the fMP4
+socket it shares with the worldcast stream (`transport/stream/socket.py`) and its `DreamverseEvents`, and
+overrides nothing.
 
 Client -> server (JSON text): `session_init_v2` (first) and `project_init_v1` {curated_prompts,
 initial_rollout_prompt, preset_id, preset_label, enhancement_enabled, auto_extension_enabled,
@@ -20,10 +21,10 @@ loop_generation_enabled, ...}; `append_prompt` {prompt, prompt_id}; `rewrite_see
 `set_auto_extension`, `set_enhancement` {enabled}; `set_rewrite_model`; `reset_to_seed_prompts`;
 `restart_generation`; `end_project_keep_session`; `leave`.
 
-Server -> client (the acknowledgements here; the rest in `dreamverse_events.py`): `loop_generation_updated`,
+Server -> client (the acknowledgements here; the rest in `events.py`): `loop_generation_updated`,
 `generation_paused_updated`, `prompt_received`, `prompt_enhancing`, `prompt_ready`, `generation_restarted`,
 `seed_prompts_reset_pending`, `*_updated` acks, `project_idle`, `session_timeout`, `error` {message,
-error_code}; `queue_status` and `gpu_assigned` come from admission (`dreamverse_serve.py`).
+error_code}; `queue_status` and `gpu_assigned` come from admission (`serve.py`).
 
 Where worldcast does better, its events say so (a `worldcast` field, which the client ignores): a prompt or
 rewrite cuts the current segment at the next denoising step instead of waiting for the segment's end; pause
@@ -44,9 +45,9 @@ from worldcast.sessions.errors import SessionError
 from worldcast.sessions.projects import DEFAULT_SEGMENT_CAP, Project, rewrite_window
 from worldcast.sessions.session import Session, SessionState
 from worldcast.transport.connection import Connection
-from worldcast.transport.dreamverse_events import DreamverseEvents, DvSegment
-from worldcast.transport.dreamverse_messages import TOGGLES, Refused, check_message
-from worldcast.transport.dreamverse_prompts import REWRITE_MODEL, ProjectInit
+from worldcast.transport.dreamverse.events import DreamverseEvents, DvSegment
+from worldcast.transport.dreamverse.messages import TOGGLES, Refused, check_message
+from worldcast.transport.dreamverse.prompts import REWRITE_MODEL, ProjectInit
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.schemas import MAX_PROMPT_CHARS
 from worldcast.transport.stream.socket import CLOSE_NORMAL, CLOSE_POLICY, REFUSED, StreamSocket

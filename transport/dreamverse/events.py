@@ -1,6 +1,6 @@
 """What Dreamverse's client reads: the directing layer's events and the stream's media as Dreamverse messages.
 
-The outgoing half of the `/ws` protocol (`dreamverse.py` is the incoming half, the adapter that drives the
+The outgoing half of the `/ws` protocol (`connection.py` is the incoming half, the adapter that drives the
 directing layer). `DreamverseEvents` owns every message the client waits for and its order, with the field
 names of FastVideo's `apps/dreamverse/web/src/lib/ws/protocol.ts` and `reducer.ts` (read, not copied):
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from worldcast.sessions.directing import DirectingSession, Segment, SegmentEnd
 from worldcast.sessions.projects import REWRITE_RULE, Project
-from worldcast.transport.dreamverse_prompts import REWRITE_MODEL, ProjectInit
+from worldcast.transport.dreamverse.prompts import REWRITE_MODEL, ProjectInit
 from worldcast.transport.stream.fmp4 import Fmp4Fragmenter
 from worldcast.transport.stream.queue import MediaItem, QueueOverflow, Render
 from worldcast.transport.stream.socket import StreamSocket, dumps

@@ -1,7 +1,7 @@
 """Checking the messages of Dreamverse's client on `WS /ws`: each becomes a request, or a precise refusal.
 
 The message types and fields are those FastVideo's client sends (`apps/dreamverse/web/src/app/page.tsx`);
-`transport/dreamverse.py` acts on the requests. A refused message changes nothing.
+`transport/dreamverse/connection.py` acts on the requests. A refused message changes nothing.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from worldcast.sessions.projects import Project
-from worldcast.transport.dreamverse_prompts import ProjectInit, PromptError, clean_prompt, clean_window
+from worldcast.transport.dreamverse.prompts import ProjectInit, PromptError, clean_prompt, clean_window
 
 #: Dreamverse message types not served (they need a language model or Dreamverse's simple mode).
 UNSUPPORTED = frozenset({"simple_generate", "set_rewrite_temperature", "select_model"})

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from worldcast.sessions.projects import REWRITE_RULE
-from worldcast.transport.dreamverse_prompts import REWRITE_MODEL
+from worldcast.transport.dreamverse.prompts import REWRITE_MODEL
 
 #: `service` in /healthz and /status.
 SERVICE = "worldcast"

@@ -1,7 +1,7 @@
 """Dreamverse's prompts as worldcast takes them: one prompt, a prompt window, an init message.
 
 The project rules these feed (seeds, rollouts, the cap, the rule-based rewrite) are in `sessions/projects.py`;
-`transport/dreamverse.py` speaks the protocol around them.
+`transport/dreamverse/connection.py` speaks the protocol around them.
 """
 
 from __future__ import annotations

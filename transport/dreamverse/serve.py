@@ -1,5 +1,5 @@
 """Admitting a Dreamverse client on `WS /ws`: queue status, its `session_init_v2`, a directing session of its
-own, then `DreamverseConnection` (transport/dreamverse.py) until the socket closes (docs/streaming.md)."""
+own, then `DreamverseConnection` (transport/dreamverse/connection.py) until the socket closes (docs/streaming.md)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from worldcast.sessions.errors import CapacityExhausted, InvalidConditioning
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.projects import DEFAULT_SEGMENT_CAP
 from worldcast.sessions.session import CloseReason
-from worldcast.transport.dreamverse import MAX_DREAMVERSE_BYTES, DreamverseConnection
-from worldcast.transport.dreamverse_prompts import ProjectInit
+from worldcast.transport.dreamverse.connection import MAX_DREAMVERSE_BYTES, DreamverseConnection
+from worldcast.transport.dreamverse.prompts import ProjectInit
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.rpc import RpcError, parse_json
 from worldcast.transport.stream.connection import CLOSE_NORMAL, CLOSE_POLICY, dumps
