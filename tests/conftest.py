@@ -63,8 +63,8 @@ class LiveServer:
 def _serve(config: ServerConfig, model) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
     import uvicorn
 
-    from worldcast.transport.app import create_app
-    from worldcast.transport.conn_limits import GuardStats, serve_config
+    from worldcast.transport.http.app import create_app
+    from worldcast.transport.http.conn_limits import GuardStats, serve_config
 
     app = create_app(config, model=model)
     stats = GuardStats()  # the connection guard's counts, for the tests that probe it

@@ -19,10 +19,10 @@ from worldcast.models import registry
 from worldcast.models.spec import dtype_from_name
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
-from worldcast.transport.conn_limits import ConnectionLimits
+from worldcast.transport.http.conn_limits import ConnectionLimits
+from worldcast.transport.http.metrics import MetricsConfig
 from worldcast.transport.livekit import config as livekit_config
 from worldcast.transport.memory import MemoryConfig, configure_malloc
-from worldcast.transport.metrics import MetricsConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(e))
         import uvicorn
 
-        from worldcast.transport.app import create_app
-        from worldcast.transport.conn_limits import serve_config
+        from worldcast.transport.http.app import create_app
+        from worldcast.transport.http.conn_limits import serve_config
 
         agent = None
         try:

@@ -27,9 +27,9 @@ from tests.conftest import LiveServer, _serve, free_port, server_config
 from tests.transport.test_hardening import info, new_session, offering_pc, until
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.sessions.manager import SessionConfig
-from worldcast.transport.conn_limits import ConnectionLimits
+from worldcast.transport.http.conn_limits import ConnectionLimits
+from worldcast.transport.http.metrics import MetricsConfig
 from worldcast.transport.limits import InputLimits
-from worldcast.transport.metrics import MetricsConfig
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -8,5 +8,5 @@
 - `video_track.py`: `SessionVideoTrack`, the session's frames as an aiortc video track (a `FrameSink`).
 - `ice.py`: process-wide ICE settings (aioice host addresses, consent timeout) and a peer's safe close.
 
-The signalling route is `transport/routes/webrtc.py`; the Python client is `transport/clients/webrtc.py`.
+The signalling route is `transport/http/routes/webrtc.py`; the Python client is `transport/clients/webrtc.py`.
 """

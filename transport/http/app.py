@@ -3,7 +3,7 @@
 `create_app(config)` builds every object (model, session manager, engines, peers, LiveKit worlds, metrics)
 at startup and hangs them on `app.state`; nothing lives at module level.
 
-Routes (`transport/routes/`):
+Routes (`transport/http/routes/`):
     POST   /v1/sessions                 create a session   -> 201 {session_id, token, model[, livekit]}   sessions.py
     GET    /v1/sessions/{id}            session summary    (Bearer token of that session)                  sessions.py
     DELETE /v1/sessions/{id}            close it           -> 204                                          sessions.py
@@ -43,14 +43,14 @@ from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
-from worldcast.transport.engine_api import build_engines
-from worldcast.transport.http_body import BodyPolicy, RoutePolicy
+from worldcast.transport.http.body import BodyPolicy, RoutePolicy
+from worldcast.transport.http.engine_api import build_engines
+from worldcast.transport.http.metrics import Metrics
+from worldcast.transport.http.model_api import MAX_BODY_BYTES, create_body_limit
+from worldcast.transport.http.routes import admin, health, sessions, streams, webrtc
+from worldcast.transport.http.routes.deps import printable
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.memory import HeapTrimmer, configure_malloc
-from worldcast.transport.metrics import Metrics
-from worldcast.transport.model_api import MAX_BODY_BYTES, create_body_limit
-from worldcast.transport.routes import admin, health, sessions, streams, webrtc
-from worldcast.transport.routes.deps import printable
 from worldcast.transport.stream.connection import StreamSocketTuning
 from worldcast.transport.webrtc.peer import WebRTCPeer, configure_ice, quiet_closed_transport_errors
 from worldcast.transport.webrtc.registry import PeerRegistry

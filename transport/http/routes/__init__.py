@@ -1,4 +1,4 @@
-"""The HTTP and WebSocket routes, one `APIRouter` per surface; `transport/app.py` wires them.
+"""The HTTP and WebSocket routes, one `APIRouter` per surface; `transport/http/app.py` wires them.
 
 - `sessions.py`: create, read and delete a session; its HTTP RPC.
 - `webrtc.py`: the SDP offer of a session's WebRTC peer.

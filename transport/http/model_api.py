@@ -4,7 +4,7 @@
   every create reply); `families_info`: every registered family (`GET /v1/models`).
 - `read_create_body`: `POST /v1/sessions` as JSON (an optional base64 `image`) or multipart/form-data (the
   same fields as form fields, the image as a file part); the image is checked against the served model's
-  limits and decoded off the event loop (`transport/images.py`), all before admission, so a refused
+  limits and decoded off the event loop (`transport/http/images.py`), all before admission, so a refused
   request allocates nothing.
 """
 
@@ -24,7 +24,7 @@ from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.models.spec import ActionSpace, ConditioningSpec, ImageConditioning
 from worldcast.sessions.errors import InvalidConditioning
-from worldcast.transport import images
+from worldcast.transport.http import images
 from worldcast.transport.schemas import (
     MAX_IMAGE_BYTES,
     ActionSpaceInfo,

@@ -1,5 +1,5 @@
 """Server description and operation: GET /v1/model, GET /v1/models, GET /v1/agent, and the engine
-routes (`transport/engine_api.py`: list, drain, undrain, move; operator routes need the admin token)."""
+routes (`transport/http/engine_api.py`: list, drain, undrain, move; operator routes need the admin token)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 
-from worldcast.transport.engine_api import router as engine_router
-from worldcast.transport.model_api import families_info, model_info
+from worldcast.transport.http.engine_api import router as engine_router
+from worldcast.transport.http.model_api import families_info, model_info
 from worldcast.transport.schemas import ModelFamilyInfo, ModelInfo
 
 router = APIRouter()

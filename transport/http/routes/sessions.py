@@ -14,8 +14,8 @@ from worldcast.sessions.errors import CapacityExhausted
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session
 from worldcast.transport import errors
-from worldcast.transport.model_api import model_info, read_create_body
-from worldcast.transport.routes.deps import is_operator, manager_dep, session_dep
+from worldcast.transport.http.model_api import model_info, read_create_body
+from worldcast.transport.http.routes.deps import is_operator, manager_dep, session_dep
 from worldcast.transport.rpc import RpcHandler, TokenBucket, error_reply
 from worldcast.transport.schemas import CreateSessionRequest, CreateSessionResponse
 from worldcast.transport.webrtc.peer import CONTROL_BURST, CONTROL_RATE_HZ
