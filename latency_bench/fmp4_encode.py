@@ -1,12 +1,12 @@
 """Measure the fMP4 path: encode time per frame, bytes per frame, and FFmpeg's fragment hold.
 
-    python -m worldcast.transport.fmp4_bench --frames 200 --side 256
+    python -m worldcast.latency_bench.fmp4_encode --frames 200 --side 256
 
 Prints the time `Fmp4Encoder.encode` takes per picture (yuv420p in, one
 length-prefixed sample out), the sizes of IDR and P samples of a moving
 test picture, and how many frames FFmpeg's own mp4 muxer (with
 `frag_every_frame`) holds after each packet before its fragment appears
-(the reason `mp4box.py` writes the fragments).
+(the reason `transport/stream/mp4box.py` writes the fragments).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def ffmpeg_hold(side: int, frames: int = 10) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m worldcast.transport.fmp4_bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m worldcast.latency_bench.fmp4_encode", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--side", type=int, default=256, help="picture side, px (even)")
