@@ -20,8 +20,9 @@ def imports(path: Path) -> set[str]:
 
 
 def graph(*packages: str) -> dict[str, set[str]]:
-    mods = {f"worldcast.{pkg}.{p.stem}": p for pkg in packages for p in (ROOT / pkg).glob("*.py")
-            if p.stem != "__init__"}
+    """Every module of `packages`, subpackages' too, by dotted name -> the modules of `packages` it imports."""
+    mods = {".".join(("worldcast", pkg, *p.relative_to(ROOT / pkg).with_suffix("").parts)): p
+            for pkg in packages for p in (ROOT / pkg).rglob("*.py") if p.stem != "__init__"}
     return {m: {d for d in imports(p) if d in mods and d != m} for m, p in mods.items()}
 
 
@@ -55,6 +56,8 @@ def test_session_knows_nothing_of_directing() -> None:
 
 def test_sessions_and_transport_have_no_import_cycle() -> None:
     g = graph("sessions", "transport")
+    # the subpackages' modules are in the graph too
+    assert {"worldcast.transport.webrtc.peer", "worldcast.transport.http.routes.sessions"} <= set(g)
     assert cycle(g) is None, cycle(g)
     assert cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]  # the check finds one where there is one
     assert not any(d.startswith("worldcast.transport") for m, ds in g.items() if ".sessions." in m for d in ds)

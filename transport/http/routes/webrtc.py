@@ -1,4 +1,4 @@
-"""WebRTC signaling: POST /v1/sessions/{id}/webrtc, an SDP offer -> our answer (`peers.PeerRegistry`)."""
+"""WebRTC signaling: POST /v1/sessions/{id}/webrtc, an SDP offer -> our answer (`webrtc/registry.PeerRegistry`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ async def webrtc_offer(
     session: Annotated[Session, Depends(session_dep)],
     request: Request,
 ) -> SdpAnswer:
-    """400 with the reason for an offer refused (`sdp.py`) or that aiortc cannot negotiate."""
+    """400 with the reason for an offer refused (`transport/webrtc/sdp.py`) or that aiortc cannot negotiate."""
     peers: PeerRegistry = request.app.state.peers
     try:
         answer = await peers.offer(session, offer.sdp)  # a bad offer leaves the current peer untouched
