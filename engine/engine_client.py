@@ -45,10 +45,10 @@ from typing import Any
 from worldcast.engine import engine_messages as msg
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineSnapshot
-from worldcast.engine.engine_conditioner import InputDelta
 from worldcast.engine.engine_handle import EngineHandle, SessionSource
 from worldcast.engine.engine_launch import STOP_TIMEOUT_S, EngineLaunch, Incarnation, RestartPolicy, exit_reason, spawn
 from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
+from worldcast.engine.rollout import InputDelta
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.threads import ThreadChoice
 from worldcast.engine.warmup import WarmupReport

@@ -3,7 +3,9 @@
 In its own process the device thread cannot ask the server's `SessionInputs`
 for the freshest actions at each chunk start (a round trip per chunk, behind
 the server's event loop). So the server pushes every change as it happens,
-and the engine keeps a mirror that answers the `Conditioner` calls locally:
+and the engine keeps a mirror that answers the `Conditioner` calls locally
+(`InputDelta` and `ConditionerState` are defined beside `Conditioner` in
+`engine/rollout.py`: an in-process engine's handle is told of them too):
 
 - `InputDelta`: after every change of the session's action buffer
   (`sessions/actions.py`): the held keys and newest seq as the buffer decided
@@ -28,55 +30,12 @@ message later only costs that chunk's compute.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from worldcast.engine.rollout import ChunkInputs
+from worldcast.engine.rollout import ChunkInputs, ConditionerState, InputDelta
 from worldcast.models.base import WorldModel
-from worldcast.models.spec import Conditioning
-
-
-@dataclass(frozen=True)
-class InputDelta:
-    """One change of a session's inputs.
-
-    Attributes:
-        held: names of the keys held now (after the buffer's seq rules).
-        seq: the newest applied action seq (-1: none).
-        mouse: (dx, dy) mouse counts to add to the pending movement.
-        clear: drop the pending movement before adding `mouse` (a new client, or every key released).
-    """
-
-    held: tuple[str, ...]
-    seq: int
-    mouse: tuple[float, float] = (0.0, 0.0)
-    clear: bool = False
-
-
-@dataclass(frozen=True)
-class ConditionerState:
-    """What a session's conditioner answers, as one value.
-
-    Attributes:
-        epoch: the flush epoch.
-        wants_frames: whether the session should generate now.
-        context_version: bumped on every conditioning change.
-        context: the encoded conditioning ({name: array}); None in an update whose version did not change.
-        held: keys held now.
-        seq: newest applied action seq (-1: none).
-        mouse: pending (dx, dy) mouse counts not yet sampled by a chunk.
-        input_version: actions pushed so far (`Conditioner.input_version`; a mirror counts on from it).
-    """
-
-    epoch: int
-    wants_frames: bool
-    context_version: int
-    context: Conditioning | None
-    held: tuple[str, ...] = ()
-    seq: int = -1
-    mouse: tuple[float, float] = (0.0, 0.0)
-    input_version: int = 0
 
 
 class MirrorConditioner:

@@ -46,8 +46,7 @@ from typing import Any, Literal, Protocol
 
 from worldcast.engine.admission import active_capacity
 from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
-from worldcast.engine.engine_conditioner import ConditionerState, InputDelta
-from worldcast.engine.rollout import Conditioner
+from worldcast.engine.rollout import Conditioner, ConditionerState, InputDelta
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.threads import ThreadChoice
 from worldcast.models.spec import WorldModelSpec

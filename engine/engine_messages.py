@@ -22,7 +22,7 @@ from typing import Any
 
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
-from worldcast.engine.engine_conditioner import ConditionerState, InputDelta
+from worldcast.engine.rollout import ConditionerState, InputDelta
 from worldcast.engine.shm_frames import FrameMeta
 from worldcast.engine.step_output import StepKind
 from worldcast.engine.threads import ThreadChoice

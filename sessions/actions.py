@@ -45,8 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from worldcast.engine.engine_conditioner import ConditionerState
-from worldcast.engine.rollout import ChunkInputs
+from worldcast.engine.rollout import ChunkInputs, ConditionerState
 from worldcast.models.base import WorldModel
 from worldcast.models.spec import Conditioning
 from worldcast.sessions.errors import InvalidAction, SessionClosedError

@@ -37,10 +37,10 @@ import numpy as np
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
-from worldcast.engine.engine_conditioner import InputDelta
 from worldcast.engine.engine_handle import EngineHandle
 from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
 from worldcast.engine.local_engine import LocalEngine
+from worldcast.engine.rollout import InputDelta
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
 from worldcast.models.errors import ConditioningError
