@@ -14,7 +14,7 @@ from pathlib import Path
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
-from worldcast.engine.engine_client import RestartPolicy
+from worldcast.engine.process.client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.spec import dtype_from_name
 from worldcast.sessions.manager import SessionConfig

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worldcast.engine.device_worker import EngineConfig
-from worldcast.engine.engine_client import RestartPolicy
+from worldcast.engine.process.client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig

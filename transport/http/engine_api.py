@@ -28,9 +28,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from worldcast.engine.engine_client import EngineClient, EngineLaunch
 from worldcast.engine.engine_handle import EngineHandle
 from worldcast.engine.local_engine import LocalEngine
+from worldcast.engine.process.client import EngineClient, EngineLaunch
 from worldcast.engine.threads import available_cores
 from worldcast.models.base import WorldModel
 from worldcast.sessions import moves

@@ -1,8 +1,8 @@
 """EngineClient: the server's handle of one engine process, with crash detection and restart.
 
-Each engine process (`engine/engine_process.py`) is started with
+Each engine process (`engine/process/main.py`) is started with
 multiprocessing's spawn method, one duplex pipe and a frame ring in shared
-memory the server creates (`engine/shm_frames.py`). A reader thread per
+memory the server creates (`engine/process/shm_frames.py`). A reader thread per
 process waits on the pipe and the process sentinel together
 (`multiprocessing.connection.wait`): frames are copied out of the ring and
 handed to `on_frames` at once; the pipe's EOF or the sentinel is the
@@ -42,12 +42,12 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
-from worldcast.engine import engine_messages as msg
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineSnapshot
 from worldcast.engine.engine_handle import EngineHandle, SessionSource
-from worldcast.engine.engine_launch import STOP_TIMEOUT_S, EngineLaunch, Incarnation, RestartPolicy, exit_reason, spawn
 from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
+from worldcast.engine.process import messages as msg
+from worldcast.engine.process.launch import STOP_TIMEOUT_S, EngineLaunch, Incarnation, RestartPolicy, exit_reason, spawn
 from worldcast.engine.rollout import InputDelta
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.threads import ThreadChoice

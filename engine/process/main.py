@@ -1,6 +1,6 @@
 """The engine process: one device's model, state pool and `DeviceWorker`, apart from the server.
 
-Started by the server (`engine/engine_client.py`) with multiprocessing's
+Started by the server (`engine/process/client.py`) with multiprocessing's
 spawn method and one duplex pipe; `engine_main` is its whole life:
 
 1. import the extra model families it was told of, build the model through
@@ -36,13 +36,13 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from worldcast.engine import engine_messages as msg
 from worldcast.engine.device_worker import DeviceWorker
-from worldcast.engine.engine_conditioner import MirrorConditioner
 from worldcast.engine.errors import EngineError
 from worldcast.engine.memory import freeze_startup_objects
+from worldcast.engine.process import messages as msg
+from worldcast.engine.process.conditioner import MirrorConditioner
+from worldcast.engine.process.shm_frames import FrameMeta, ShmFrameRing, ShmFrameRingFull
 from worldcast.engine.session_state import SessionStateError
-from worldcast.engine.shm_frames import FrameMeta, ShmFrameRing, ShmFrameRingFull
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.threads import available_cores
 

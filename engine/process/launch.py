@@ -2,7 +2,7 @@
 
 `spawn` starts one process (multiprocessing's spawn method, one duplex
 pipe, a frame ring the server creates and owns); `EngineClient`
-(`engine/engine_client.py`) drives it and starts a new one after a loss.
+(`engine/process/client.py`) drives it and starts a new one after a loss.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from worldcast.engine import engine_messages as msg
 from worldcast.engine.compiled import default_cache_dir
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineConfig
-from worldcast.engine.engine_process import engine_main
-from worldcast.engine.shm_frames import ShmFrameRing
+from worldcast.engine.process import messages as msg
+from worldcast.engine.process.main import engine_main
+from worldcast.engine.process.shm_frames import ShmFrameRing
 from worldcast.engine.warmup import WarmupReport
 from worldcast.models.spec import WorldModelSpec
 

@@ -3,7 +3,7 @@
 The server starts an engine process with an `EngineProcessSpec` (the model by
 registry name, never a pickled model) and then sends commands; the engine
 sends events back. Every message is small: pixels go through the frame ring
-in shared memory (`engine/shm_frames.py`), and only a moved session's state
+in shared memory (`engine/process/shm_frames.py`), and only a moved session's state
 (`engine/session_state.py`) is bulk data. A new session carries its whole
 conditioning; later messages carry changes only (vLLM v1's
 `NewRequestData` / `CachedRequestData` split, `vllm/v1/core/sched/output.py`).
@@ -22,8 +22,8 @@ from typing import Any
 
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
+from worldcast.engine.process.shm_frames import FrameMeta
 from worldcast.engine.rollout import ConditionerState, InputDelta
-from worldcast.engine.shm_frames import FrameMeta
 from worldcast.engine.step_output import StepKind
 from worldcast.engine.threads import ThreadChoice
 from worldcast.engine.warmup import WarmupReport
