@@ -45,7 +45,7 @@ serve: $(VENV)/.installed web_demo/dist/index.html
 # Optional, once per machine and weights: ahead-of-time step packages (frozen weights, AOTInductor) that the next
 # `make serve` checks and serves from where faster (about 5 minutes on 2 CPU cores for buckets 1, 2 and 4).
 precompile: $(VENV)/.installed
-	$(PY) -m worldcast.engine.precompile
+	$(PY) -m worldcast.engine.tuning.precompile
 
 test: $(VENV)/.installed web_demo/dist/index.html /usr/bin/chromium $(LIVEKIT_SERVER)
 	$(PY) -m pytest

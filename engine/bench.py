@@ -293,9 +293,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def _math(model: WorldModel, args: argparse.Namespace) -> None:
     """`--math`: achieved GFLOP/s of a chunk beside the matmul peak of the dtype it runs in."""
-    from worldcast.engine.compiled import StepCompiler, configure_cache
     from worldcast.engine.model_math import measure
-    from worldcast.engine.warmup import ChunkRunner, use_way
+    from worldcast.engine.tuning.compiled import StepCompiler, configure_cache
+    from worldcast.engine.tuning.warmup import ChunkRunner, use_way
     from worldcast.models.spec import dtype_from_name
 
     torch.set_num_threads(args.threads or 1)

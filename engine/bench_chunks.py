@@ -4,12 +4,12 @@
     python -m worldcast.engine.bench --chunks --batches 1 --repeats 40
 
 One way of running the model is a dtype (`spec.precisions.dtypes`) and
-eager or compiled steps (`engine/compiled.py`; graphs built per batch
+eager or compiled steps (`engine/tuning/compiled.py`; graphs built per batch
 bucket first, from the on-disk cache when warm). For each way and batch, a
 chunk of that many scripted sessions is timed `repeats` times in
 interleaved rounds (every way and batch once per round; "packages" too
-where `python -m worldcast.engine.precompile` built that dtype's and
-batch's ahead-of-time packages, `engine/packages.py`) with
+where `python -m worldcast.engine.tuning.precompile` built that dtype's and
+batch's ahead-of-time packages, `engine/tuning/packages.py`) with
 `timing.work_clock` (thread CPU time on a one-thread CPU), and the median
 and the fastest are reported beside the load average, since on a shared
 machine the numbers move with the neighbours' work.
@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from worldcast.engine.compiled import StepCompiler, configure_cache
-from worldcast.engine.packages import PackageStore
-from worldcast.engine.warmup import ChunkRunner, use_way
+from worldcast.engine.tuning.compiled import StepCompiler, configure_cache
+from worldcast.engine.tuning.packages import PackageStore
+from worldcast.engine.tuning.warmup import ChunkRunner, use_way
 from worldcast.models.base import WorldModel
 from worldcast.models.spec import dtype_name
 
@@ -66,7 +66,7 @@ def measure_chunks(model: WorldModel, *, batches: tuple[int, ...] = (1, 2, 4), r
             r.chunk()
             runners[dt, mode, b] = r
             if mode == "compiled" and store is not None and compiler.load_packages(store, model.device, (b,)):
-                runners[dt, "packages", b] = ChunkRunner(model, batch=b)  # built by `engine/precompile.py`
+                runners[dt, "packages", b] = ChunkRunner(model, batch=b)  # built by `engine/tuning/precompile.py`
                 compiler.use_packages([b])
                 runners[dt, "packages", b].chunk()
                 compiler.use_packages([])

@@ -9,7 +9,7 @@ thread runs chunks of one session in a loop, the main thread sleeps
 `sleep_ms` `samples` times and records how much later than asked it woke:
 a step that releases the lock while it computes (eager ATen ops, Inductor's
 graphs) delays it by little; one that holds it for the whole step delays it
-by up to a step. Ahead-of-time packages (`engine/packages.py`) are run by
+by up to a step. Ahead-of-time packages (`engine/tuning/packages.py`) are run by
 `torch._inductor.aoti_load_package`'s loader, which holds it.
 """
 
@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from worldcast.engine.compiled import StepCompiler, configure_cache
-from worldcast.engine.packages import PackageStore
-from worldcast.engine.warmup import ChunkRunner, use_way
+from worldcast.engine.tuning.compiled import StepCompiler, configure_cache
+from worldcast.engine.tuning.packages import PackageStore
+from worldcast.engine.tuning.warmup import ChunkRunner, use_way
 from worldcast.models.base import WorldModel
 from worldcast.models.spec import dtype_name
 
@@ -63,7 +63,7 @@ def wake_delays_ms(work: ChunkRunner, *, samples: int = 1000, sleep_ms: float = 
 
 def measure_gil(model: WorldModel, dtype: torch.dtype, *, samples: int = 1000) -> list[dict[str, object]]:
     """Main-thread wake delay beside a device thread running batch-1 chunks eager, from graphs and (where
-    `python -m worldcast.engine.precompile` built them for `dtype`) from packages.
+    `python -m worldcast.engine.tuning.precompile` built them for `dtype`) from packages.
 
     Returns:
         one dict per way: {"dtype", "mode", "p50_ms", "p95_ms", "p99_ms", "max_ms", "chunk_ms" (the median

@@ -48,7 +48,7 @@ from worldcast.engine.admission import active_capacity
 from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
 from worldcast.engine.rollout import Conditioner, ConditionerState, InputDelta
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
-from worldcast.engine.threads import ThreadChoice
+from worldcast.engine.tuning.threads import ThreadChoice
 from worldcast.models.spec import WorldModelSpec
 
 logger = logging.getLogger(__name__)

@@ -29,10 +29,10 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from worldcast.engine.compiled import StepCompiler
 from worldcast.engine.rollout import BatchCache, ChunkRollout, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
+from worldcast.engine.tuning.compiled import StepCompiler
 from worldcast.models.base import WorldModel
 
 

@@ -50,8 +50,8 @@ from worldcast.engine.process import messages as msg
 from worldcast.engine.process.launch import STOP_TIMEOUT_S, EngineLaunch, Incarnation, RestartPolicy, exit_reason, spawn
 from worldcast.engine.rollout import InputDelta
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
-from worldcast.engine.threads import ThreadChoice
-from worldcast.engine.warmup import WarmupReport
+from worldcast.engine.tuning.threads import ThreadChoice
+from worldcast.engine.tuning.warmup import WarmupReport
 from worldcast.models.spec import WorldModelSpec
 
 __all__ = ["EngineClient", "EngineLaunch", "RestartPolicy"]

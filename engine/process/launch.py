@@ -19,13 +19,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from worldcast.engine.compiled import default_cache_dir
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.engine.process import messages as msg
 from worldcast.engine.process.main import engine_main
 from worldcast.engine.process.shm_frames import ShmFrameRing
-from worldcast.engine.warmup import WarmupReport
+from worldcast.engine.tuning.compiled import default_cache_dir
+from worldcast.engine.tuning.warmup import WarmupReport
 from worldcast.models.spec import WorldModelSpec
 
 #: Most bytes of frames an engine's ring holds (large frames get fewer slots).

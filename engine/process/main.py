@@ -44,7 +44,7 @@ from worldcast.engine.process.conditioner import MirrorConditioner
 from worldcast.engine.process.shm_frames import FrameMeta, ShmFrameRing, ShmFrameRingFull
 from worldcast.engine.session_state import SessionStateError
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
-from worldcast.engine.threads import available_cores
+from worldcast.engine.tuning.threads import available_cores
 
 logger = logging.getLogger(__name__)
 

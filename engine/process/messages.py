@@ -25,8 +25,8 @@ from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
 from worldcast.engine.process.shm_frames import FrameMeta
 from worldcast.engine.rollout import ConditionerState, InputDelta
 from worldcast.engine.step_output import StepKind
-from worldcast.engine.threads import ThreadChoice
-from worldcast.engine.warmup import WarmupReport
+from worldcast.engine.tuning.threads import ThreadChoice
+from worldcast.engine.tuning.warmup import WarmupReport
 
 
 @dataclass(frozen=True)

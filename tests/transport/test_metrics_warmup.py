@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from worldcast.engine.precision import Trial, choose
-from worldcast.engine.warmup import BucketTiming, WarmupReport
+from worldcast.engine.tuning.precision import Trial, choose
+from worldcast.engine.tuning.warmup import BucketTiming, WarmupReport
 from worldcast.transport.http.metrics import _warmup_metrics
 
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from worldcast.engine.engine_handle import EngineHandle
 from worldcast.engine.local_engine import LocalEngine
 from worldcast.engine.process.client import EngineClient, EngineLaunch
-from worldcast.engine.threads import available_cores
+from worldcast.engine.tuning.threads import available_cores
 from worldcast.models.base import WorldModel
 from worldcast.sessions import moves
 from worldcast.sessions.manager import SessionManager

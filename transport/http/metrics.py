@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from worldcast.engine.step_output import StepRunnerOutput, StepSchedulerOutput
-from worldcast.engine.warmup import WarmupReport
+from worldcast.engine.tuning.warmup import WarmupReport
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import SessionState
 
@@ -217,7 +217,7 @@ def _warmup_metrics(w: WarmupReport) -> Iterator[GaugeMetricFamily]:
     yield bucket
     yield compiled
     packaged = GaugeMetricFamily("worldcast_device_package_bucket", "1 if the batch bucket is served from its "
-                                 "ahead-of-time packages (engine/packages.py), else 0", labels=["batch"])
+                                 "ahead-of-time packages (engine/tuning/packages.py), else 0", labels=["batch"])
     for pk in w.packages:
         packaged.add_metric([str(pk.batch)], 1.0 if pk.served else 0.0)
     yield packaged

@@ -2,7 +2,7 @@
 
 The device worker (`DeviceWorker.warmup`) runs, before `/readyz` says ready:
 
-1. threads (`engine/threads.py`);
+1. threads (`engine/tuning/threads.py`);
 2. precision and compiled steps at batch 1 (`measure_precisions`): for each
    dtype the model declares (`spec.precisions`), the weights are converted
    once (`WorldModel.set_precision`), the same scripted session (seed,
@@ -10,14 +10,14 @@ The device worker (`DeviceWorker.warmup`) runs, before `/readyz` says ready:
    then timed chunks; where steps compile, the same again with compiled
    steps (the first compiled chunk builds, or loads from the on-disk cache,
    the batch-1 graphs). Frames of every way are compared with the reference
-   dtype's eager frames (worst frame PSNR), and `engine/precision.py`
+   dtype's eager frames (worst frame PSNR), and `engine/tuning/precision.py`
    chooses;
 3. the other batch buckets (`measure_buckets`), for the chosen dtype when
    its steps run compiled: each bucket's graph is built, then a chunk at
    that batch is timed compiled and eager (interleaved) and the bucket is
    served compiled only where that is faster;
 4. ahead-of-time packages (`measure_packages`), where `python -m
-   worldcast.engine.precompile` built them for the served way: a bucket's
+   worldcast.engine.tuning.precompile` built them for the served way: a bucket's
    packages (every step's) are loaded, their frames checked against its
    graphs' (`spec.precisions.min_psnr_db`, over `check_chunks` chunks),
    then a chunk is timed from each (interleaved) and the packages serve
@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from worldcast.engine.compiled import StepCompiler
-from worldcast.engine.packages import PackageStore
-from worldcast.engine.precision import MIN_GAIN, PrecisionChoice, Trial, choose, min_psnr_db, worth_compiling
 from worldcast.engine.rollout import BatchCache, ChunkRollout, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
 from worldcast.engine.timing import work_clock
+from worldcast.engine.tuning.compiled import StepCompiler
+from worldcast.engine.tuning.packages import PackageStore
+from worldcast.engine.tuning.precision import MIN_GAIN, PrecisionChoice, Trial, choose, min_psnr_db, worth_compiling
 from worldcast.models.base import WorldModel
 from worldcast.models.errors import ConditioningError
 from worldcast.models.spec import Conditioning, ConditioningRequest, dtype_from_name, dtype_name
@@ -73,7 +73,7 @@ class BucketTiming:
 
 @dataclass(frozen=True)
 class PackageTiming:
-    """One batch bucket's chunk from its graphs and from its ahead-of-time packages (`engine/packages.py`).
+    """One batch bucket's chunk from its graphs and from its ahead-of-time packages (`engine/tuning/packages.py`).
 
     Attributes:
         batch: the bucket's batch size.
@@ -95,7 +95,7 @@ class WarmupReport:
 
     Attributes:
         precision: the served dtype and every dtype's measurements.
-        compile_mode: "inductor", "cudagraphs" or "eager" (`engine/compiled.py`).
+        compile_mode: "inductor", "cudagraphs" or "eager" (`engine/tuning/compiled.py`).
         buckets: per batch bucket, eager and compiled chunk times (batch 1 included).
         phases_s: wall time of each warm-up phase, s ("threads", "precision", "buckets", "costs", "total").
         cache_dir: where compiled artifacts are cached (None: nothing compiled).
@@ -254,7 +254,7 @@ def _timed_check(model: WorldModel, context: Conditioning, chunks: int,
 
 def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: int = 5,
                        only: str | None = None) -> PrecisionChoice:
-    """Measure every declared dtype at batch 1, eager and compiled, and choose (`engine/precision.py`).
+    """Measure every declared dtype at batch 1, eager and compiled, and choose (`engine/tuning/precision.py`).
 
     Per dtype: weights converted, the quality check run eager, then (where steps compile, and the dtype's
     warm eager chunk in that check was not far slower than the reference's: `precision.worth_compiling`,
@@ -416,7 +416,8 @@ def measure_packages(model: WorldModel, compiler: StepCompiler, store: PackageSt
     found = compiler.load_packages(store, model.device, graphs)
     if not found:
         logger.info("warm-up: no ahead-of-time packages for %s %s at batch %s in %s (`python -m "
-                    "worldcast.engine.precompile` builds them; steps then skip oneDNN's per-call weight reorder)",
+                    "worldcast.engine.tuning.precompile` builds them; steps then skip oneDNN's per-call weight "
+                    "reorder)",
                     model.spec.name, dtype_name(model.precision), list(graphs), store.root)
         return ()
     spec = model.spec.precisions

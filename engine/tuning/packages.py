@@ -1,6 +1,6 @@
 """Ahead-of-time step packages: a step's graph with its weights frozen in, built once, loaded in milliseconds.
 
-A compiled step (`engine/compiled.py`) is traced by TorchDynamo and its
+A compiled step (`engine/tuning/compiled.py`) is traced by TorchDynamo and its
 kernels come from TorchInductor's on-disk cache, but the graph's weights
 stay ordinary tensors: oneDNN then reorders every linear's and
 convolution's weight into its blocked (AMX/VNNI) layout on each call.
@@ -16,10 +16,10 @@ A package is the other way to keep it: the step is exported
 weights in it; `torch._inductor.aoti_compile_and_package`), which
 `torch._inductor.aoti_load_package` loads without tracing anything.
 Building one takes about a minute of CPU per graph on the 2-vCPU VM, so it is
-never done at start-up: `python -m worldcast.engine.packages` (`make
+never done at start-up: `python -m worldcast.engine.tuning.packages` (`make
 precompile`) builds them ahead of time, and warm-up uses a bucket's packages
 only after checking their frames against the graphs' and timing both
-(`engine/warmup.py`, `measure_packages`).
+(`engine/tuning/warmup.py`, `measure_packages`).
 
 A package is found by a key over everything its code and constants depend
 on: the step's name and function, the content of the weights it closes over,

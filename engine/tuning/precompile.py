@@ -1,7 +1,7 @@
-"""Build a model's ahead-of-time step packages (`engine/packages.py`), so the next server start serves from them.
+"""Build a model's ahead-of-time step packages (`engine/tuning/packages.py`): the next server start serves from them.
 
-    python -m worldcast.engine.precompile                           # the default model, as warm-up would serve it
-    python -m worldcast.engine.precompile --dtype bfloat16 --buckets 1 2 4
+    python -m worldcast.engine.tuning.precompile                    # the default model, as warm-up would serve it
+    python -m worldcast.engine.tuning.precompile --dtype bfloat16 --buckets 1 2 4
     make precompile
 
 The dtype is chosen the way warm-up chooses it, but from eager chunks only
@@ -16,7 +16,7 @@ for TinyWorld. Packages land in the compile cache
 reads), keyed by weights, shapes, torch version and CPU
 (`packages.package_key`), so building again is a no-op and new weights
 build anew. The server checks each bucket's packages against its graphs
-before serving from them (`engine/warmup.py`, `measure_packages`).
+before serving from them (`engine/tuning/warmup.py`, `measure_packages`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from worldcast.engine.compiled import DEFAULT_BUCKETS, StepCompiler, configure_cache
-from worldcast.engine.packages import PackageStore
-from worldcast.engine.warmup import ChunkRunner, check_context, measure_precisions, use_way
+from worldcast.engine.tuning.compiled import DEFAULT_BUCKETS, StepCompiler, configure_cache
+from worldcast.engine.tuning.packages import PackageStore
+from worldcast.engine.tuning.warmup import ChunkRunner, check_context, measure_precisions, use_way
 from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.models.spec import dtype_from_name, dtype_name
@@ -85,7 +85,7 @@ def build_packages(model: WorldModel, store: PackageStore, *, dtype: torch.dtype
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m worldcast.engine.precompile", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m worldcast.engine.tuning.precompile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=registry.DEFAULT_MODEL, choices=registry.model_names(), metavar="NAME[:VARIANT]",
                     help=f"model (default {registry.DEFAULT_MODEL}; one of {', '.join(registry.model_names())})")

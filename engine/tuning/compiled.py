@@ -22,7 +22,7 @@ each in a `CompiledStep`:
 - anything else (or `enabled=False`): eager.
 
 Each bucket (a batch size, e.g. 1, 2, 4) gets its own static-shape graph,
-compiled during warm-up (`engine/warmup.py`) before `/readyz` says ready; a
+compiled during warm-up (`engine/tuning/warmup.py`) before `/readyz` says ready; a
 batch between buckets runs in the next bucket up, its rows padded by
 repeating the last one (the outputs' extra rows are dropped), so no batch
 size compiles while serving. A bucket is used only where warm-up measured
@@ -31,8 +31,8 @@ to build, or that would recompile while serving (guards run under
 `torch.compiler.set_stance("fail_on_recompile")`), falls back to eager for
 good and says so in the log.
 
-A bucket may instead run from ahead-of-time packages (`engine/packages.py`:
-frozen weights, built by `python -m worldcast.engine.precompile`, loaded by
+A bucket may instead run from ahead-of-time packages (`engine/tuning/packages.py`:
+frozen weights, built by `python -m worldcast.engine.tuning.precompile`, loaded by
 `StepCompiler.load_packages` and switched on by `use_packages` once warm-up
 has checked and timed them); a call whose arguments do not match the
 package's specs runs from the graph instead.
@@ -56,7 +56,7 @@ from typing import Any, Literal
 
 import torch
 
-from worldcast.engine.packages import ArgSpec, Package, PackageStore, package_key, weights_digest
+from worldcast.engine.tuning.packages import ArgSpec, Package, PackageStore, package_key, weights_digest
 from worldcast.models.base import StepFn
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,8 @@ class CompiledStep:
         freeze: build graphs with frozen weights (see the module docstring).
         specs: bucket -> each distinct set of padded arguments' specs the step was called with at that bucket
             (a step may be called two ways, e.g. a commit from init and from a chunk).
-        packages: bucket -> specs -> its ahead-of-time package (`engine/packages.py`; `StepCompiler.load_packages`).
+        packages: bucket -> specs -> its ahead-of-time package (`engine/tuning/packages.py`;
+            `StepCompiler.load_packages`).
         use_packages: buckets served from their package (a subset of `enabled`; the rest from graphs).
         recording: while True, each call records its bucket's `specs` and runs eager (`StepCompiler.recording`).
     """
@@ -331,7 +332,7 @@ class StepCompiler:
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         """While inside, every step runs eager and records the argument specs of each call's bucket (what
-        `python -m worldcast.engine.precompile` builds packages for, without compiling graphs)."""
+        `python -m worldcast.engine.tuning.precompile` builds packages for, without compiling graphs)."""
         for s in self._all:
             s.recording = True
         try:

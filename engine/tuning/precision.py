@@ -1,7 +1,7 @@
 """Choosing the compute precision and compiled steps by measurement, gated by quality.
 
 A model declares the dtypes it can run in and a tolerance
-(`models.spec.PrecisionSpec`). At warm-up (`engine/warmup.py`) the engine
+(`models.spec.PrecisionSpec`). At warm-up (`engine/tuning/warmup.py`) the engine
 runs the same chunks in each dtype, eager and (where it compiles) compiled,
 and records a `Trial` per dtype: the chunk time of each way of running it and
 the worst frame PSNR against the reference dtype's frames. `choose` keeps
@@ -99,7 +99,7 @@ class PrecisionChoice:
     Attributes:
         dtype: the served compute dtype's name.
         compiled: whether its steps run from compiled graphs (at batch 1; larger buckets are measured
-            one by one, `engine/warmup.py`).
+            one by one, `engine/tuning/warmup.py`).
         trials: every dtype's measurements, the reference first.
         min_psnr_db: the model's tolerance, dB.
         measured: False when configured, not measured (then `trials` may be empty).
