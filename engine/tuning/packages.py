@@ -16,7 +16,7 @@ A package is the other way to keep it: the step is exported
 weights in it; `torch._inductor.aoti_compile_and_package`), which
 `torch._inductor.aoti_load_package` loads without tracing anything.
 Building one takes about a minute of CPU per graph on the 2-vCPU VM, so it is
-never done at start-up: `python -m worldcast.engine.tuning.packages` (`make
+never done at start-up: `python -m worldcast.engine.tuning.precompile` (`make
 precompile`) builds them ahead of time, and warm-up uses a bucket's packages
 only after checking their frames against the graphs' and timing both
 (`engine/tuning/warmup.py`, `measure_packages`).
