@@ -179,11 +179,11 @@ def matrix_game(cpu: bool) -> dict[str, Any]:
 
 
 def _tinyworld_bench(cpu: bool, *, graphs: bool) -> dict[str, Any]:
-    """TinyWorld's engine bench (`engine/bench.py`'s `run_mode`) at each session count of `BENCH_SESSIONS`, always
-    active, CUDA graphs on (compiled buckets 1, 2, 4, 8 up to the session count) or off. On the CPU: eager,
-    float32, one thread, 1 s windows (compiling for the CPU takes minutes on a 2-core machine)."""
-    from worldcast.engine.bench import run_mode
+    """TinyWorld's engine bench (`latency_bench/engine_bench.py`'s `run_mode`) at each session count of
+    `BENCH_SESSIONS`, always active, CUDA graphs on (compiled buckets 1, 2, 4, 8 up to the session count) or off.
+    On the CPU: eager, float32, one thread, 1 s windows (compiling for the CPU takes minutes on a 2-core machine)."""
     from worldcast.engine.device_worker import EngineConfig, plan_engine_memory
+    from worldcast.latency_bench.engine_bench import run_mode
     from worldcast.models import registry
 
     device = _device(cpu)

@@ -345,7 +345,7 @@ def engine_processes(args: argparse.Namespace) -> bool | None:
 
     On a CPU an engine in the server's process shares the interpreter lock with the event loop, which
     then takes actions off the data channel, and sends frames, only between the device thread's steps
-    (an ahead-of-time package holds the lock for a whole step: `python -m worldcast.engine.bench --gil`).
+    (an ahead-of-time package holds the lock for a whole step: `python -m worldcast.latency_bench.engine_bench --gil`).
     Served motion-to-photon over WebRTC measured p50 / p95 28.5-32.9 / 43-57 ms with the engine in its
     own process against 30-44 / 51-73 ms in the server's (BENCHMARKS.md, "An AMD EPYC with AVX-512 and
     bf16 dot products"). On an accelerator the engine stays in the server's process by default: a

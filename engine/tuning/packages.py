@@ -6,7 +6,7 @@ stay ordinary tensors: oneDNN then reorders every linear's and
 convolution's weight into its blocked (AMX/VNNI) layout on each call.
 Freezing the weights into the graph prepacks them once (a TinyWorld bfloat16
 chunk at batch 1: 36.7 ms from graphs, 26.1 ms from packages, `python -m
-worldcast.engine.bench --chunks`, BENCHMARKS.md), but
+worldcast.latency_bench.engine_bench --chunks`, BENCHMARKS.md), but
 TorchInductor's FX graph cache cannot store oneDNN's packed tensors, so a
 frozen `torch.compile` graph is rebuilt at every start.
 

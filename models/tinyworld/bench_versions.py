@@ -4,7 +4,7 @@
 
 The old version runs from a temporary `git worktree` of `--old` (its own code and shipped weights,
 imported through a path shim so the installed package stays this checkout's); each version runs the
-chunk bench (`python -m worldcast.engine.bench --chunks`: every declared dtype, eager and compiled,
+chunk bench (`python -m worldcast.latency_bench.engine_bench --chunks`: every declared dtype, eager and compiled,
 batch 1, 2 and 4) in its own process, alternating `--rounds` times so both see the same neighbours on
 a shared machine. Prints one Markdown table with both versions' rows (median / fastest ms per chunk)
 and writes every row to `--json`.
@@ -30,7 +30,7 @@ def _bench(pythonpath: str | None, label: str, batches: list[int], repeats: int,
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "worldcast.engine.bench", "--chunks", "--batches", *map(str, batches),
+    cmd = [sys.executable, "-m", "worldcast.latency_bench.engine_bench", "--chunks", "--batches", *map(str, batches),
            "--repeats", str(repeats), "--json", str(out), *extra]
     subprocess.run(cmd, env=env, check=True, cwd=tempfile.gettempdir())
     return [r | {"version": label} for r in json.loads(out.read_text())]

@@ -40,7 +40,7 @@ def test_the_blocker_refuses_what_it_should() -> None:  # the control: the guard
 def test_the_checked_code_paths_import_and_load_without_the_network_edge() -> None:
     t = _python("""
         import worldcast.engine.gpu_check, worldcast.engine.gpu_check_parts, worldcast.engine.gpu_check_engine
-        import worldcast.engine.bench, worldcast.engine.device_worker, worldcast.kernels.ring_attention
+        import worldcast.latency_bench.engine_bench, worldcast.engine.device_worker, worldcast.kernels.ring_attention
         from worldcast.models import registry
         for name in ("tinyworld", "causal-wan:tiny", "matrix-game-2:tiny"):
             registry.load(name)

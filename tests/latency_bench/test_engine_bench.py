@@ -2,7 +2,7 @@
 
 import gc
 
-from worldcast.engine.bench import _FullCollections, run_mode
+from worldcast.latency_bench.engine_bench import _FullCollections, run_mode
 
 
 def test_bench_batches_always_active_sessions_in_lock_step_and_not_when_told_not_to(model) -> None:  # type: ignore[no-untyped-def]
@@ -33,7 +33,7 @@ def test_the_bench_times_full_collections_only() -> None:
 
 
 def test_bench_faults_end_only_their_victims(model) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.engine.bench import run_faults
+    from worldcast.latency_bench.engine_bench import run_faults
 
     r = run_faults(model, sessions=1, seconds=3.0, threads=1)
     assert r["cancel"]["victim_steps_started_after"] <= 1 and r["cancel"]["victim_frames_published_after"] == 0
@@ -45,7 +45,7 @@ def test_bench_faults_end_only_their_victims(model) -> None:  # type: ignore[no-
 
 def test_admission_replay_follows_the_trace_and_the_policy(model) -> None:  # type: ignore[no-untyped-def]
     from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
-    from worldcast.engine.bench_admission import replay
+    from worldcast.latency_bench.admission_bench import replay
 
     trace = {"format": "worldcast-trace/1", "duration_s": 3.0, "sessions": [
         {"id": "a", "arrive_s": 0.0, "leave_s": 3.0, "segments": [
@@ -67,7 +67,7 @@ def test_the_gil_bench_measures_each_way_and_stops_its_device_thread(monkeypatch
 
     import torch
 
-    from worldcast.engine.bench_gil import measure_gil
+    from worldcast.latency_bench.gil_bench import measure_gil
     from worldcast.models.tinyworld import TinyWorldModel
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)

@@ -1,12 +1,12 @@
 """Scheduler benchmark: the device worker alone, no transport, real model and threads.
 
-    python -m worldcast.engine.bench --sessions 4 --seconds 15            # batching on vs off
-    python -m worldcast.engine.bench --sessions 6 --seconds 15 --modes on  # one mode
-    python -m worldcast.engine.bench --faults --sessions 1 --seconds 12     # cancel, exception, NaN
-    python -m worldcast.engine.bench --math                                 # GFLOP/s vs the matmul peak
-    python -m worldcast.engine.bench --math --precision bfloat16 --compiled # ... of the precision used
-    python -m worldcast.engine.bench --chunks                               # chunk time per dtype x steps x batch
-    python -m worldcast.engine.bench --gil --precision bfloat16             # the interpreter lock held per step
+    python -m worldcast.latency_bench.engine_bench --sessions 4 --seconds 15               # batching on vs off
+    python -m worldcast.latency_bench.engine_bench --sessions 6 --seconds 15 --modes on    # one mode
+    python -m worldcast.latency_bench.engine_bench --faults --sessions 1 --seconds 12      # cancel, exception, NaN
+    python -m worldcast.latency_bench.engine_bench --math                                  # GFLOP/s vs the matmul peak
+    python -m worldcast.latency_bench.engine_bench --math --precision bfloat16 --compiled  # ... of the precision used
+    python -m worldcast.latency_bench.engine_bench --chunks                                # chunk time per way x batch
+    python -m worldcast.latency_bench.engine_bench --gil --precision bfloat16              # the GIL held per step
 
 Serving modes warm up as a server does (threads, precision and compiled
 steps chosen by measurement) unless `--precision` / `--no-compile` fix them.
@@ -217,7 +217,7 @@ def run_mode(model: WorldModel, *, sessions: int, seconds: float, max_batch: int
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m worldcast.engine.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m worldcast.latency_bench.engine_bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=registry.DEFAULT_MODEL, choices=registry.model_names(), metavar="NAME[:VARIANT]",
                     help="the model, from the registry (default %(default)s)")
@@ -230,11 +230,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--faults", action="store_true", help="cancel, exception and NaN victims beside N sessions")
     ap.add_argument("--math", action="store_true", help="a chunk's achieved GFLOP/s beside this machine's measured "
-                    "matmul peak in the precision used, at batch 1 and 4 (engine/model_math.py)")
+                    "matmul peak in the precision used, at batch 1 and 4 (latency_bench/math_bench.py)")
     ap.add_argument("--chunks", action="store_true", help="chunk time per declared dtype x eager/compiled x batch "
-                    "(engine/bench_chunks.py)")
+                    "(latency_bench/chunk_bench.py)")
     ap.add_argument("--gil", action="store_true", help="main-thread wake delay while a device thread runs chunks, "
-                    "eager, from graphs and from packages (engine/bench_gil.py; --precision picks the dtype)")
+                    "eager, from graphs and from packages (latency_bench/gil_bench.py; --precision picks the dtype)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4], help="--chunks: batch sizes")
     ap.add_argument("--repeats", type=int, default=20, help="--chunks: timed chunks per way and batch")
     ap.add_argument("--precision", default=None, help="serve (or --math: run) in this dtype, e.g. float32, "
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
         _math(model, args)
         return
     if args.chunks:
-        from worldcast.engine.bench_chunks import measure_chunks, table
+        from worldcast.latency_bench.chunk_bench import measure_chunks, table
 
         torch.set_num_threads(args.threads or 1)
         rows = measure_chunks(model, batches=tuple(args.batches), repeats=args.repeats,
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.json).write_text(json.dumps(rows, indent=2))
         return
     if args.gil:
-        from worldcast.engine.bench_gil import measure_gil
+        from worldcast.latency_bench.gil_bench import measure_gil
         from worldcast.models.spec import dtype_from_name
 
         torch.set_num_threads(args.threads or 1)
@@ -293,9 +293,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def _math(model: WorldModel, args: argparse.Namespace) -> None:
     """`--math`: achieved GFLOP/s of a chunk beside the matmul peak of the dtype it runs in."""
-    from worldcast.engine.model_math import measure
     from worldcast.engine.tuning.compiled import StepCompiler, configure_cache
     from worldcast.engine.tuning.warmup import ChunkRunner, use_way
+    from worldcast.latency_bench.math_bench import measure
     from worldcast.models.spec import dtype_from_name
 
     torch.set_num_threads(args.threads or 1)

@@ -1,6 +1,6 @@
 """Admission benchmark: replay a duty-cycle trace against the device worker under each policy.
 
-    python -m worldcast.engine.bench_admission --trace latency_bench/traces/duty30-short.json
+    python -m worldcast.latency_bench.admission_bench --trace latency_bench/traces/duty30-short.json
 
 No transport: the real device worker, model, cost model and `admission.decide`
 on this machine, with scripted sessions that follow the trace (a
@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy, DutyCyclePrior, SessionLoad, decide
-from worldcast.engine.bench import _Collector
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine.scripted import ScriptedConditioner
+from worldcast.latency_bench.engine_bench import _Collector
 from worldcast.models import registry
 from worldcast.models.base import WorldModel
 
@@ -145,7 +145,7 @@ def replay(model: WorldModel, trace: dict[str, Any], config: AdmissionConfig, *,
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m worldcast.engine.bench_admission", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m worldcast.latency_bench.admission_bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, required=True, help="a worldcast-trace/1 JSON file")
     ap.add_argument("--model", default=registry.DEFAULT_MODEL, choices=registry.model_names(), metavar="NAME[:VARIANT]",

@@ -1,6 +1,6 @@
 """How close a chunk's arithmetic runs to the machine's measured matmul rate.
 
-    python -m worldcast.engine.bench --math            # TinyWorld, batch 1 and 4
+    python -m worldcast.latency_bench.engine_bench --math  # TinyWorld, batch 1 and 4
 
 `chunk_flops` counts the floating-point operations of one chunk (every
 denoising step, the decode and the commit pass) with PyTorch's

@@ -1,7 +1,7 @@
 """Chunk time per precision x eager/compiled x batch size, the model alone (no scheduler, no transport).
 
-    python -m worldcast.engine.bench --chunks                        # every declared dtype, batch 1, 2, 4
-    python -m worldcast.engine.bench --chunks --batches 1 --repeats 40
+    python -m worldcast.latency_bench.engine_bench --chunks  # every declared dtype, batch 1, 2, 4
+    python -m worldcast.latency_bench.engine_bench --chunks --batches 1 --repeats 40
 
 One way of running the model is a dtype (`spec.precisions.dtypes`) and
 eager or compiled steps (`engine/tuning/compiled.py`; graphs built per batch

@@ -1,7 +1,7 @@
 """How long the device thread keeps the interpreter from other threads, per way of running a step.
 
-    python -m worldcast.engine.bench --gil                       # float32: eager, graphs, packages if built
-    python -m worldcast.engine.bench --gil --precision bfloat16
+    python -m worldcast.latency_bench.engine_bench --gil  # float32: eager, graphs, packages if built
+    python -m worldcast.latency_bench.engine_bench --gil --precision bfloat16
 
 An engine in the server's process shares the interpreter lock with the
 event loop (actions off the data channel, RTP, SCTP, frame events). While a
