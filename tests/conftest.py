@@ -15,7 +15,7 @@ import pytest
 import torch
 
 if TYPE_CHECKING:  # the network edge (pydantic, fastapi) is imported by the fixtures that serve, not here:
-    # the device check runs tests/gpu on an image without those packages (engine/gpu_check.py)
+    # the device check runs tests/gpu on an image without those packages (latency_bench/gpu_check/)
     from worldcast.transport.config import ServerConfig
 
 torch.set_num_threads(1)  # 2 cores: leave one for the event loop, aiortc and the browser

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from worldcast.engine.gpu_launch import REPO, install_wheels, link_packages, package_dirs
+from worldcast.latency_bench.gpu_check.launch import REPO, install_wheels, link_packages, package_dirs
+
+#: The launcher, run as a plain file.
+LAUNCHER = REPO / "latency_bench" / "gpu_check" / "launch.py"
 
 #: Refuses the network edge (the lent image has none of it) and TinyWorld's prompt encoder package (too large
 #: to carry) in a fresh interpreter, then runs the code after it.
@@ -39,7 +42,7 @@ def test_the_blocker_refuses_what_it_should() -> None:  # the control: the guard
 
 def test_the_checked_code_paths_import_and_load_without_the_network_edge() -> None:
     t = _python("""
-        import worldcast.engine.gpu_check, worldcast.engine.gpu_check_parts, worldcast.engine.gpu_check_engine
+        from worldcast.latency_bench.gpu_check import engine, parts, runner
         import worldcast.latency_bench.engine_bench, worldcast.engine.device_worker, worldcast.kernels.ring_attention
         from worldcast.models import registry
         for name in ("tinyworld", "causal-wan:tiny", "matrix-game-2:tiny"):
@@ -57,11 +60,12 @@ def test_link_packages_makes_every_mapped_folder_importable_by_its_name(tmp_path
     dest = link_packages(tmp_path)
     for name, folder in mapping.items():
         assert (dest / name.replace(".", "/")).resolve() == folder.resolve()
-    # a fresh interpreter without site-packages (so without any installed worldcast) finds the checkout's engine
-    t = subprocess.run([sys.executable, "-S", "-c", "import worldcast.engine.gpu_launch as m; print(m.__file__)"],
-                       cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(dest)}, timeout=60)
+    # a fresh interpreter without site-packages (so without any installed worldcast) finds the checkout's launcher
+    code = "import worldcast.latency_bench.gpu_check.launch as m; print(m.__file__)"
+    t = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PYTHONPATH": str(dest)}, timeout=60)
     assert t.returncode == 0, t.stderr
-    assert Path(t.stdout.strip()).resolve() == REPO / "engine" / "gpu_launch.py"
+    assert Path(t.stdout.strip()).resolve() == LAUNCHER
     with pytest.raises(FileExistsError):
         link_packages(tmp_path)
 
@@ -76,11 +80,12 @@ def test_the_launcher_runs_a_module_with_the_checkout_and_carried_wheels_on_the_
         z.writestr(info + "WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr(info + "RECORD", "")
     probe = tmp_path / "probe.py"
-    probe.write_text("import carried_probe, worldcast.engine.gpu_launch as m\nprint(carried_probe.VALUE, m.__file__)\n")
+    probe.write_text("import carried_probe, worldcast.latency_bench.gpu_check.launch as m\n"
+                     "print(carried_probe.VALUE, m.__file__)\n")
     env = os.environ | {"PYTHONPATH": str(tmp_path), "PIP_NO_INDEX": "1"}
-    t = subprocess.run([sys.executable, str(REPO / "engine" / "gpu_launch.py"), "--wheels", str(wheels), "probe"],
+    t = subprocess.run([sys.executable, str(LAUNCHER), "--wheels", str(wheels), "probe"],
                        cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert t.returncode == 0, t.stderr
     value, path = t.stdout.split()
-    assert value == "7" and Path(path).resolve() == REPO / "engine" / "gpu_launch.py"
+    assert value == "7" and Path(path).resolve() == LAUNCHER
     assert install_wheels(tmp_path / "none", tmp_path / "site") == []  # no folder: nothing to install

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from worldcast.engine.gpu_check import PARTS
-from worldcast.engine.gpu_launch import REPO
+from worldcast.latency_bench.gpu_check.launch import REPO
+from worldcast.latency_bench.gpu_check.runner import PARTS
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 `engine_rows` runs the rollout functions the device worker runs (every denoising step, decode, commit pass)
 on sessions in one `StatePool`; `long_session` follows one session past its trained horizon; and
 `checkpoint_chains` loads each family's generated checkpoints (its registry entry's `checkpoint_check`)
-through the family's factory and times them the same way. Used by `engine/gpu_check_parts.py`.
+through the family's factory and times them the same way. Used by `latency_bench/gpu_check/parts.py`.
 """
 
 from __future__ import annotations

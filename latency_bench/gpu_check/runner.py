@@ -1,16 +1,16 @@
 """The prepared device check: what to run first when a GPU is lent, in one command, offline, under 8 minutes.
 
-    make gpu-check OUT=DIR                                                # on the lent machine (python3 there)
-    python3 engine/gpu_launch.py --wheels .gpu-wheels worldcast.engine.gpu_check --out DIR   # the same
-    make gpu-rehearsal                                                    # here: the same check, CPU, tiny
+    make gpu-check OUT=DIR        # on the lent machine (python3 there); the same as:
+    python3 latency_bench/gpu_check/launch.py --wheels .gpu-wheels worldcast.latency_bench.gpu_check --out DIR
+    make gpu-rehearsal            # here: the same check, CPU, tiny
 
 The lent machine runs its image's `python3` (PyTorch, Triton, numpy, safetensors, transformers,
-sentence-transformers; no aiortc, av, fastapi, pydantic or livekit) with no network. `engine/gpu_launch.py`
-puts the checkout on the path and installs the carried wheels (`make gpu-wheels`) offline; nothing here
-imports the network edge.
+sentence-transformers; no aiortc, av, fastapi, pydantic or livekit) with no network.
+`latency_bench/gpu_check/launch.py` puts the checkout on the path and installs the carried wheels
+(`make gpu-wheels`) offline; nothing here imports the network edge.
 
 Parts (`PARTS`, in this order; each in a process of its own with a timeout, so a crash, an out-of-memory
-error or a hang fails that part alone and the rest still runs; `engine/gpu_check_parts.py` holds them):
+error or a hang fails that part alone and the rest still runs; `parts.py` beside this file holds them):
 - environment: Python, library versions, the device;
 - pytest_gpu: `pytest -m gpu tests/gpu`;
 - ring_attention: the Triton kernel against the PyTorch path at causal Wan 1.3B's shape (max error, time);
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 #: The checkout (parts run from here).
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: The whole check's wall-time budget on a GPU, s (the lent machine's command limit is 10 minutes; the
 #: check must leave room for the machine's start and a second try).
 GPU_BUDGET_S = 450.0
@@ -82,7 +82,7 @@ class Part:
             raise ValueError("part timeouts must be positive")
 
 
-_P = "worldcast.engine.gpu_check_parts:"
+_P = "worldcast.latency_bench.gpu_check.parts:"
 #: The parts run by default, in order (most informative first once the environment is known).
 PARTS = (
     Part("environment", _P + "environment", 60, 180),
@@ -124,7 +124,7 @@ def run_part(part: Part, *, cpu: bool, timeout_s: float, log: Path) -> dict[str,
     """
     with tempfile.TemporaryDirectory(prefix="worldcast-gpu-check-") as tmp:
         result_path = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "worldcast.engine.gpu_check", "--run-part", part.target,
+        cmd = [sys.executable, "-m", "worldcast.latency_bench.gpu_check", "--run-part", part.target,
                "--result", str(result_path), *(["--cpu"] if cpu else [])]
         t0 = time.monotonic()
         start = log.stat().st_size if log.exists() else 0
@@ -258,7 +258,7 @@ def _run_one(target: str, result: Path, cpu: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring); returns the exit status."""
     names = [p.name for p in PARTS + OPT_IN_PARTS]
-    ap = argparse.ArgumentParser(prog="python -m worldcast.engine.gpu_check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m worldcast.latency_bench.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_results"),
                     help="folder for gpu_check.json/.txt/.log (default: $OUT, else gpu_results)")

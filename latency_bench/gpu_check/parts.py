@@ -1,4 +1,4 @@
-"""The parts of the prepared device check (`engine/gpu_check.py` runs each in a process of its own).
+"""The parts of the prepared device check (`runner.py` beside this file runs each in a process of its own).
 
 Each part is a function `(cpu: bool) -> dict` returning JSON-ready results; `cpu=True` runs the same code
 paths at tiny sizes on the CPU (the rehearsal). A part that finds something wrong but ran to the end says so
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 #: The checkout (the gpu-marked tests are run from here).
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: Served-path models per part: (registered name on the GPU, on the CPU; session counts on the GPU, on the CPU).
 ENGINE_MODELS: dict[str, tuple[str, str, tuple[int, ...], tuple[int, ...]]] = {
     "causal_wan": ("causal-wan:1.3b-random", "causal-wan:tiny", (1, 2), (1, 2)),
@@ -152,7 +152,7 @@ def ring_attention(cpu: bool) -> dict[str, Any]:
 def _engine_model(part: str, cpu: bool) -> dict[str, Any]:
     """One registered model's served path per session count, with the engine's state budget plan."""
     from worldcast.engine.device_worker import EngineConfig, plan_engine_memory
-    from worldcast.engine.gpu_check_engine import engine_rows
+    from worldcast.latency_bench.gpu_check.engine import engine_rows
     from worldcast.models import registry
 
     gpu_name, cpu_name, gpu_sessions, cpu_sessions = ENGINE_MODELS[part]
@@ -215,10 +215,10 @@ def tinyworld_graphs(cpu: bool) -> dict[str, Any]:
 
 
 def checkpoint_chains(cpu: bool) -> dict[str, Any]:
-    """Opt-in (`--parts checkpoint_chains`): every family's checkpoint chain (`engine/gpu_check_engine.py`)."""
+    """Opt-in (`--parts checkpoint_chains`): every family's checkpoint chain (`latency_bench/gpu_check/engine.py`)."""
     import tempfile
 
-    from worldcast.engine.gpu_check_engine import checkpoint_chains as chains
+    from worldcast.latency_bench.gpu_check.engine import checkpoint_chains as chains
 
     with tempfile.TemporaryDirectory(prefix="worldcast-chains-") as d:
         return chains(_device(cpu), smoke=cpu, out=Path(d), batches=[1, 2] if cpu else [1, 2, 4],

@@ -1,7 +1,7 @@
 """Run a worldcast module from this checkout on a Python that has no worldcast installed (the lent GPU machine).
 
-    python3 engine/gpu_launch.py [--wheels DIR] MODULE [ARG...]
-    python3 engine/gpu_launch.py --wheels .gpu-wheels worldcast.engine.gpu_check --out "$OUT"
+    python3 latency_bench/gpu_check/launch.py [--wheels DIR] MODULE [ARG...]
+    python3 latency_bench/gpu_check/launch.py --wheels .gpu-wheels worldcast.latency_bench.gpu_check --out "$OUT"
 
 The lent machine runs its image's own `python3` with no network: `pip install -e .` cannot fetch the
 build backend, and the project's dependencies are not all there. This launcher needs the standard library
@@ -26,7 +26,7 @@ import tomllib
 from pathlib import Path
 
 #: The checkout this file belongs to.
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def package_dirs(repo: Path = REPO) -> dict[str, Path]:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from worldcast.engine import gpu_check_parts
-from worldcast.engine.gpu_check import GPU_BUDGET_S, PARTS, Part, run_check, table
+from worldcast.latency_bench.gpu_check import parts as gpu_check_parts
+from worldcast.latency_bench.gpu_check.runner import GPU_BUDGET_S, PARTS, Part, run_check, table
 
-# Parts for the isolation test, run by the check in processes of their own (`tests.engine.test_gpu_check:...`).
+# Parts for the isolation test, run by the check in processes of their own (`tests.latency_bench.test_gpu_check:...`).
 
 
 def part_ok(cpu: bool) -> dict[str, object]:
@@ -37,7 +37,7 @@ def part_not_here(cpu: bool) -> dict[str, object]:
 
 
 def _fake(name: str, fn: str, timeout_s: float = 300) -> Part:
-    return Part(name, f"tests.engine.test_gpu_check:{fn}", timeout_s, timeout_s)
+    return Part(name, f"tests.latency_bench.test_gpu_check:{fn}", timeout_s, timeout_s)
 
 
 def test_a_failing_or_hanging_part_is_reported_and_the_rest_still_runs(tmp_path: Path) -> None:
