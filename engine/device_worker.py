@@ -54,20 +54,20 @@ import torch
 
 from worldcast.engine import session_state
 from worldcast.engine.admission import active_capacity
-from worldcast.engine.compiled import DEFAULT_BUCKETS, StepCompiler, configure_cache
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.errors import StatePoolExhausted
 from worldcast.engine.memory import MemoryReader, StatePlan, plan_state_memory, read_device_memory
-from worldcast.engine.packages import PackageStore
 from worldcast.engine.rollout import BatchCache, ChunkRollout, Conditioner, run_chunk_batch
 from worldcast.engine.scripted import ScriptedConditioner
 from worldcast.engine.state_pool import StatePool
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.step_runner import StepRunner
 from worldcast.engine.step_scheduler import SchedulerConfig, StepScheduler
-from worldcast.engine.threads import ThreadChoice, available_cores, choose_threads, eligible_threads
 from worldcast.engine.timing import DeviceTimer
-from worldcast.engine.warmup import (
+from worldcast.engine.tuning.compiled import DEFAULT_BUCKETS, StepCompiler, configure_cache
+from worldcast.engine.tuning.packages import PackageStore
+from worldcast.engine.tuning.threads import ThreadChoice, available_cores, choose_threads, eligible_threads
+from worldcast.engine.tuning.warmup import (
     ChunkRunner,
     ServedWay,
     WarmupReport,
@@ -107,10 +107,12 @@ class EngineConfig:
     #: $WORLDCAST_COMPILE is "0" (the test suite sets it; tests of compilation pass True), else True
     compile: bool = field(default_factory=lambda: os.environ.get("WORLDCAST_COMPILE", "1") != "0")
     compile_buckets: tuple[int, ...] = DEFAULT_BUCKETS  #: batch sizes that get a compiled graph
-    #: compile with frozen weights: faster steps, but rebuilt at every start (not cacheable; `engine/compiled.py`)
+    #: compile with frozen weights: faster steps, but rebuilt at every start (not cacheable;
+    #: `engine/tuning/compiled.py`)
     compile_freeze: bool = False
     compile_cache_dir: Path | None = None  #: compiled artifacts (None: $TORCHINDUCTOR_CACHE_DIR or ~/.cache/worldcast)
-    #: serve compiled buckets from their ahead-of-time packages where found, checked and faster (`engine/packages.py`)
+    #: serve compiled buckets from their ahead-of-time packages where found, checked and faster
+    #: (`engine/tuning/packages.py`)
     use_packages: bool = True
     early_start: bool = True  #: start a chunk at once when an input arrives on an idle device
     #: an engine whose device loop has not come round for this long is `stalled`, s: it takes no new session
@@ -272,7 +274,7 @@ class DeviceWorker:
         self.last_error: str | None = None
         #: the intra-op thread count in use and how it was chosen (set by `choose_threads`)
         self.thread_choice: ThreadChoice | None = None
-        #: wraps the model's step functions in compiled graphs (`engine/compiled.py`; used from `warmup`)
+        #: wraps the model's step functions in compiled graphs (`engine/tuning/compiled.py`; used from `warmup`)
         self.compiler = StepCompiler(model.device, buckets=config.compile_buckets, enabled=config.compile,
                                      freeze=config.compile_freeze)
         self.warmup_report: WarmupReport | None = None
@@ -299,7 +301,7 @@ class DeviceWorker:
 
         On a CPU device each candidate count (1..cores) runs timed batch-1 chunks and
         the fastest of those leaving `EngineConfig.reserved_cores` free is kept (see
-        `engine/threads.py`); on an accelerator the CPU only launches work, and the
+        `engine/tuning/threads.py`); on an accelerator the CPU only launches work, and the
         eligible count is used without timing. Runs on the calling thread, before `start`.
         """
         cores = available_cores()
@@ -326,7 +328,7 @@ class DeviceWorker:
         """Measure everything serving depends on, before serving (each phase logged as it runs):
 
         1. the thread count (`choose_threads`);
-        2. the precision and whether steps run compiled (`engine/warmup.py`): every dtype the model
+        2. the precision and whether steps run compiled (`engine/tuning/warmup.py`): every dtype the model
            declares, eager and compiled, at batch 1, quality-gated against the reference dtype;
            then the state pool is allocated anew if the chosen dtype changed the declared state;
         3. each batch bucket's compiled graphs, kept where measured faster than eager;

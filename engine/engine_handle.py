@@ -5,8 +5,8 @@ Two kinds behind one interface, so sessions/ never asks which it has:
   server's process; a session's conditioner is the server's
   `SessionInputs` (`Session.inputs`), and a push wakes the worker through
   the inputs' own listener (`SessionSource.on_input`), not through the owner.
-- `EngineClient` (`engine/engine_client.py`): a `DeviceWorker` in an engine
-  process of its own (`engine/engine_process.py`); the session's
+- `EngineClient` (`engine/process/client.py`): a `DeviceWorker` in an engine
+  process of its own (`engine/process/main.py`); the session's
   conditioner there is a mirror the handle feeds (`session_changed`,
   `push_input`: `mirrors_inputs` is True, so the owner sends it every input
   change), frames come back through shared memory.
@@ -46,10 +46,9 @@ from typing import Any, Literal, Protocol
 
 from worldcast.engine.admission import active_capacity
 from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
-from worldcast.engine.engine_conditioner import ConditionerState, InputDelta
-from worldcast.engine.rollout import Conditioner
+from worldcast.engine.rollout import Conditioner, ConditionerState, InputDelta
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
-from worldcast.engine.threads import ThreadChoice
+from worldcast.engine.tuning.threads import ThreadChoice
 from worldcast.models.spec import WorldModelSpec
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from worldcast.engine.device_worker import DeviceWorker, EngineConfig, EngineSna
 from worldcast.engine.engine_handle import EngineHandle, SessionSource
 from worldcast.engine.errors import EngineUnavailable
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
-from worldcast.engine.threads import ThreadChoice
+from worldcast.engine.tuning.threads import ThreadChoice
 from worldcast.models.base import WorldModel
 
 

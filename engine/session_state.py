@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from worldcast.engine.engine_conditioner import ConditionerState
-from worldcast.engine.rollout import ChunkRollout
+from worldcast.engine.rollout import ChunkRollout, ConditionerState
 from worldcast.engine.step_scheduler import Phase, SessionSchedule
 from worldcast.models.spec import WorldModelSpec
 

@@ -1,1 +1,3 @@
-"""latency_bench: motion-to-photon and load benchmarks (see its issue)."""
+"""latency_bench: the benchmarks (see its issue): motion-to-photon and load through the real transports
+(`python -m worldcast.latency_bench`), the engine alone (`engine_bench.py`, `admission_bench.py`), and the
+prepared device check for a lent GPU (`gpu_check/`)."""

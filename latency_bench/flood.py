@@ -194,7 +194,7 @@ async def stream_flooder(url: str, *, rate: float, seconds: float) -> dict[str, 
 async def flooder(url: str, *, rate: float, seconds: float) -> dict[str, Any]:
     """The flooding client (its own process): `rate` messages/s, half junk, for `seconds`."""
     from worldcast.transport.clients.webrtc import WebRTCClient
-    from worldcast.transport.webrtc import configure_ice
+    from worldcast.transport.webrtc.peer import configure_ice
 
     configure_ice(["127.0.0.1"])
     c = await WebRTCClient.connect(url, seed=2)

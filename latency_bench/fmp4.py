@@ -1,7 +1,7 @@
 """`--transport fmp4`: the WebSocket stream (fMP4) measured side by side with WebRTC, on one server.
 
 Three measurements, each read from the frame stamps in the decoded pixels
-(sessions created with `stamp_frames`, transport/stamp.py):
+(sessions created with `stamp_frames`, transport/media/stamp.py):
 
 - motion-to-photon over the WebSocket: `StreamProbe` is `SessionProbe` on a
   `StreamClient` (actions on the same socket; frames from fMP4 decoded with
@@ -27,7 +27,7 @@ from typing import Any
 from worldcast.latency_bench import stats
 from worldcast.latency_bench.probe import CLOSE_TIMEOUT_S, FrameRecord, SessionMetrics, SessionProbe, model_fps
 from worldcast.transport.clients.stream import StreamClient
-from worldcast.transport.stamp import cell_px_for_width, read_stamp
+from worldcast.transport.media.stamp import cell_px_for_width, read_stamp
 
 #: Directions cycled by the direction run (TinyWorld's themes).
 PROMPTS = ("a snowy landscape", "rivers of glowing molten lava", "a green meadow", "a sandy desert at noon")

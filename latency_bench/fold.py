@@ -33,7 +33,7 @@ import torch
 from worldcast.engine.rollout import denoise_batch, finalize_batch
 from worldcast.engine.state_pool import PoolView
 from worldcast.engine.timing import work_clock
-from worldcast.engine.warmup import ChunkRunner, check_context
+from worldcast.engine.tuning.warmup import ChunkRunner, check_context
 from worldcast.models.base import ChunkConditioning
 from worldcast.models.spec import dtype_name
 from worldcast.models.tinyworld.fold import fold_mask, fold_step

@@ -32,7 +32,7 @@ from aiortc.mediastreams import MediaStreamError
 from worldcast.latency_bench import stats
 from worldcast.transport.clients.session_api import action_cycle
 from worldcast.transport.clients.webrtc import WebRTCClient
-from worldcast.transport.stamp import cell_px_for_width, read_stamp
+from worldcast.transport.media.stamp import cell_px_for_width, read_stamp
 
 #: The 90 kHz RTP video clock of frame PTS (RFC 3551).
 CLOCK_RATE = 90_000

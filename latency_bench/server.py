@@ -234,7 +234,7 @@ def _tail(path: str, chars: int = 2000) -> str:
         return f.read()[-chars:]
 
 
-#: Resident memory of engine cores in processes of their own (`transport/metrics.py`), one sample per engine.
+#: Resident memory of engine cores in processes of their own (`transport/http/metrics.py`), one sample per engine.
 ENGINE_RSS = "worldcast_engine_process_resident_memory_bytes"
 
 

@@ -17,7 +17,7 @@ One session's life, as the engine drives it (`engine/rollout.py`):
       decode              frames out (and the decoder's own state)
       commit              the pass at `spec.commit_timestep` that writes the chunk's KV
 
-Precision and compiled steps (chosen by the engine at warm-up, `engine/warmup.py`):
+Precision and compiled steps (chosen by the engine at warm-up, `engine/tuning/warmup.py`):
 `set_precision` switches the compute dtype among `spec.precisions.dtypes`
 (weights converted once per dtype, never cast per call); `compile_steps`
 routes the model's hot pure-tensor functions through the engine's compiler
@@ -173,7 +173,7 @@ NoiseFn = Callable[[], torch.Tensor]
 #: syncs, no Python state read that changes between calls (so a compiled graph may replace it and a
 #: batch may be padded to a compiled size by repeating its last row).
 StepFn = Callable[..., Any]
-#: The engine's compiler: (step name, function) -> a callable with the same contract (`engine/compiled.py`).
+#: The engine's compiler: (step name, function) -> a callable with the same contract (`engine/tuning/compiled.py`).
 StepWrap = Callable[[str, StepFn], StepFn]
 
 

@@ -132,7 +132,7 @@ class ModelFamily:
         factory: "module:function", imported when loading; function(LoadRequest) -> WorldModel.
         checkpoint_check: "module:function" (optional) for the GPU check: function(device, *, smoke, workdir)
             yields (label, WorldModel, info dict) loaded from checkpoints it writes in the family's published
-            layouts, so the check covers loading as users do it (`engine/gpu_check_engine.py`; the
+            layouts, so the check covers loading as users do it (`latency_bench/gpu_check/engine.py`; the
             device check's opt-in part `checkpoint_chains`).
     """
 

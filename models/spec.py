@@ -344,7 +344,7 @@ class PrecisionSpec:
     dtype qualifies only if the PSNR of its decoded frames against the
     reference's frames (uint8, peak 255; the measure of `models/tinyworld/evaluate.py`)
     is at least `min_psnr_db` for every frame. Among qualified dtypes the
-    fastest measured chunk is served (`engine/precision.py`). A model whose
+    fastest measured chunk is served (`engine/tuning/precision.py`). A model whose
     state's dtypes follow its precision says so in its `spec.states` after
     `WorldModel.set_precision`.
     """

@@ -3,7 +3,7 @@
 `SessionInputs` is the one place an action passes through on the session side: a transport's
 `ActionHandler` pushes into it, the engine's device thread samples it at each chunk start
 (`engine/rollout.py` `Conditioner`), and an engine handle reads all of it at once (`conditioner_state`) to
-feed an engine process's mirror (`engine/engine_conditioner.py`). After each accepted push it tells, in
+feed an engine process's mirror (`engine/process/conditioner.py`). After each accepted push it tells, in
 order, the `Session` that owns it (`on_push`: activity, ACTIVE) and then the engine that reads it
 (`on_input` listeners: a `LocalEngine` registers its device worker's `wake`, so an idle device starts the
 next chunk at once). The owner writes the rest (epoch, conditioning, pause, lifecycle) through its own
@@ -33,7 +33,7 @@ messages.
 
 Thread-safe: pushed from the event loop, sampled from the device thread.
 An engine in a process of its own samples a mirror of the buffer instead
-(`engine/engine_conditioner.py`), fed through `on_change` (set only for such an engine: `SessionManager`).
+(`engine/process/conditioner.py`), fed through `on_change` (set only for such an engine: `SessionManager`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from worldcast.engine.engine_conditioner import ConditionerState
-from worldcast.engine.rollout import ChunkInputs
+from worldcast.engine.rollout import ChunkInputs, ConditionerState
 from worldcast.models.base import WorldModel
 from worldcast.models.spec import Conditioning
 from worldcast.sessions.errors import InvalidAction, SessionClosedError
@@ -330,7 +329,7 @@ class SessionInputs:
 
     def conditioner_state(self) -> ConditionerState:
         """Everything `sample_chunk`, `current_epoch` and `wants_frames` answer from, at once (an engine
-        in another process keeps a mirror of it: `engine/engine_conditioner.py`)."""
+        in another process keeps a mirror of it: `engine/process/conditioner.py`)."""
         held, seq, mouse = self.actions.state()
         with self._lock:
             return ConditionerState(epoch=self._epoch, context_version=self._context_version, context=self._context,

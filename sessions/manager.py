@@ -37,10 +37,10 @@ import numpy as np
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
-from worldcast.engine.engine_conditioner import InputDelta
 from worldcast.engine.engine_handle import EngineHandle
 from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
 from worldcast.engine.local_engine import LocalEngine
+from worldcast.engine.rollout import InputDelta
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
 from worldcast.models.errors import ConditioningError
@@ -164,7 +164,7 @@ class SessionManager:
             await asyncio.gather(*starts)
         elif all(e.process for e in self.engines) and self.model.encoders_on_cpu:
             # the conditioning encoders load now, not on the first user's request: here beside the engines'
-            # warm-ups, which run in processes of their own (and choose by thread CPU time: engine/warmup.py);
+            # warm-ups, which run in processes of their own (and choose by thread CPU time: engine/tuning/warmup.py);
             # an encoder on an engine's device would skew what its warm-up measures (memory, step times)
             done = await asyncio.gather(*starts, self._loop.run_in_executor(None, self.model.load_encoders),
                                         return_exceptions=True)  # every start has ended before one is raised

@@ -1,7 +1,7 @@
 """Directing projects: a window of seed prompts played one segment each, in rollouts, under a segment cap.
 
 The rules above segments (`sessions/directing.py`) that a directing app's protocol applies (FastVideo
-Dreamverse's, `transport/dreamverse.py`, follows `apps/dreamverse/dreamverse/session/controller.py`): a
+Dreamverse's, `transport/dreamverse/connection.py`, follows `apps/dreamverse/dreamverse/session/controller.py`): a
 *project* holds seed prompts; a *rollout* plays them from the first, one segment each, and ends after `cap`
 segments; loop generation replays them, auto-extension continues the last prompt; a rewrite (here a rule,
 `rewrite_window`: no language model) writes the instruction into every seed and starts a new rollout. Pure

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 if TYPE_CHECKING:  # the network edge (pydantic, fastapi) is imported by the fixtures that serve, not here:
-    # the device check runs tests/gpu on an image without those packages (engine/gpu_check.py)
+    # the device check runs tests/gpu on an image without those packages (latency_bench/gpu_check/)
     from worldcast.transport.config import ServerConfig
 
 torch.set_num_threads(1)  # 2 cores: leave one for the event loop, aiortc and the browser
@@ -63,8 +63,8 @@ class LiveServer:
 def _serve(config: ServerConfig, model) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
     import uvicorn
 
-    from worldcast.transport.app import create_app
-    from worldcast.transport.conn_limits import GuardStats, serve_config
+    from worldcast.transport.http.app import create_app
+    from worldcast.transport.http.conn_limits import GuardStats, serve_config
 
     app = create_app(config, model=model)
     stats = GuardStats()  # the connection guard's counts, for the tests that probe it

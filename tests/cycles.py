@@ -200,7 +200,7 @@ async def _reaped(srv: Any, sid: str, timeout_s: float) -> float | None:
 
 async def run_cycles(srv: Any, cycles: int, *, seed: int = 0) -> CycleReport:
     """Warm up (one cycle of each kind), then `cycles` cycles; audit reaping and leaks."""
-    from worldcast.transport.webrtc import quiet_closed_transport_errors
+    from worldcast.transport.webrtc.peer import quiet_closed_transport_errors
 
     rep, rng, t0 = CycleReport(), random.Random(seed), time.monotonic()
     quiet_closed_transport_errors(asyncio.get_running_loop())  # the clients' side, as the server does
@@ -293,7 +293,7 @@ def serve_and_run(cycles: int, seed: int = 0) -> CycleReport:
 async def _client(url: str) -> None:
     """The `killed` kind's client process: connect, get a frame, say so, then wait to be killed."""
     from worldcast.transport.clients.webrtc import WebRTCClient
-    from worldcast.transport.webrtc import configure_ice
+    from worldcast.transport.webrtc.peer import configure_ice
 
     configure_ice(["127.0.0.1"])
     c = await WebRTCClient.connect(url, seed=7)

@@ -14,15 +14,15 @@ from pathlib import Path
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
-from worldcast.engine.engine_client import RestartPolicy
+from worldcast.engine.process.client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.spec import dtype_from_name
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
-from worldcast.transport.conn_limits import ConnectionLimits
+from worldcast.transport.http.conn_limits import ConnectionLimits
+from worldcast.transport.http.metrics import MetricsConfig
 from worldcast.transport.livekit import config as livekit_config
 from worldcast.transport.memory import MemoryConfig, configure_malloc
-from worldcast.transport.metrics import MetricsConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,7 +259,7 @@ def direct(args: argparse.Namespace) -> None:
 
     import httpx
 
-    from worldcast.transport import direct as direct_mod
+    from worldcast.transport.clients import direct as direct_mod
 
     try:
         if args.script == "-":
@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(e))
         import uvicorn
 
-        from worldcast.transport.app import create_app
-        from worldcast.transport.conn_limits import serve_config
+        from worldcast.transport.http.app import create_app
+        from worldcast.transport.http.conn_limits import serve_config
 
         agent = None
         try:
@@ -345,7 +345,7 @@ def engine_processes(args: argparse.Namespace) -> bool | None:
 
     On a CPU an engine in the server's process shares the interpreter lock with the event loop, which
     then takes actions off the data channel, and sends frames, only between the device thread's steps
-    (an ahead-of-time package holds the lock for a whole step: `python -m worldcast.engine.bench --gil`).
+    (an ahead-of-time package holds the lock for a whole step: `python -m worldcast.latency_bench.engine_bench --gil`).
     Served motion-to-photon over WebRTC measured p50 / p95 28.5-32.9 / 43-57 ms with the engine in its
     own process against 30-44 / 51-73 ms in the server's (BENCHMARKS.md, "An AMD EPYC with AVX-512 and
     bf16 dot products"). On an accelerator the engine stays in the server's process by default: a

@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worldcast.engine.device_worker import EngineConfig
-from worldcast.engine.engine_client import RestartPolicy
+from worldcast.engine.process.client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
-from worldcast.transport.conn_limits import ConnectionLimits
+from worldcast.transport.http.conn_limits import ConnectionLimits
+from worldcast.transport.http.metrics import MetricsConfig
 from worldcast.transport.limits import InputLimits
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
 from worldcast.transport.memory import MemoryConfig
-from worldcast.transport.metrics import MetricsConfig
 
 #: The built browser demo, beside the package folders in a source checkout.
 DEFAULT_STATIC_DIR = Path(__file__).resolve().parents[1] / "web_demo" / "dist"

@@ -1,8 +1,8 @@
 """The connection core: what every client connection of a session does, whatever its protocol.
 
 One `Connection` per client connection, composed (never subclassed) by each transport adapter:
-WebRTC (`webrtc.WebRTCPeer`), LiveKit (`livekit/world.LiveKitWorld`), the worldcast stream
-(`ws_stream.StreamConnection`) and Dreamverse's `/ws` (`dreamverse.DreamverseConnection`). It holds
+WebRTC (`webrtc/peer.WebRTCPeer`), LiveKit (`livekit/world.LiveKitWorld`), the worldcast stream
+(`stream/connection.StreamConnection`) and Dreamverse's `/ws` (`dreamverse/connection.DreamverseConnection`). It holds
 
 - the input guard (`limits.InputGuard`: sizes, rates, the flood verdict) and the coalesced feedback
   (`feedback.InputFeedback`), which sends through the adapter's `send` in the adapter's shape;

@@ -69,7 +69,7 @@ class CreateSessionRequest(_Strict):
     seed: StrictInt | None = Field(None, ge=0, le=2**31 - 1, description="seed of the initial world and noise")
     stamp_frames: StrictBool = Field(
         False, description="stamp each video frame's index and applied action seq into its bottom rows "
-        "(for latency measurement; see transport/stamp.py)")
+        "(for latency measurement; see transport/media/stamp.py)")
     image: str | None = Field(
         None, min_length=1, max_length=4 * (MAX_IMAGE_BYTES // 3 + 1) + 64,
         description="starting image for a model that takes one (GET /v1/model: conditioning.image): a PNG or JPEG "

@@ -5,7 +5,7 @@ loaded as a user loads them.
 (Self-Forcing's `.pt` with `generator_ema`, LongLive's base + rank-256 LoRA, Wan 2.1's release folder
 with its VAE and a one-layer umT5 of the XXL width; `fullsize.write_layouts`), then loads each through
 `factory.load` (preset chosen from the file name, EMA, LoRA merged) and hands the model to the engine's
-device check (`engine/gpu_check_engine.py`, the opt-in part `checkpoint_chains` of
+device check (`latency_bench/gpu_check/engine.py`, the opt-in part `checkpoint_chains` of
 `make gpu-check`), which times its served path. Registered as the family's
 `checkpoint_check` (`family.py`), so the engine never names the family.
 """

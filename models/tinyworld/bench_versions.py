@@ -4,10 +4,10 @@
 
 The old version runs from a temporary `git worktree` of `--old` (its own code and shipped weights,
 imported through a path shim so the installed package stays this checkout's); each version runs the
-chunk bench (`python -m worldcast.engine.bench --chunks`: every declared dtype, eager and compiled,
-batch 1, 2 and 4) in its own process, alternating `--rounds` times so both see the same neighbours on
-a shared machine. Prints one Markdown table with both versions' rows (median / fastest ms per chunk)
-and writes every row to `--json`.
+chunk bench (`python -m worldcast.latency_bench.engine_bench --chunks`: every declared dtype, eager and compiled,
+batch 1, 2 and 4; `worldcast.engine.bench` in a commit from before the benchmarks left engine/) in its own
+process, alternating `--rounds` times so both see the same neighbours on a shared machine. Prints one
+Markdown table with both versions' rows (median / fastest ms per chunk) and writes every row to `--json`.
 
 Raises SystemExit with git's message when `--old` is not a commit of this repository.
 """
@@ -23,15 +23,30 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: The chunk bench's module, by the file that holds it in a checkout: this one's first, then the earlier layout's.
+BENCH_MODULES = {"latency_bench/engine_bench.py": "worldcast.latency_bench.engine_bench",
+                 "engine/bench.py": "worldcast.engine.bench"}
 
 
-def _bench(pythonpath: str | None, label: str, batches: list[int], repeats: int, out: Path,
+def bench_module(checkout: Path) -> str:
+    """The chunk bench's module in `checkout` (a commit from before engine/bench.py moved runs it there).
+
+    Raises:
+        SystemExit: `checkout` has neither file.
+    """
+    for path, module in BENCH_MODULES.items():
+        if (checkout / path).is_file():
+            return module
+    raise SystemExit(f"{checkout}: no chunk bench ({' or '.join(BENCH_MODULES)})")
+
+
+def _bench(module: str, pythonpath: str | None, label: str, batches: list[int], repeats: int, out: Path,
            extra: list[str]) -> list[dict[str, object]]:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "worldcast.engine.bench", "--chunks", "--batches", *map(str, batches),
-           "--repeats", str(repeats), "--json", str(out), *extra]
+    cmd = [sys.executable, "-m", module, "--chunks", "--batches", *map(str, batches), "--repeats", str(repeats),
+           "--json", str(out), *extra]
     subprocess.run(cmd, env=env, check=True, cwd=tempfile.gettempdir())
     return [r | {"version": label} for r in json.loads(out.read_text())]
 
@@ -56,12 +71,13 @@ def main(argv: list[str] | None = None) -> None:
             shim = Path(tmp) / "shim"
             shim.mkdir()
             (shim / "worldcast").symlink_to(old)
+            old_module, new_module = bench_module(old), bench_module(REPO)
             rows: list[dict[str, object]] = []
             for i in range(args.rounds):
                 extra = ["--no-compile"] if args.no_compile else []
-                rows += _bench(str(shim), f"old {args.old}", args.batches, args.repeats, Path(tmp) / f"old{i}.json",
-                               extra)
-                rows += _bench(None, "new", args.batches, args.repeats, Path(tmp) / f"new{i}.json", extra)
+                rows += _bench(old_module, str(shim), f"old {args.old}", args.batches, args.repeats,
+                               Path(tmp) / f"old{i}.json", extra)
+                rows += _bench(new_module, None, "new", args.batches, args.repeats, Path(tmp) / f"new{i}.json", extra)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], check=False)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ Every world (all six themes) is played for `minutes` unbroken minutes by a scrip
 player (held keys, Shift, mouse pans, still spells, Space; `player_script`) on a held-out map
 seed, as one session of the engine's rollout (`engine/rollout.py`: the state pool, ring
 attention, the model's sampler) in the precision and compiled way the engine's warm-up
-chooses on this machine (`engine/warmup.measure_precisions`), while the simulator plays the
+chooses on this machine (`engine/tuning/warmup.measure_precisions`), while the simulator plays the
 same script from the same view. At minute 1 and at the last minute, over the 20 s ending there:
 
 - alive: the frames' texture (mean |Laplacian| of luminance) and object share
@@ -116,8 +116,8 @@ def simulate_script(seed: int, theme: str, actions: np.ndarray) -> np.ndarray:
 
 def choose_way(model: WorldModel, *, compile_steps: bool) -> dict[str, object]:
     """Run the engine's warm-up choice of precision and compiled steps at batch 1 on `model` (left in that way)."""
-    from worldcast.engine.compiled import StepCompiler
-    from worldcast.engine.warmup import measure_precisions
+    from worldcast.engine.tuning.compiled import StepCompiler
+    from worldcast.engine.tuning.warmup import measure_precisions
 
     compiler = StepCompiler(model.device, buckets=(1,), enabled=compile_steps)
     choice = measure_precisions(model, compiler)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from worldcast.engine.compiled import (
+from worldcast.engine.tuning.compiled import (
     CompiledStep,
     StepCompiler,
     bucket_for,
@@ -88,8 +88,9 @@ def fresh_model():  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_compiled_tinyworld_chunks_equal_eager_chunks(fresh_model) -> None:  # type: ignore[no-untyped-def]
     """Compiled equals eager: the same sessions (seed, noise, actions) give the same frames, at batch 1 and at
-    batch 3 run in bucket 4 (float32; bfloat16 is checked against float32 at every warm-up, `engine/warmup.py`)."""
-    from worldcast.engine.warmup import ChunkRunner
+    batch 3 run in bucket 4 (float32; bfloat16 is checked against float32 at every warm-up,
+    `engine/tuning/warmup.py`)."""
+    from worldcast.engine.tuning.warmup import ChunkRunner
 
     m = fresh_model
     compiler = StepCompiler(m.device, buckets=(1, 4))
@@ -117,7 +118,7 @@ def test_the_steps_in_use_follow_the_precision_served(fresh_model) -> None:  # t
     """After a warm-up measures float32, then bfloat16, then serves float32 again, the compiler's steps in use
     (what packages, digests and enabled buckets are looked up on) are the float32 wrappers the model runs,
     not the last ones made."""
-    from worldcast.engine.warmup import use_way
+    from worldcast.engine.tuning.warmup import use_way
 
     m = fresh_model
     compiler = StepCompiler(m.device, buckets=(1, 2))

@@ -269,7 +269,7 @@ def test_a_step_stuck_on_the_device_marks_the_worker_stalled(strict_worker, monk
 
 
 def test_warmup_chooses_the_thread_count_by_timing_every_candidate(model) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.engine.threads import available_cores, eligible_threads
+    from worldcast.engine.tuning.threads import available_cores, eligible_threads
 
     before = torch.get_num_threads()
     rec = Recorder()

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
-from worldcast.engine.engine_client import EngineClient, EngineLaunch, RestartPolicy
-from worldcast.engine.engine_conditioner import ConditionerState, InputDelta, MirrorConditioner
 from worldcast.engine.engine_handle import EngineHandle
 from worldcast.engine.errors import EngineUnavailable
+from worldcast.engine.process.client import EngineClient, EngineLaunch, RestartPolicy
+from worldcast.engine.process.conditioner import MirrorConditioner
+from worldcast.engine.rollout import ConditionerState, InputDelta
 from worldcast.engine.step_output import FrameOut
 
 pytestmark = pytest.mark.timeout(600)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from worldcast.engine.compiled import CompiledStep, StepCompiler
-from worldcast.engine.packages import ArgSpec, Package, PackageStore, package_key, weights_digest
-from worldcast.engine.precompile import build_packages
-from worldcast.engine.warmup import ChunkRunner, measure_packages, use_way
+from worldcast.engine.tuning.compiled import CompiledStep, StepCompiler
+from worldcast.engine.tuning.packages import ArgSpec, Package, PackageStore, package_key, weights_digest
+from worldcast.engine.tuning.precompile import build_packages
+from worldcast.engine.tuning.warmup import ChunkRunner, measure_packages, use_way
 from worldcast.models import registry
 
 CPU = torch.device("cpu")

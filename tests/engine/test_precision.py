@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from worldcast.engine.precision import MIN_GAIN, Trial, choose, frame_psnr_db, min_psnr_db, worth_compiling
+from worldcast.engine.tuning.precision import MIN_GAIN, Trial, choose, frame_psnr_db, min_psnr_db, worth_compiling
 from worldcast.models.spec import PrecisionSpec, dtype_from_name, dtype_name
 
 
@@ -97,8 +97,8 @@ def fresh_model():  # type: ignore[no-untyped-def]
 
 
 def test_warmup_measures_each_dtype_and_bfloat16_passes_the_quality_gate(fresh_model) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.engine.compiled import StepCompiler
-    from worldcast.engine.warmup import measure_precisions
+    from worldcast.engine.tuning.compiled import StepCompiler
+    from worldcast.engine.tuning.warmup import measure_precisions
 
     m = fresh_model
     choice = measure_precisions(m, StepCompiler(m.device, enabled=False), repeats=1)
@@ -116,8 +116,8 @@ def test_warmup_measures_each_dtype_and_bfloat16_passes_the_quality_gate(fresh_m
 
 def test_a_dtype_outside_the_models_tolerance_is_not_served(fresh_model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import worldcast.models.tinyworld.model as tw
-    from worldcast.engine.compiled import StepCompiler
-    from worldcast.engine.warmup import measure_precisions
+    from worldcast.engine.tuning.compiled import StepCompiler
+    from worldcast.engine.tuning.warmup import measure_precisions
 
     monkeypatch.setattr(tw, "PRECISIONS", PrecisionSpec(dtypes=(torch.float32, torch.bfloat16), min_psnr_db=200.0,
                                                         check_chunks=2))
@@ -166,7 +166,7 @@ def test_a_restarted_engine_serves_its_predecessors_dtype_without_measuring(fres
     """`DeviceWorker.resume` (an engine process's restart): the predecessor's dtype (`ServedWay` of its warm-up
     report), the pool in that dtype, no measurement, the predecessor's report published."""
     from worldcast.engine.device_worker import DeviceWorker, EngineConfig
-    from worldcast.engine.warmup import ServedWay
+    from worldcast.engine.tuning.warmup import ServedWay
 
     m = fresh_model
     before = DeviceWorker(m, EngineConfig(state_budget_bytes=2**24, torch_threads=1, compile=False,
@@ -191,8 +191,8 @@ def test_graphs_are_built_by_warm_eager_chunks_not_first_call_costs(fresh_model,
     """A dtype's first chunk pays first-call costs that say nothing of its speed (an AVX-512 CPU's bfloat16 check
     ran 3.2x float32's, its warm chunks 0.87x): whether it gets graphs follows its warm chunks. Fake clock (chunk
     costs by dtype; a runner's first chunk 60 ms in float32, 600 ms in bfloat16), fake compiler (`torch.compile` returns the step itself)."""
-    import worldcast.engine.warmup as warmup
-    from worldcast.engine.compiled import StepCompiler
+    import worldcast.engine.tuning.warmup as warmup
+    from worldcast.engine.tuning.compiled import StepCompiler
 
     m = fresh_model
     now = [0.0]

@@ -7,7 +7,7 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from worldcast.engine.shm_frames import FrameMeta, ShmFrameRing, ShmFrameRingFull
+from worldcast.engine.process.shm_frames import FrameMeta, ShmFrameRing, ShmFrameRingFull
 
 
 def _meta(idx: int, shape: tuple[int, int, int]) -> FrameMeta:

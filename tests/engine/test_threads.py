@@ -1,11 +1,11 @@
-"""Thread-count choice by measurement (engine/threads.py), with a chunk timer scripted per count."""
+"""Thread-count choice by measurement (engine/tuning/threads.py), with a chunk timer scripted per count."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from worldcast.engine.threads import candidate_threads, choose_threads, eligible_threads
+from worldcast.engine.tuning.threads import candidate_threads, choose_threads, eligible_threads
 
 
 @pytest.fixture(autouse=True)

@@ -29,7 +29,7 @@ def real_offers() -> list[str]:
     """Offers of real aiortc peers: with and without a data channel."""
     from aiortc import RTCConfiguration, RTCPeerConnection
 
-    from worldcast.transport.webrtc import configure_ice
+    from worldcast.transport.webrtc.peer import configure_ice
 
     async def one(dc: bool) -> str:
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -91,7 +91,7 @@ async def live(url: str, drawn: dict[str, list[Any]], *, surfaces: set[str]) -> 
 def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_cases: int | None = None,
         progress: Path | None = None) -> dict[str, Any]:
     """Run the fuzz; returns the report (and writes what is done so far to `progress` after each pure surface)."""
-    import worldcast.transport.app  # noqa: F401 - everything the server needs, imported before a long run
+    import worldcast.transport.http.app  # noqa: F401 - everything the server needs, imported before a long run
     from tests.conftest import _serve, server_config
     from worldcast.models.tinyworld import TinyWorldModel
 
@@ -114,7 +114,7 @@ def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_case
         results.append(harness.fuzz_sdp_pure(bases, cases, seed))
         saved()
     http_n = (cases if http_cases is None else http_cases) if "http" in surfaces else 0
-    from worldcast.transport.app import create_app
+    from worldcast.transport.http.app import create_app
 
     drawn: dict[str, list[Any]] = {}  # drawn before the server starts: generation would compete with it
     if live_cases and "actions" in surfaces:

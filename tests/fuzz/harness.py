@@ -32,7 +32,7 @@ from worldcast.sessions.session import Session
 from worldcast.transport import errors
 from worldcast.transport.limits import InputGuard, InputLimits
 from worldcast.transport.rpc import ActionHandler, RpcHandler
-from worldcast.transport.sdp import InvalidOffer, validate_offer
+from worldcast.transport.webrtc.sdp import InvalidOffer, validate_offer
 
 #: Longest the watching session may go without a frame while a surface is fuzzed, s (a stall is unbounded;
 #: this only has to tell one from a busy 2-core machine).

@@ -1,5 +1,5 @@
 """On a CUDA device: the Triton ring-attention kernel against the reference in bf16 and fp32, batched against
-solo rollouts, and the causal-Wan engine path (run by `python -m worldcast.engine.gpu_check`)."""
+solo rollouts, and the causal-Wan engine path (run by `python -m worldcast.latency_bench.gpu_check`)."""
 
 from __future__ import annotations
 

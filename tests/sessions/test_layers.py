@@ -1,5 +1,7 @@
-"""The directing layer sits above sessions: `Session` never imports it, and sessions/ and transport/ have no
-import cycle (every import counted, type-only and function-level ones too)."""
+"""Import layering (every import counted, type-only and function-level ones too): the directing layer sits above
+sessions (`Session` never imports it), sessions/ and transport/ have no import cycle, and the engine is layered: its
+core and `tuning/` below the process boundary (`process/`), all of it below sessions, the network edge and the
+benchmarks."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ def imports(path: Path) -> set[str]:
 
 
 def graph(*packages: str) -> dict[str, set[str]]:
-    mods = {f"worldcast.{pkg}.{p.stem}": p for pkg in packages for p in (ROOT / pkg).glob("*.py")
-            if p.stem != "__init__"}
+    """Every module of `packages`, subpackages' too, by dotted name -> the modules of `packages` it imports."""
+    mods = {".".join(("worldcast", pkg, *p.relative_to(ROOT / pkg).with_suffix("").parts)): p
+            for pkg in packages for p in (ROOT / pkg).rglob("*.py") if p.stem != "__init__"}
     return {m: {d for d in imports(p) if d in mods and d != m} for m, p in mods.items()}
 
 
@@ -55,6 +58,23 @@ def test_session_knows_nothing_of_directing() -> None:
 
 def test_sessions_and_transport_have_no_import_cycle() -> None:
     g = graph("sessions", "transport")
+    # the subpackages' modules are in the graph too
+    assert {"worldcast.transport.webrtc.peer", "worldcast.transport.http.routes.sessions"} <= set(g)
     assert cycle(g) is None, cycle(g)
     assert cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]  # the check finds one where there is one
     assert not any(d.startswith("worldcast.transport") for m, ds in g.items() if ".sessions." in m for d in ds)
+
+
+def test_the_engine_is_layered_core_and_tuning_below_the_process_boundary() -> None:
+    g = graph("engine")
+    # the subpackages' modules are in the graph too
+    assert {"worldcast.engine.process.client", "worldcast.engine.tuning.warmup", "worldcast.engine.rollout"} <= set(g)
+    assert cycle(g) is None, cycle(g)
+    every = {m: imports(ROOT / Path(*m.split(".")[1:]).with_suffix(".py")) for m in g}
+    above = ("worldcast.sessions", "worldcast.transport", "worldcast.latency_bench")
+    assert not {m: ds for m, ds in every.items() if any(d.startswith(above) for d in ds)}
+    # the core (engine/*.py) and tuning/ know nothing of the process boundary; the process builds on them
+    process = "worldcast.engine.process"
+    assert not {m: ds for m, ds in every.items()
+                if not m.startswith(process + ".") and any(d.startswith(process) for d in ds)}
+    assert any(d.startswith("worldcast.engine.tuning") for d in g["worldcast.engine.process.launch"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import av
 import pytest
 
-from worldcast.transport.direct import parse_line, parse_script, plan_length_s
+from worldcast.transport.clients.direct import parse_line, parse_script, plan_length_s
 
 pytestmark = pytest.mark.timeout(240)
 

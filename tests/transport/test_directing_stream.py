@@ -8,7 +8,7 @@ import json
 import pytest
 
 from worldcast.transport.clients import StreamClient
-from worldcast.transport.stamp import cell_px_for_width, read_stamp
+from worldcast.transport.media.stamp import cell_px_for_width, read_stamp
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worldcast.transport.dreamverse_prompts import ProjectInit, PromptError, clean_window
+from worldcast.transport.dreamverse.prompts import ProjectInit, PromptError, clean_window
 
 
 def test_windows_and_inits_are_checked() -> None:

@@ -103,7 +103,7 @@ async def test_each_engine_process_reports_its_resident_memory(server: str) -> N
     """`worldcast_engine_process_resident_memory_bytes`: one sample per engine process, read from its /proc entry
     (the `rss` and `soak` benchmarks add them to the server's own)."""
     from worldcast.latency_bench.server import ENGINE_RSS
-    from worldcast.transport.metrics import process_rss_bytes
+    from worldcast.transport.http.metrics import process_rss_bytes
 
     async with httpx.AsyncClient(base_url=server, timeout=30) as http:
         text = (await http.get("/metrics")).text

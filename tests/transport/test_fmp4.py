@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from worldcast.sessions.session import VideoFrame
-from worldcast.transport import mp4box
-from worldcast.transport.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter, Fmp4Sink
 from worldcast.transport.media import picture
-from worldcast.transport.stamp import read_stamp
+from worldcast.transport.media.stamp import read_stamp
+from worldcast.transport.stream import mp4box
+from worldcast.transport.stream.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Fragmenter, Fmp4Sink
 
 FPS = 20
 SIDE = 256

@@ -20,8 +20,8 @@ from worldcast.engine.step_output import FrameOut
 from worldcast.models.spec import ConditioningRequest
 from worldcast.sessions.directing import DirectingSession
 from worldcast.sessions.session import Session
-from worldcast.transport.ws_queue import MAX_MEDIA_ITEMS
-from worldcast.transport.ws_stream import StreamConnection
+from worldcast.transport.stream.connection import StreamConnection
+from worldcast.transport.stream.queue import MAX_MEDIA_ITEMS
 
 pytestmark = pytest.mark.timeout(60)
 

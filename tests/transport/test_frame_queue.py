@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 
 from worldcast.sessions.session import VideoFrame
-from worldcast.transport.frame_queue import FrameQueue
+from worldcast.transport.media.frame_queue import FrameQueue
 
 
 def frame(i: int, epoch: int = 0) -> VideoFrame:

@@ -29,7 +29,7 @@ from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.sessions.manager import SessionConfig
 from worldcast.transport.clients.webrtc import RpcFailed, WebRTCClient
 from worldcast.transport.config import ServerConfig
-from worldcast.transport.stamp import cell_px_for_width, read_stamp
+from worldcast.transport.media.stamp import cell_px_for_width, read_stamp
 
 pytestmark = pytest.mark.timeout(240)
 

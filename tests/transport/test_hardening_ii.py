@@ -27,9 +27,9 @@ from tests.conftest import LiveServer, _serve, free_port, server_config
 from tests.transport.test_hardening import info, new_session, offering_pc, until
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.sessions.manager import SessionConfig
-from worldcast.transport.conn_limits import ConnectionLimits
+from worldcast.transport.http.conn_limits import ConnectionLimits
+from worldcast.transport.http.metrics import MetricsConfig
 from worldcast.transport.limits import InputLimits
-from worldcast.transport.metrics import MetricsConfig
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -112,10 +112,11 @@ def test_livekit_uses_the_common_scale_rule_and_failed_creates_free_everything(m
 
 
 async def test_silent_sockets_and_unconnected_offers_hold_no_slot_and_retry_after_is_true(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport import dreamverse_serve, ws_stream
+    from worldcast.transport.dreamverse import serve as dreamverse_serve
+    from worldcast.transport.stream import connection as stream_connection
 
     monkeypatch.setattr(dreamverse_serve, "INIT_TIMEOUT_S", 1.5)
-    monkeypatch.setattr(ws_stream, "AUTH_TIMEOUT_S", 1.5)
+    monkeypatch.setattr(stream_connection, "AUTH_TIMEOUT_S", 1.5)
     await drain(server)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         # silent Dreamverse sockets get no session at all; they are told and closed after the init timeout
@@ -179,9 +180,9 @@ async def test_silent_sockets_and_unconnected_offers_hold_no_slot_and_retry_afte
 
 
 async def test_unknown_and_real_ids_answer_alike_on_every_surface(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport import ws_stream
+    from worldcast.transport.stream import connection as stream_connection
 
-    monkeypatch.setattr(ws_stream, "AUTH_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(stream_connection, "AUTH_TIMEOUT_S", 1.0)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         await drain(server)
         real, _h = await new_session(http)
@@ -261,7 +262,7 @@ async def test_bad_json_and_direction_floods_on_the_stream_are_summarised_and_cu
 
 
 async def test_a_dreamverse_flood_is_cut_off_before_and_after_session_init(server) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport.dreamverse_serve import MAX_PRE_INIT_MESSAGES
+    from worldcast.transport.dreamverse.serve import MAX_PRE_INIT_MESSAGES
 
     await drain(server)
     async with connect(ws_base(server.url) + "/ws", compression=None, max_size=2**24) as ws:

@@ -1,4 +1,4 @@
-"""Starting-image decoding (transport/images.py): limits before work, every Pillow mode to 8-bit RGB."""
+"""Starting-image decoding (transport/http/images.py): limits before work, every Pillow mode to 8-bit RGB."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from worldcast.models.spec import ImageConditioning
-from worldcast.transport import images
+from worldcast.transport.http import images
 
 LIMITS = ImageConditioning(required=False, max_bytes=2**20, max_pixels=512 * 512)
 

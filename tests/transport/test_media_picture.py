@@ -8,7 +8,7 @@ import pytest
 
 from worldcast.sessions.session import VideoFrame
 from worldcast.transport.media import picture
-from worldcast.transport.stamp import cell_px_for_width, read_stamp
+from worldcast.transport.media.stamp import cell_px_for_width, read_stamp
 
 
 def _frame(seed: int = 0, side: int = 64) -> VideoFrame:

@@ -11,7 +11,7 @@ from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.sessions.errors import CapacityExhausted
 from worldcast.sessions.manager import SessionConfig, SessionManager
-from worldcast.transport.metrics import Metrics
+from worldcast.transport.http.metrics import Metrics
 
 
 async def test_scrapes_and_admission_while_sessions_come_and_go(model) -> None:  # type: ignore[no-untyped-def]

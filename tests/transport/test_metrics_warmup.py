@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from worldcast.engine.precision import Trial, choose
-from worldcast.engine.warmup import BucketTiming, WarmupReport
-from worldcast.transport.metrics import _warmup_metrics
+from worldcast.engine.tuning.precision import Trial, choose
+from worldcast.engine.tuning.warmup import BucketTiming, WarmupReport
+from worldcast.transport.http.metrics import _warmup_metrics
 
 
 def test_every_measured_way_and_bucket_is_a_sample() -> None:

@@ -142,7 +142,7 @@ async def test_no_route_names_another_session_or_a_pid(server: LiveServer) -> No
     base_ws = "ws" + server.url.removeprefix("http")
     routes = walk(server.app)
     assert ("GET", "/v1/engines") in routes and ("WS", "/v1/sessions/{session_id}/stream") in routes, routes
-    assert len(routes) >= 20, routes  # every surface of the module docstring of `transport/app.py`
+    assert len(routes) >= 20, routes  # every surface of the module docstring of `transport/http/app.py`
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         async def create() -> tuple[str, str]:
             r = await http.post("/v1/sessions", json={})

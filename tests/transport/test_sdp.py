@@ -1,4 +1,4 @@
-"""Offer validation (transport/sdp.py) on a real aiortc offer and on its broken variants."""
+"""Offer validation (transport/webrtc/sdp.py) on a real aiortc offer and on its broken variants."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import re
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from worldcast.transport.sdp import MAX_CANDIDATES, InvalidOffer, validate_offer
-from worldcast.transport.webrtc import configure_ice
+from worldcast.transport.webrtc.peer import configure_ice
+from worldcast.transport.webrtc.sdp import MAX_CANDIDATES, InvalidOffer, validate_offer
 
 
 def real_offer(*, data_channel: bool = True, direction: str = "recvonly") -> str:

@@ -8,7 +8,7 @@ import av
 import numpy as np
 import pytest
 
-from worldcast.transport.stamp import (
+from worldcast.transport.media.stamp import (
     STAMP_BITS,
     STAMP_CELL_PX,
     STAMP_CELLS_PER_ROW,
@@ -180,7 +180,7 @@ def test_write_does_not_mutate_input() -> None:
 
 
 def test_cell_size_follows_the_picture_width() -> None:
-    from worldcast.transport.stamp import cell_px_for_width
+    from worldcast.transport.media.stamp import cell_px_for_width
 
     assert cell_px_for_width(256) == 8 and cell_px_for_width(1280) == 8
     assert cell_px_for_width(128) == 4 and cell_px_for_width(64) == 2
@@ -189,7 +189,7 @@ def test_cell_size_follows_the_picture_width() -> None:
 
 
 def test_non_arrays_and_non_integer_cells_are_rejected_clearly() -> None:
-    from worldcast.transport.stamp import read_stamp, write_stamp
+    from worldcast.transport.media.stamp import read_stamp, write_stamp
 
     for bad in (None, [[0] * 256] * 16):
         with pytest.raises(ValueError, match="numpy array"):

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from worldcast.transport.ws_queue import CLOSE, MediaItem, OutboundQueue, QueueOverflow
+from worldcast.transport.stream.queue import CLOSE, MediaItem, OutboundQueue, QueueOverflow
 
 
 def media(n: int, key: bool = False, size: int = 100) -> MediaItem:

@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from worldcast.transport.clients import StreamClient, StreamError
-from worldcast.transport.mp4box import parse_init, sps_from_avcc
+from worldcast.transport.stream.mp4box import parse_init, sps_from_avcc
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -203,7 +203,7 @@ async def test_a_reader_stalled_10_s_costs_bounded_memory_and_resumes_at_a_fresh
     drops media instead of queueing it, and the first frame after the gap is a keyframe."""
     import time
 
-    from worldcast.transport.ws_queue import MAX_MEDIA_BYTES
+    from worldcast.transport.stream.queue import MAX_MEDIA_BYTES
 
     s = await create(live_server.url, seed=6)
     sid = s["session_id"]
@@ -251,7 +251,7 @@ async def test_a_reader_stalled_10_s_costs_bounded_memory_and_resumes_at_a_fresh
 async def test_a_reader_that_never_reads_its_replies_is_dropped_and_the_session_lives_on(live_server) -> None:  # type: ignore[no-untyped-def]
     """A client sends pings and reads nothing: once more control replies wait than the queue holds, the
     server drops the connection (a close frame would only queue behind them); other streams never notice."""
-    from worldcast.transport.ws_queue import MAX_CONTROL_ITEMS
+    from worldcast.transport.stream.queue import MAX_CONTROL_ITEMS
 
     s = await create(live_server.url, seed=8)
     sid = s["session_id"]

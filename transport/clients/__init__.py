@@ -4,6 +4,7 @@
 - `stream.py`: `StreamClient`, a session over the WebSocket stream (fMP4 video, events, actions, RPCs).
 - `livekit.py`: the session's LiveKit user (joins the room, sends actions, calls the world's RPCs).
 - `session_api.py`: what every client does around a session over HTTP (create, delete, key checks, seq).
+- `direct.py`: `worldcast direct`, timed directions over a `StreamClient`, the film written to an MP4 file.
 
 Clients import nothing of the server's connection core; they speak the wire formats of docs/ and README.
 """

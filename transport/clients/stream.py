@@ -41,7 +41,7 @@ from worldcast.transport.clients.session_api import (
     remember_sent,
 )
 from worldcast.transport.limits import head_id
-from worldcast.transport.mp4box import parse_init, parse_media_segment
+from worldcast.transport.stream.mp4box import parse_init, parse_media_segment
 
 #: How long to wait for an RPC reply or a direction's ack, s.
 REPLY_TIMEOUT_S = 10.0

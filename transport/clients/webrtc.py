@@ -182,7 +182,7 @@ class WebRTCClient:
         Args:
             image: a PNG or JPEG file, the starting image of a model that takes one.
             stamp_frames: ask the server to stamp frame index and action seq into the video
-                (read them with `transport.stamp.read_stamp`).
+                (read them with `transport.media.stamp.read_stamp`).
             marker_frames: complete video frames at the RTP marker bit, as browsers do
                 (False: aiortc's own jitter buffer, one frame period later).
 

@@ -38,9 +38,9 @@ from livekit import rtc
 
 from worldcast.sessions.clock import VIDEO_CLOCK_RATE
 from worldcast.sessions.session import VideoFrame
-from worldcast.transport.frame_queue import FrameQueue, QueuedSink
 from worldcast.transport.livekit.config import SourceKind
 from worldcast.transport.media import h264, picture
+from worldcast.transport.media.frame_queue import FrameQueue, QueuedSink
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class LiveKitVideoSink(QueuedSink):
         publisher: where pictures go.
         epoch_fn: the session's current flush epoch; frames of older epochs are dropped.
         scale: integer upscale before publishing.
-        stamp: stamp frame index and applied action seq into the picture (`transport/stamp.py`).
+        stamp: stamp frame index and applied action seq into the picture (`transport/media/stamp.py`).
         on_published: called with each frame after the SDK took it (for per-frame metadata).
         depth: frames held at most (1 or 2).
     """

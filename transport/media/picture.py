@@ -2,7 +2,7 @@
 
 A model frame (uint8 (h, w, 3) RGB, often small: TinyWorld's is 64x64) is upscaled by an integer
 `scale` by pixel repetition (nearest neighbour), so a pixel-art world keeps its crisp pixels and a
-frame stamp (`transport/stamp.py`, measurement only) keeps its cells' size; then, if asked, the
+frame stamp (`transport/media/stamp.py`, measurement only) keeps its cells' size; then, if asked, the
 stamp is drawn into its bottom band. Encoders that take YUV get it as yuv420p (`yuv420p`: PyAV's
 libswscale conversion, BT.601 limited range as FFmpeg's default). The WebRTC track (aiortc),
 the fMP4 stream and both LiveKit publishers all call these, so every sink shows the same picture.
@@ -14,7 +14,7 @@ import av
 import numpy as np
 
 from worldcast.sessions.session import VideoFrame
-from worldcast.transport.stamp import cell_px_for_width, write_stamp
+from worldcast.transport.media.stamp import cell_px_for_width, write_stamp
 
 
 def prepare(frame: VideoFrame, *, scale: int, stamp: bool) -> np.ndarray:

@@ -1,5 +1,5 @@
 // Wire messages. Field names are exactly those of the server's transport/schemas.py,
-// transport/rpc.py and transport/webrtc.py; change them there first.
+// transport/rpc.py and transport/webrtc/peer.py; change them there first.
 
 /** One mouse axis of a model's action space (schemas.MouseAxisInfo). */
 export interface MouseAxisInfo {

@@ -1,5 +1,5 @@
 // Messages of the WebSocket stream (GET /v1/sessions/{id}/stream). Field names are exactly those of
-// transport/ws_stream.py and transport/schemas.py (DirectionMessage); docs/streaming.md describes them.
+// transport/stream/connection.py and transport/schemas.py (DirectionMessage); docs/streaming.md describes them.
 
 /** Client -> server: a text direction (directing sessions). duration_s absent: 5 s; null: until the next. */
 export interface DirectionMessage {

@@ -12,7 +12,7 @@ them) the sinks sit d frames further back than anything in training and the outp
 
 The numbers come from the Self-Forcing fixture's weights (seeded, untrained); what this measures is the
 geometry of the inputs the network sees, not the content it would generate: whether real Self-Forcing
-weights drift over minutes needs the real checkpoint on a GPU (`python -m worldcast.engine.gpu_check --parts
+weights drift over minutes needs the real checkpoint on a GPU (`python -m worldcast.latency_bench.gpu_check --parts
 checkpoint_chains` runs a long session and records per-chunk frame statistics).
 """
 

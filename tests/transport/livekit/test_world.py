@@ -27,7 +27,7 @@ async def until(cond: Callable[[], bool], what: str, timeout_s: float = 15.0) ->
 
 
 def stamps(frames):  # type: ignore[no-untyped-def]
-    from worldcast.transport.stamp import cell_px_for_width, read_stamp
+    from worldcast.transport.media.stamp import cell_px_for_width, read_stamp
 
     return [read_stamp(f.image, cell_px=cell_px_for_width(f.width)) for f in frames]
 
