@@ -120,7 +120,7 @@ class SessionProbe:
 
         Args:
             transport: "webrtc" (aiortc client) or "livekit" (the Python LiveKit SDK as the session's
-                user in a room of its own, frames through the SFU; `transport/livekit/client.py`).
+                user in a room of its own, frames through the SFU; `transport/clients/livekit.py`).
 
         Raises:
             httpx.HTTPStatusError: creation refused (503 with Retry-After when over capacity).
