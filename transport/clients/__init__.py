@@ -6,7 +6,7 @@
 - `session_api.py`: what every client does around a session over HTTP (create, delete, key checks, seq).
 - `direct.py`: `worldcast direct`, timed directions over a `StreamClient`, the film written to an MP4 file.
 
-Clients import nothing of the server's connection core; they speak the wire formats of docs/ and README.
+Clients import nothing of the server's connection core; they speak the wire formats of docs/ (api.md, streaming.md).
 """
 
 from worldcast.transport.clients.session_api import UnknownKey

@@ -92,7 +92,7 @@ async def delete_session(base_url: str, session_id: str, token: str, *, timeout_
 
 #: Largest action seq the server accepts (`schemas.ActionMessage`: 2**53, the last integer a JSON number
 #: holds exactly). A client's counter restarts at 0 before it: the server takes a seq far below its newest
-#: (more than `sessions.actions.SEQ_REORDER_WINDOW` below) as a restarted numbering (README, `actions`).
+#: (more than `sessions.actions.SEQ_REORDER_WINDOW` below) as a restarted numbering (docs/api.md, `actions`).
 SEQ_MAX = 2**53
 #: Send times kept per client (`sent_at`), at most: the oldest go first.
 MAX_SENT_TIMES = 100_000

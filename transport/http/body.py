@@ -1,6 +1,6 @@
 """What an HTTP request body may be, enforced before any route runs (ASGI middleware).
 
-Every route that takes a body takes JSON (README, API). `BodyPolicy` applies
+Every route that takes a body takes JSON (docs/api.md, "Bodies, auth and prompts"). `BodyPolicy` applies
 one rule to every POST, PUT and PATCH, whatever the route:
 
 - a body over `max_bytes` is refused with 413, however it is sent: a declared

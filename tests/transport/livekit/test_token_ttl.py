@@ -34,7 +34,7 @@ async def until(cond: Callable[[], bool], what: str, timeout_s: float = 15.0) ->
 
 @pytest.fixture(scope="module")
 def readme_server(model, livekit_server) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
-    """README's LiveKit flags: no --video-scale; a 10 s user token TTL (the shortest allowed)."""
+    """The LiveKit flags of docs/api.md: no --video-scale; a 10 s user token TTL (the shortest allowed)."""
     from worldcast.transport.limits import InputLimits
 
     cfg = server_config(video_scale=None, livekit=livekit_config(livekit_server, user_token_ttl_s=10.0),
