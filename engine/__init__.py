@@ -8,7 +8,7 @@ At the top, the core:
   answers), `state_pool.py` (`StatePool`: every session's declared state in fixed slots), `memory.py` (the
   pool's budget from the machine), `session_state.py` (a session's state as bytes, for moves).
 - Scheduling policy: `cost_model.py` (measured step costs) and `admission.py` (whether a new session fits);
-  `timing.py` (device time without syncing), `scripted.py` (a scripted conditioner), `errors.py`.
+  `timing.py` (device time without syncing), `scripted.py` (a scripted conditioner), `errors.py` (every engine error).
 - `engine_handle.py` (`EngineHandle`: what the server holds of an engine core) and `local_engine.py`
   (`LocalEngine`: the core on a thread of the server's process).
 

@@ -1,4 +1,7 @@
-"""Errors raised by the engine; one base class, specific subclasses."""
+"""Every error the engine raises, one base class (`EngineError`) and specific subclasses: the device's
+(pool, steps, memory), the engine process's (its frame ring) and a moved session's state bytes.
+
+Private control flow inside one module (`step_runner._SessionTimeout`) stays in that module."""
 
 from __future__ import annotations
 
@@ -30,3 +33,13 @@ class DeviceTooSmall(EngineError):
         super().__init__(message)
         self.session_bytes = session_bytes
         self.budget_bytes = budget_bytes
+
+
+class SessionStateError(EngineError, ValueError):
+    """Bytes that are not a session state this engine can take (another model, version or device kind)
+    (`session_state.parse`, `restore`); a `ValueError` too, as bad input."""
+
+
+class ShmFrameRingFull(EngineError):
+    """Every slot of an engine process's frame ring holds a frame the reader has not released yet
+    (`process/shm_frames.ShmFrameRing.write`)."""

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from worldcast.engine.errors import SessionStateError
 from worldcast.engine.rollout import ChunkRollout, ConditionerState
 from worldcast.engine.step_scheduler import Phase, SessionSchedule
 from worldcast.models.spec import WorldModelSpec
@@ -42,10 +43,6 @@ from worldcast.models.spec import WorldModelSpec
 MAGIC = b"WCSS"
 VERSION = 1
 _PREFIX = struct.Struct("<4sII")
-
-
-class SessionStateError(ValueError):
-    """Bytes that are not a session state this engine can take (another model, version or device kind)."""
 
 
 def fingerprint(spec: WorldModelSpec) -> list[list[Any]]:

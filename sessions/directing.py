@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from worldcast.models.spec import Conditioning
-from worldcast.sessions.errors import SessionClosedError
+from worldcast.sessions.errors import DirectingRefusal, SessionClosedError
 from worldcast.sessions.session import Session, SessionState, VideoFrame
 
 logger = logging.getLogger(__name__)
@@ -63,11 +63,6 @@ _DIRECTORS: weakref.WeakKeyDictionary[Session, DirectingSession] = weakref.WeakK
 def director_of(session: Session) -> DirectingSession | None:
     """The directing layer over `session` (None: an interactive session)."""
     return _DIRECTORS.get(session)
-
-
-class DirectingRefusal(Exception):
-    """A request a directed session refuses (a control RPC whose job a direction does, a resume before the
-    first direction); its `str` says why and what to send instead."""
 
 
 class SegmentEnd(enum.Enum):

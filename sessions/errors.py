@@ -1,4 +1,6 @@
-"""Errors of the sessions layer; `transport/errors.py` maps them to HTTP and RPC codes."""
+"""Every error the sessions layer raises (sessions, their manager, placement and moves, the directing layer),
+one base class (`SessionError`) and specific subclasses; `transport/errors.py` maps them to HTTP and RPC
+codes."""
 
 from __future__ import annotations
 
@@ -51,3 +53,9 @@ class EngineNotFound(SessionError):
 
 class MoveFailed(SessionError):
     """A session could not move between engines (the reason is in the message); where it stayed is said too."""
+
+
+class DirectingRefusal(SessionError):
+    """A request a directed session refuses (a control RPC whose job a direction does, a resume before the
+    first direction); its `str` says why and what to send instead (`directing.DirectingSession`). The
+    transport answers it as an invalid request (`rpc.RpcHandler`), never as the session's failure."""

@@ -5,7 +5,7 @@ At the top, what every protocol shares, and the process:
   dispatch, the frame event, one close that cancels every task and then awaits them), with `rpc.py`
   (control RPCs and actions: parse, validate, apply), `limits.py` (`InputGuard`: sizes, rates, the flood
   verdict), `feedback.py` (what a connection sends back for its input), `schemas.py` (the wire schemas)
-  and `errors.py` (error -> HTTP status and RPC code).
+  and `errors.py` (the server side's errors; error -> HTTP status and RPC code).
 - `cli.py` (the `worldcast` command), `config.py` (`ServerConfig`), `memory.py` (memory after peaks).
 
 The protocol adapters, each a translation over the core:

@@ -1,7 +1,15 @@
-"""One place that maps errors to HTTP statuses and RPC error codes.
+"""Every error the server's transport raises, and the one place that maps errors to HTTP statuses and RPC
+error codes.
+
+The errors, by where they are raised: RPC and action parsing (`RpcError`), WebRTC offers (`InvalidOffer`),
+starting images (`InvalidImage`), the fMP4 socket (`QueueOverflow`, `BoxError`), LiveKit rooms
+(`LiveKitJoinError`, `LiveKitRoomTaken`) and Dreamverse messages (`PromptError`, `Refused`). The Python
+clients' errors are `clients/errors.py`'s; the sessions layer's, which this maps, are `sessions/errors.py`'s.
 
 RPC error codes follow JSON-RPC 2.0 (section 5.1) for protocol errors, with
 application codes from -32000 down for session states.
+
+This module imports nothing of the transport (every transport module may import it).
 """
 
 from __future__ import annotations
@@ -15,6 +23,58 @@ from worldcast.sessions.errors import (
     SessionClosedError,
     SessionNotFound,
 )
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+class RpcError(Exception):
+    """An RPC failure with a JSON-RPC error code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class InvalidOffer(ValueError):
+    """An SDP offer this server refuses; the message says why (it names the m-line, 0-based)."""
+
+
+class InvalidImage(ValueError):
+    """The image is refused; the message says why (the field is always "image")."""
+
+
+class QueueOverflow(Exception):
+    """Too many control messages are waiting: the reader stopped reading for good."""
+
+
+class BoxError(ValueError):
+    """Bytes that are not the boxes expected (truncated, wrong type, bad size)."""
+
+
+class LiveKitJoinError(Exception):
+    """The world could not join its room (the message says why)."""
+
+
+class LiveKitRoomTaken(Exception):
+    """A create named a room it has no right to: another session's, or one that exists on the LiveKit server
+    (the message says which). Answered 409; the caller may name no room (the server names a fresh one) or
+    prove the right with the operator credential."""
+
+
+class PromptError(ValueError):
+    """A prompt Dreamverse would send that worldcast cannot use (blank, control characters)."""
+
+
+class Refused(Exception):
+    """A Dreamverse client message refused: `code` (the `error_code` sent) and a precise `message`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code, self.message = code, message
+
+
+# -- codes -----------------------------------------------------------------------------------------
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600

@@ -31,10 +31,11 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from worldcast.sessions.actions import SeqOutcome, SessionInputs
-from worldcast.sessions.directing import DirectingRefusal, director_of
-from worldcast.sessions.errors import InvalidAction, SessionError
+from worldcast.sessions.directing import director_of
+from worldcast.sessions.errors import DirectingRefusal, InvalidAction, SessionError
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
+from worldcast.transport.errors import RpcError
 from worldcast.transport.limits import InputGuard, TokenBucket, head_id
 from worldcast.transport.schemas import (
     MAX_CONTROL_BYTES,
@@ -46,15 +47,6 @@ from worldcast.transport.schemas import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-class RpcError(Exception):
-    """An RPC failure with a JSON-RPC error code."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _validation_message(e: ValidationError) -> str:
@@ -339,7 +331,7 @@ class ActionHandler:
         return []
 
 
-__all__ = ["UNPARSED", "ActionHandler", "RpcError", "RpcHandler", "Settle", "TokenBucket", "parse_json"]
+__all__ = ["UNPARSED", "ActionHandler", "RpcHandler", "Settle", "TokenBucket", "parse_json"]
 
 
 def _seq_of(msg: Any) -> Any:

@@ -37,12 +37,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from worldcast.engine.device_worker import DeviceWorker
-from worldcast.engine.errors import EngineError
+from worldcast.engine.errors import EngineError, ShmFrameRingFull
 from worldcast.engine.memory import freeze_startup_objects
 from worldcast.engine.process import messages as msg
 from worldcast.engine.process.conditioner import MirrorConditioner
-from worldcast.engine.process.shm_frames import FrameMeta, ShmFrameRing, ShmFrameRingFull
-from worldcast.engine.session_state import SessionStateError
+from worldcast.engine.process.shm_frames import FrameMeta, ShmFrameRing
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.tuning.threads import available_cores
 
@@ -189,7 +188,7 @@ class EngineProcessCore:
         elif isinstance(m, msg.AddSession):
             try:
                 self._add(m)
-            except (EngineError, SessionStateError, ValueError) as e:
+            except (EngineError, ValueError) as e:  # SessionStateError is both
                 self.mirrors.pop(m.session_id, None)
                 self.out.send(msg.SessionFailed(m.session_id, f"could not start here: {e}"))
         elif isinstance(m, msg.RemoveSession):

@@ -32,14 +32,12 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+from worldcast.engine.errors import ShmFrameRingFull
+
 logger = logging.getLogger(__name__)
 
 #: Bytes before the first slot (the `released` counter, padded to a cache line).
 HEADER_BYTES = 64
-
-
-class ShmFrameRingFull(Exception):
-    """Every slot holds a frame the reader has not released yet."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from tests.fake_models import PaletteWorld
 from tests.fakes import ScriptedConditioner
 from worldcast.engine import session_state
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
+from worldcast.engine.errors import SessionStateError
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput
 from worldcast.engine.step_scheduler import Phase, SchedulerConfig, SessionSchedule, StepScheduler
 
@@ -127,12 +128,12 @@ def test_state_of_another_model_or_not_a_state_is_refused_before_anything_is_res
         wait_for(lambda: rec.count() >= 2)
         blob = export(a, "z")
         free = a.free_slots
-        with pytest.raises(session_state.SessionStateError, match="not a worldcast session state"):
+        with pytest.raises(SessionStateError, match="not a worldcast session state"):
             a.add_session("w", ScriptedConditioner(), seed=1, state=b"junk-junk-junk")
-        with pytest.raises(session_state.SessionStateError, match="truncated"):
+        with pytest.raises(SessionStateError, match="truncated"):
             a.add_session("w", ScriptedConditioner(), seed=1, state=blob[:-10])
         assert a.free_slots == free
-        with pytest.raises(session_state.SessionStateError, match="cannot move"):
+        with pytest.raises(SessionStateError, match="cannot move"):
             session_state.parse(blob, PaletteWorld().spec)
         got: list[tuple[bytes | None, str | None]] = []
         a.export_session("nobody", lambda b, e: got.append((b, e)))

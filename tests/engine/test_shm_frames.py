@@ -7,7 +7,8 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from worldcast.engine.process.shm_frames import FrameMeta, ShmFrameRing, ShmFrameRingFull
+from worldcast.engine.errors import ShmFrameRingFull
+from worldcast.engine.process.shm_frames import FrameMeta, ShmFrameRing
 
 
 def _meta(idx: int, shape: tuple[int, int, int]) -> FrameMeta:

@@ -32,7 +32,7 @@ from worldcast.sessions.session import Session
 from worldcast.transport import errors
 from worldcast.transport.limits import InputGuard, InputLimits
 from worldcast.transport.rpc import ActionHandler, RpcHandler
-from worldcast.transport.webrtc.sdp import InvalidOffer, validate_offer
+from worldcast.transport.webrtc.sdp import validate_offer
 
 #: Longest the watching session may go without a frame while a surface is fuzzed, s (a stall is unbounded;
 #: this only has to tell one from a busy 2-core machine).
@@ -209,7 +209,7 @@ def fuzz_sdp_pure(bases: list[str], cases: int, seed: int = 0) -> SurfaceResult:
         try:
             validate_offer(sdp)
             res.outcomes["accepted"] += 1
-        except InvalidOffer as e:
+        except errors.InvalidOffer as e:
             msg = str(e)
             if "\n" in msg or len(msg) > 400:
                 res.crash(f"imprecise refusal {msg[:120]!r}")

@@ -10,8 +10,8 @@ import pytest
 from tests.fakes import FakeClock
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.spec import ConditioningRequest
-from worldcast.sessions.directing import DirectingRefusal, DirectingSession, Segment, SegmentEnd, director_of
-from worldcast.sessions.errors import SessionClosedError
+from worldcast.sessions.directing import DirectingSession, Segment, SegmentEnd, director_of
+from worldcast.sessions.errors import DirectingRefusal, SessionClosedError
 from worldcast.sessions.session import CloseReason, Session, SessionState
 
 EMB = np.zeros(384, np.float32)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worldcast.transport.clients.session_api import UnknownKey, action_cycle, check_keys, check_mouse
+from worldcast.transport.clients.errors import UnknownKey
+from worldcast.transport.clients.session_api import action_cycle, check_keys, check_mouse
 
 MODEL = {"name": "m", "actions": {"keys": ["q", "e"]}, "keys": ["q", "e"]}
 

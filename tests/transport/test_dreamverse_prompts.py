@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worldcast.transport.dreamverse.prompts import ProjectInit, PromptError, clean_window
+from worldcast.transport.dreamverse.prompts import ProjectInit, clean_window
+from worldcast.transport.errors import PromptError
 
 
 def test_windows_and_inits_are_checked() -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from worldcast.sessions.session import VideoFrame
+from worldcast.transport.errors import BoxError
 from worldcast.transport.media import picture
 from worldcast.transport.media.stamp import read_stamp
 from worldcast.transport.stream import mp4box
@@ -72,13 +73,13 @@ def test_media_segment_round_trips_and_points_into_its_mdat() -> None:
 
 def test_box_reader_rejects_truncated_and_oversized_boxes() -> None:
     good = mp4box.box(b"free", b"abcd")
-    with pytest.raises(mp4box.BoxError, match="past the end"):
+    with pytest.raises(BoxError, match="past the end"):
         list(mp4box.iter_boxes(good[:-1]))
-    with pytest.raises(mp4box.BoxError, match="truncated"):
+    with pytest.raises(BoxError, match="truncated"):
         list(mp4box.iter_boxes(good + b"\x00\x00"))
     with pytest.raises(ValueError, match="at least one sample"):
         mp4box.media_segment(sequence_number=1, track_id=1, base_decode_time=0, samples=[])
-    with pytest.raises(mp4box.BoxError, match="moof"):
+    with pytest.raises(BoxError, match="moof"):
         mp4box.parse_media_segment(good)
 
 

@@ -27,7 +27,8 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from tests.conftest import LiveServer, _serve, server_config
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
 from worldcast.sessions.manager import SessionConfig
-from worldcast.transport.clients.webrtc import RpcFailed, WebRTCClient
+from worldcast.transport.clients.errors import RpcFailed
+from worldcast.transport.clients.webrtc import WebRTCClient
 from worldcast.transport.config import ServerConfig
 from worldcast.transport.media.stamp import cell_px_for_width, read_stamp
 
@@ -394,7 +395,7 @@ async def test_a_reoffer_that_never_connects_leaves_the_live_peer_and_one_that_c
 
 
 async def test_the_client_sends_utf8_checks_sizes_and_never_waits_on_a_known_error(server) -> None:  # type: ignore[no-untyped-def]
-    from worldcast.transport.clients.webrtc import MessageTooLarge
+    from worldcast.transport.clients.errors import MessageTooLarge
 
     async with await WebRTCClient.connect(server.url, seed=61) as c:
         await c.next_frame()

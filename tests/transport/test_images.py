@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from worldcast.models.spec import ImageConditioning
+from worldcast.transport.errors import InvalidImage
 from worldcast.transport.http import images
 
 LIMITS = ImageConditioning(required=False, max_bytes=2**20, max_pixels=512 * 512)
@@ -42,10 +43,10 @@ def test_palette_alpha_and_cmyk_become_rgb() -> None:
 
 
 def test_limits_come_before_the_work() -> None:
-    with pytest.raises(images.InvalidImage, match="600x600 is over 262144 pixels"):
+    with pytest.raises(InvalidImage, match="600x600 is over 262144 pixels"):
         images.decode(encode(Image.new("L", (600, 600))), LIMITS)
-    with pytest.raises(images.InvalidImage, match="over 1000 bytes once decoded"):
+    with pytest.raises(InvalidImage, match="over 1000 bytes once decoded"):
         images.from_base64("A" * 2000, max_bytes=1000)
-    with pytest.raises(images.InvalidImage, match="format 'gif'"):
+    with pytest.raises(InvalidImage, match="format 'gif'"):
         images.decode(encode(Image.new("L", (2, 2)), "GIF"), LIMITS)
     assert images.from_base64(" aGVs\r\nbG8= \n", max_bytes=100) == b"hello"  # MIME line breaks

@@ -146,8 +146,8 @@ def test_deep_nesting_is_refused_whatever_the_callers_stack_depth() -> None:
     caller's stack was; the explicit depth check refuses them (and anything past MAX_DEPTH) from anywhere."""
     import sys
 
-    from worldcast.transport import errors as rpc_errors
-    from worldcast.transport.rpc import MAX_DEPTH, RpcError, parse_json
+    from worldcast.transport.errors import RpcError
+    from worldcast.transport.rpc import MAX_DEPTH, parse_json
 
     def refused(raw: str) -> RpcError:
         try:
@@ -158,7 +158,7 @@ def test_deep_nesting_is_refused_whatever_the_callers_stack_depth() -> None:
 
     for depth in (MAX_DEPTH + 1, 1000, max(sys.getrecursionlimit() - 50, 100)):
         e = refused("[" * depth + "]" * depth)
-        assert e.code == rpc_errors.PARSE_ERROR and "nested too deeply" in str(e)
+        assert e.code == errors.PARSE_ERROR and "nested too deeply" in str(e)
     ok = "[" * MAX_DEPTH + "]" * MAX_DEPTH
     assert parse_json(ok, what="action") is not None
     # brackets inside strings do not count

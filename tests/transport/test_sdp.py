@@ -8,8 +8,9 @@ import re
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
+from worldcast.transport.errors import InvalidOffer
 from worldcast.transport.webrtc.peer import configure_ice
-from worldcast.transport.webrtc.sdp import MAX_CANDIDATES, InvalidOffer, validate_offer
+from worldcast.transport.webrtc.sdp import MAX_CANDIDATES, validate_offer
 
 
 def real_offer(*, data_channel: bool = True, direction: str = "recvonly") -> str:

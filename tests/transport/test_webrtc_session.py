@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from worldcast.transport.clients.webrtc import RpcFailed, WebRTCClient
+from worldcast.transport.clients.errors import RpcFailed
+from worldcast.transport.clients.webrtc import WebRTCClient
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from worldcast.transport.stream.queue import CLOSE, MediaItem, OutboundQueue, QueueOverflow
+from worldcast.transport.errors import QueueOverflow
+from worldcast.transport.stream.queue import CLOSE, MediaItem, OutboundQueue
 
 
 def media(n: int, key: bool = False, size: int = 100) -> MediaItem:

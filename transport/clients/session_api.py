@@ -14,9 +14,7 @@ from typing import Any
 
 import httpx
 
-
-class UnknownKey(ValueError):
-    """An action names a key the served model does not declare; nothing was sent."""
+from worldcast.transport.clients.errors import UnknownKey
 
 
 def check_keys(model: Mapping[str, Any], keys: list[str]) -> None:

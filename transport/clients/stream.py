@@ -30,6 +30,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from worldcast.transport.clients.errors import StreamError
 from worldcast.transport.clients.session_api import (
     EventWaiters,
     check_keys,
@@ -47,19 +48,6 @@ from worldcast.transport.stream.mp4box import parse_init, parse_media_segment
 REPLY_TIMEOUT_S = 10.0
 #: Decoded frames kept for a consumer that falls behind (the oldest go first).
 MAX_BUFFERED_FRAMES = 2000
-
-
-class StreamError(Exception):
-    """The server answered a request with an error event or RPC error.
-
-    Attributes:
-        code: the error code (a string for stream errors, a JSON-RPC number for RPCs).
-        event: the whole error message.
-    """
-
-    def __init__(self, code: str | int, message: str, event: dict[str, Any]) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code, self.event = code, event
 
 
 @dataclass

@@ -41,6 +41,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.utils import uint16_add
 
+from worldcast.transport.clients.errors import MessageTooLarge, RpcFailed
 from worldcast.transport.clients.session_api import (
     EventWaiters,
     check_keys,
@@ -57,31 +58,6 @@ from worldcast.transport.schemas import MAX_CONTROL_BYTES, MAX_MESSAGE_BYTES
 RPC_TIMEOUT_S = 10.0
 #: How long to wait for the data channels to open after the answer, s.
 CONNECT_TIMEOUT_S = 20.0
-
-
-class RpcFailed(Exception):
-    """The server answered an RPC with an error.
-
-    Attributes:
-        code: JSON-RPC error code.
-    """
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-
-
-class MessageTooLarge(ValueError):
-    """A message over the server's size limit; it was not sent.
-
-    Attributes:
-        size_bytes: its UTF-8 size.
-        limit_bytes: the limit.
-    """
-
-    def __init__(self, what: str, size_bytes: int, limit_bytes: int) -> None:
-        super().__init__(f"{what} message of {size_bytes} bytes exceeds the server's limit of {limit_bytes} bytes")
-        self.size_bytes, self.limit_bytes = size_bytes, limit_bytes
 
 
 def encode_message(obj: Any, *, what: str, limit_bytes: int) -> str:

@@ -46,8 +46,9 @@ from worldcast.sessions.projects import DEFAULT_SEGMENT_CAP, Project, rewrite_wi
 from worldcast.sessions.session import Session, SessionState
 from worldcast.transport.connection import Connection
 from worldcast.transport.dreamverse.events import DreamverseEvents, DvSegment
-from worldcast.transport.dreamverse.messages import TOGGLES, Refused, check_message
+from worldcast.transport.dreamverse.messages import TOGGLES, check_message
 from worldcast.transport.dreamverse.prompts import REWRITE_MODEL, ProjectInit
+from worldcast.transport.errors import Refused
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.schemas import MAX_PROMPT_CHARS
 from worldcast.transport.stream.socket import CLOSE_NORMAL, CLOSE_POLICY, REFUSED, StreamSocket

@@ -30,8 +30,9 @@ from typing import Any
 from worldcast.sessions.directing import DirectingSession, Segment, SegmentEnd
 from worldcast.sessions.projects import REWRITE_RULE, Project
 from worldcast.transport.dreamverse.prompts import REWRITE_MODEL, ProjectInit
+from worldcast.transport.errors import QueueOverflow
 from worldcast.transport.stream.fmp4 import Fmp4Fragmenter
-from worldcast.transport.stream.queue import MediaItem, QueueOverflow, Render
+from worldcast.transport.stream.queue import MediaItem, Render
 from worldcast.transport.stream.socket import StreamSocket, dumps
 
 

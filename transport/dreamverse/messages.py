@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from worldcast.sessions.projects import Project
-from worldcast.transport.dreamverse.prompts import ProjectInit, PromptError, clean_prompt, clean_window
+from worldcast.transport.dreamverse.prompts import ProjectInit, clean_prompt, clean_window
+from worldcast.transport.errors import PromptError, Refused
 
 #: Dreamverse message types not served (they need a language model or Dreamverse's simple mode).
 UNSUPPORTED = frozenset({"simple_generate", "set_rewrite_temperature", "select_model"})
@@ -23,14 +24,6 @@ TOGGLES = {"set_loop_generation": ("loop", "loop_generation_updated"),
            "set_enhancement": ("enhancement", "enhancement_updated")}
 #: Types that need an active project.
 NEEDS_PROJECT = frozenset({"append_prompt", "rewrite_seed_prompts", "reset_to_seed_prompts", "restart_generation"})
-
-
-class Refused(Exception):
-    """A client message refused: `code` (the `error_code` sent) and a precise `message`."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(code, message)
-        self.code, self.message = code, message
 
 
 def check_message(kind: str, data: dict[str, Any], project: Project) -> dict[str, Any]:

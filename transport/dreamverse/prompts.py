@@ -10,16 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worldcast.sessions.projects import MAX_SEEDS, ProjectStart
+from worldcast.transport.errors import PromptError
 from worldcast.transport.schemas import MAX_PROMPT_CHARS, check_prompt
 
 #: Curated prompts taken from an init message, and prompts in a rewrite's window, at most.
 MAX_CURATED_PROMPTS = MAX_SEEDS
 #: The `model` named in rewrite events: `sessions.projects.rewrite_window`, a rule, not a language model.
 REWRITE_MODEL = "worldcast-rules"
-
-
-class PromptError(ValueError):
-    """A prompt Dreamverse would send that worldcast cannot use (blank, control characters)."""
 
 
 def clean_prompt(text: object) -> tuple[str, bool]:

@@ -16,8 +16,9 @@ from worldcast.sessions.projects import DEFAULT_SEGMENT_CAP
 from worldcast.sessions.session import CloseReason
 from worldcast.transport.dreamverse.connection import MAX_DREAMVERSE_BYTES, DreamverseConnection
 from worldcast.transport.dreamverse.prompts import ProjectInit
+from worldcast.transport.errors import RpcError
 from worldcast.transport.limits import InputGuard
-from worldcast.transport.rpc import RpcError, parse_json
+from worldcast.transport.rpc import parse_json
 from worldcast.transport.stream.connection import CLOSE_NORMAL, CLOSE_POLICY, dumps
 
 #: How long the server waits for session_init_v2, s. Dreamverse then starts without prompts; worldcast closes

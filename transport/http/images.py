@@ -21,13 +21,10 @@ import warnings
 import numpy as np
 
 from worldcast.models.spec import ImageConditioning
+from worldcast.transport.errors import InvalidImage
 
 #: Pillow's format names -> the names `ImageConditioning.formats` uses.
 _FORMATS = {"PNG": "png", "JPEG": "jpeg", "MPO": "jpeg"}  # MPO: multi-picture JPEG (phone cameras)
-
-
-class InvalidImage(ValueError):
-    """The image is refused; the message says why (the field is always "image")."""
 
 
 def max_base64_chars(max_bytes: int) -> int:

@@ -24,6 +24,7 @@ from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.models.spec import ActionSpace, ConditioningSpec, ImageConditioning
 from worldcast.sessions.errors import InvalidConditioning
+from worldcast.transport.errors import InvalidImage
 from worldcast.transport.http import images
 from worldcast.transport.schemas import (
     MAX_IMAGE_BYTES,
@@ -193,7 +194,7 @@ async def read_create_body(
                 raise InvalidConditioning("image", f"{model.spec.name} takes no image")
             try:
                 image_bytes = images.from_base64(body.image, max_bytes=min(limits.max_bytes, MAX_IMAGE_BYTES))
-            except images.InvalidImage as e:
+            except InvalidImage as e:
                 raise InvalidConditioning("image", str(e)) from None
             body = body.model_copy(update={"image": None})  # the text is not kept
     if image_bytes is None:
@@ -209,5 +210,5 @@ async def read_create_body(
             if check_capacity is not None:
                 check_capacity()  # the server may have filled while this request waited its turn
             return body, await images.decode_async(image_bytes, limits)
-    except images.InvalidImage as e:
+    except InvalidImage as e:
         raise InvalidConditioning("image", str(e)) from None

@@ -21,9 +21,10 @@ from livekit import rtc
 
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
+from worldcast.transport.errors import RpcError
 from worldcast.transport.feedback import InputFeedback
 from worldcast.transport.limits import InputGuard
-from worldcast.transport.rpc import RpcError, RpcHandler, parse_json
+from worldcast.transport.rpc import RpcHandler, parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES
 
 logger = logging.getLogger(__name__)

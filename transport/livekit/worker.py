@@ -57,9 +57,10 @@ from worldcast.engine.admission import AdmissionPolicy
 from worldcast.sessions.errors import CapacityExhausted
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session
+from worldcast.transport.errors import LiveKitJoinError
 from worldcast.transport.livekit.config import AgentWorkerConfig, LiveKitConfig
 from worldcast.transport.livekit.tokens import agent_token, world_identity
-from worldcast.transport.livekit.world import LiveKitJoinError, LiveKitWorld, LiveKitWorlds
+from worldcast.transport.livekit.world import LiveKitWorld, LiveKitWorlds
 from worldcast.transport.schemas import MAX_PROMPT_CHARS, check_prompt
 
 logger = logging.getLogger(__name__)

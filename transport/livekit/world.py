@@ -49,6 +49,7 @@ from livekit.rtc._proto import participant_pb2
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session, SessionState, VideoFrame
 from worldcast.transport.connection import Connection, frame_event
+from worldcast.transport.errors import LiveKitJoinError, LiveKitRoomTaken
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.livekit.config import LiveKitConfig
 from worldcast.transport.livekit.rpc import LiveKitRpc
@@ -68,16 +69,6 @@ LATE_JOIN_SLACK_S = 2.0
 FLOOD_REMOVE_DELAY_S = 0.5
 #: Sends in flight past which frame metadata is dropped rather than queued.
 MAX_FRAME_SENDS = 8
-
-
-class LiveKitJoinError(Exception):
-    """The world could not join its room (the message says why)."""
-
-
-class LiveKitRoomTaken(Exception):
-    """A create named a room it has no right to: another session's, or one that exists on the LiveKit server
-    (the message says which). Answered 409; the caller may name no room (the server names a fresh one) or
-    prove the right with the operator credential."""
 
 
 #: Prefix of the rooms the server names (a create over HTTP without `room`).

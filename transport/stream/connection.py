@@ -51,8 +51,9 @@ from worldcast.sessions.errors import SessionError
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState
 from worldcast.transport.connection import Connection
+from worldcast.transport.errors import RpcError
 from worldcast.transport.limits import InputGuard
-from worldcast.transport.rpc import RpcError, parse_json
+from worldcast.transport.rpc import parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
 from worldcast.transport.stream.fmp4 import Fmp4Encoder, Fmp4Fragmenter
 from worldcast.transport.stream.queue import MediaItem

@@ -24,6 +24,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from worldcast.transport.errors import BoxError
+
 #: tfhd flag: base data offset is the start of the enclosing moof (14496-12 8.8.7.1).
 TFHD_DEFAULT_BASE_IS_MOOF = 0x020000
 #: trun flags (14496-12 8.8.8.1).
@@ -41,10 +43,6 @@ CONTAINERS = frozenset({b"moov", b"trak", b"mdia", b"minf", b"stbl", b"mvex", b"
 
 #: H.264 NAL unit types (H.264 Table 7-1).
 NAL_IDR, NAL_SEI, NAL_SPS, NAL_PPS, NAL_AUD = 5, 6, 7, 8, 9
-
-
-class BoxError(ValueError):
-    """Bytes that are not the boxes expected (truncated, wrong type, bad size)."""
 
 
 # -- writing -----------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from worldcast.transport.errors import QueueOverflow
+
 #: Media items that may wait before a reader counts as slow (0.4 s of video at 20 fps).
 MAX_MEDIA_ITEMS = 8
 #: Bytes of media that may wait before a reader counts as slow.
@@ -51,10 +53,6 @@ class Render:
     """
 
     fn: Callable[[], list[str | bytes]]
-
-
-class QueueOverflow(Exception):
-    """Too many control messages are waiting: the reader stopped reading for good."""
 
 
 @dataclass

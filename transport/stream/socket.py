@@ -32,11 +32,12 @@ from worldcast.sessions.errors import SessionError
 from worldcast.sessions.session import Session, VideoFrame
 from worldcast.transport import errors
 from worldcast.transport.connection import Connection, frame_fields
+from worldcast.transport.errors import QueueOverflow, RpcError
 from worldcast.transport.limits import Rejection
-from worldcast.transport.rpc import RpcError, parse_json
+from worldcast.transport.rpc import parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES
 from worldcast.transport.stream.fmp4 import EncodedSample, Fmp4Encoder, Fmp4Sink
-from worldcast.transport.stream.queue import Close, FrameAccount, MediaItem, OutboundQueue, QueueOverflow, Render
+from worldcast.transport.stream.queue import Close, FrameAccount, MediaItem, OutboundQueue, Render
 
 logger = logging.getLogger(__name__)
 

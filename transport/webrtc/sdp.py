@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from worldcast.transport.errors import InvalidOffer
+
 #: Largest number of m-lines in an offer (the client needs one video and one application line).
 MAX_MEDIA_SECTIONS = 8
 #: Largest number of ICE candidates in an offer: the server sends connectivity checks to each.
@@ -43,10 +45,6 @@ _LINE = re.compile(r"[a-z]=.*")
 _ICE_CHARS = re.compile(r"[A-Za-z0-9+/]+")
 _HEX_PAIRS = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2})*")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-class InvalidOffer(ValueError):
-    """An SDP offer this server refuses; the message says why (it names the m-line, 0-based)."""
 
 
 @dataclass(frozen=True)

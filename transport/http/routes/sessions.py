@@ -59,13 +59,11 @@ async def create_session(
     livekit = None
     try:  # whatever fails from here on (or a client gone mid-request), nothing stays allocated
         if body.transport == "livekit":
-            from worldcast.transport.livekit.world import LiveKitJoinError, LiveKitRoomTaken
-
             try:
                 livekit = await worlds.serve(s, room=body.room, operator=is_operator(request))
-            except LiveKitRoomTaken as e:
+            except errors.LiveKitRoomTaken as e:
                 raise HTTPException(409, str(e)) from None
-            except LiveKitJoinError as e:
+            except errors.LiveKitJoinError as e:
                 raise HTTPException(502, str(e)) from None
         return CreateSessionResponse(session_id=s.id, token=s.token, model=model_info(manager.model),
                                      livekit=livekit)

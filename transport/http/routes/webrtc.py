@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Request
 
 from worldcast.sessions.session import Session
+from worldcast.transport.errors import InvalidOffer
 from worldcast.transport.http.routes.deps import printable, session_dep
 from worldcast.transport.schemas import SdpAnswer, SdpOffer
 from worldcast.transport.webrtc.registry import PeerRegistry
-from worldcast.transport.webrtc.sdp import InvalidOffer
 
 router = APIRouter()
 
