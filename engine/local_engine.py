@@ -5,9 +5,10 @@ server's `SessionInputs`) directly; a pushed action wakes it straight from
 the inputs (`SessionInputs.on_input` -> `DeviceWorker.wake`, registered in
 `add_session`), and its step runner hands frames straight to the owner's
 `on_frames` (the worker thread), so neither direction passes through this
-module per action. Used for one engine on a CPU by default (see docs/operations.md,
-"Engines and engine processes") and whenever the server was handed a model object instead of a
-name (tests). A dead worker thread is reported as a lost engine by `check`
+module per action. Used by default for one engine on an accelerator (on a CPU the `worldcast` CLI
+runs the engine in a process of its own unless `--no-engine-process`: `transport/cli.py`,
+`engine_processes`; docs/operations.md, "Engines and engine processes") and whenever the server was
+handed a model object instead of a name (tests). A dead worker thread is reported as a lost engine by `check`
 (the owner's housekeeping calls it); it is not restarted. A worker stuck in a
 step is marked `stalled` by the heartbeat watchdog (`EngineHandle.watch`);
 a thread cannot be killed, so past `stall_kill_after_s` it is reported lost
