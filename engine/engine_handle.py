@@ -1,20 +1,22 @@
 """EngineHandle: what the server holds of one engine core, in its own thread or its own process.
 
-Two kinds behind one interface, so sessions/ never asks which it has:
-- `LocalEngine` (`engine/local_engine.py`): a `DeviceWorker` thread in the
-  server's process; a session's conditioner is the server's
-  `SessionInputs` (`Session.inputs`), and a push wakes the worker through
-  the inputs' own listener (`SessionSource.on_input`), not through the owner.
-- `EngineClient` (`engine/process/client.py`): a `DeviceWorker` in an engine
-  process of its own (`engine/process/main.py`); the session's
-  conditioner there is a mirror the handle feeds (`session_changed`,
-  `push_input`: `mirrors_inputs` is True, so the owner sends it every input
-  change), frames come back through shared memory.
+One contract for both kinds, so sessions/ never asks which it has: the
+handle sends the contract's commands (`engine/messages.py`) and the engine
+core answers with its events (`engine/core.py` `EngineCore`, which owns each
+session's inputs: `engine/conditioner.py`). The session methods below are
+this class's, the same for both kinds; a kind supplies only how a command
+gets to its core (`_send`) and how events come back (`_event`):
+- `LocalEngine` (`engine/local_engine.py`): the core and its `DeviceWorker`
+  on threads of the server's process; a command is applied in place, events
+  and frames come back on the worker thread.
+- `EngineClient` (`engine/process/client.py`): the core in an engine process of
+  its own (`engine/process/main.py`); commands and events go over its pipe,
+  frames through shared memory.
 
 Callbacks (set by the owner before `start`; called from the engine's own
 threads, so the owner marshals them to its event loop):
 - `on_frames(frames)`: a list of `FrameOut`;
-- `on_error(session_id, reason)`: one session failed (the engine dropped it);
+- `on_error(session_id, reason)`: one session placed here failed (the engine dropped it);
 - `on_lost(engine, session_ids, reason)`: the engine died with these sessions;
 - `on_stalled(engine, session_ids, reason)`: the engine stopped making progress with these sessions
   (event loop; they stay on it: it may come back, or be killed and lost);
@@ -39,14 +41,19 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
+import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from worldcast.engine import messages as msg
 from worldcast.engine.admission import active_capacity
+from worldcast.engine.conditioner import ConditionerState, InputDelta
 from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
-from worldcast.engine.rollout import Conditioner, ConditionerState, InputDelta
+from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.tuning.threads import ThreadChoice
 from worldcast.models.spec import WorldModelSpec
@@ -61,18 +68,6 @@ EngineState = Literal["starting", "ready", "stalled", "lost", "restarting", "sto
 LIVENESS_CHECK_S = 0.1
 
 
-class SessionSource(Conditioner, Protocol):
-    """A session as an engine handle needs it: a conditioner that can say its whole state at once."""
-
-    def conditioner_state(self) -> ConditionerState:
-        """Epoch, wants, conditioning (context given) and inputs, now."""
-        ...
-
-    def on_input(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call `listener()` after each accepted action (pushing thread); returns its remover."""
-        ...
-
-
 class EngineHandle(abc.ABC):
     """One engine core as the server sees it (see the module docstring).
 
@@ -83,10 +78,7 @@ class EngineHandle(abc.ABC):
         config: its device worker's settings.
     """
 
-    process: bool = False  #: whether it runs in a process of its own
-    #: whether it keeps a mirror of each session's inputs (an engine process): then, and only then, the owner
-    #: sends it every change of a session's action buffer (`push_input`); otherwise it reads `SessionInputs`
-    mirrors_inputs: bool = False
+    process: bool = False  #: whether it runs in a process of its own (reported, never asked by sessions/)
 
     def __init__(self, engine_id: int, *, device: str, spec: WorldModelSpec, config: EngineConfig) -> None:
         self.id = engine_id
@@ -109,6 +101,13 @@ class EngineHandle(abc.ABC):
         self._up_since_s = time.monotonic()  #: when it last became ready from a start (not from a stall)
         self._watchdog: asyncio.Task[None] | None = None
         self._killing = False  #: the watchdog asked for it to be killed (this stall)
+        self._loop: asyncio.AbstractEventLoop | None = None  #: set by `start`
+        self._lock = threading.Lock()
+        self._sessions: set[str] = set()  #: sessions on it (what `session_ids` answers)
+        self._versions: dict[str, int] = {}  #: context version last sent per session
+        self._requests = itertools.count(1)
+        self._exports: dict[int, asyncio.Future[bytes]] = {}
+        self._restored: dict[str, asyncio.Future[bytes | None]] = {}
 
     def __repr__(self) -> str:
         return f"Engine({self.id}, {self.device}, {self.state})"
@@ -136,6 +135,10 @@ class EngineHandle(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Stop it and free what it holds (idempotent)."""
+
+    def dead_reason(self) -> str | None:
+        """Why its core is dead where that is known before `check` reports it lost (None: not known dead)."""
+        return None
 
     def check(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Housekeeping (event loop, about once a second): report a death not noticed otherwise."""
@@ -183,8 +186,11 @@ class EngineHandle(abc.ABC):
             logger.error("Engine(%d): %s", self.id, reason)
             self._kill_stalled(reason)
 
-    def _stalled(self) -> None:  # noqa: B027 - optional hook
-        """It was just marked stalled: fail what waits on it (event loop)."""
+    def _stalled(self) -> None:
+        """It was just marked stalled: exports waiting on it fail now (a drain or move answers; a late capture is
+        put back here: `_settle_export`)."""
+        self._fail_waiting(f"engine {self.id} is stalled: no progress for {self.no_progress_s():.1f} s",
+                           exports_only=True)
 
     @abc.abstractmethod
     def _kill_stalled(self, reason: str) -> None:
@@ -214,57 +220,180 @@ class EngineHandle(abc.ABC):
             except asyncio.CancelledError:
                 pass
 
-    # -- sessions ------------------------------------------------------------------------------
+    # -- sessions: the contract (event loop) -------------------------------------------------------
+
+    @abc.abstractmethod
+    def _send(self, cmd: msg.Command) -> None:
+        """Get one command to the core (event loop; never raises: a core that is gone reports its loss)."""
+
+    async def _send_bulk(self, cmd: msg.Command) -> None:
+        """`_send` for a command carrying a moved session's bytes (a kind may send it off the event loop)."""
+        self._send(cmd)
+
+    def _check_room(self) -> None:
+        """Raises EngineUnavailable (not ready) or StatePoolExhausted (no free slot) before a session is sent."""
+        if self.state != "ready":
+            raise EngineUnavailable(f"engine {self.id} is {self.state}")
+        if self.free_slots < 1:
+            raise StatePoolExhausted(f"engine {self.id}: all {self.num_slots} state slots in use")
 
     @property
-    @abc.abstractmethod
     def session_ids(self) -> set[str]:
         """Sessions placed here (a copy)."""
+        with self._lock:
+            return set(self._sessions)
 
-    @abc.abstractmethod
-    def add_session(self, session_id: str, source: SessionSource, *, seed: int) -> None:
-        """Start generating for a new session.
+    def holds(self, session_id: str) -> bool:
+        """Whether the session is placed here: the one record of where a session runs (`SessionManager.engine_of`
+        asks each engine)."""
+        with self._lock:
+            return session_id in self._sessions
+
+    def _track(self, session_id: str, context_version: int | None) -> None:
+        with self._lock:
+            self._sessions.add(session_id)
+            if context_version is None:
+                self._versions.pop(session_id, None)
+            else:
+                self._versions[session_id] = context_version
+
+    def _forget(self, session_id: str) -> None:
+        with self._lock:
+            self._sessions.discard(session_id)
+            self._versions.pop(session_id, None)
+
+    def _forget_all(self) -> list[str]:
+        """Drop every session (the engine is lost); returns their ids, sorted."""
+        with self._lock:
+            sids, self._sessions = sorted(self._sessions), set()
+            self._versions.clear()
+        return sids
+
+    def add_session(self, session_id: str, state: ConditionerState, *, seed: int) -> None:
+        """Start generating for a new session (`AddSession`), its inputs starting from `state` (context given).
 
         Raises:
             StatePoolExhausted: no free slot.
             EngineUnavailable: not ready.
         """
+        self._check_room()
+        self._track(session_id, state.context_version)
+        self._send(msg.AddSession(session_id, seed, state))
 
-    @abc.abstractmethod
+    def update_session(self, session_id: str, state: ConditionerState) -> None:
+        """The session's epoch, wants or conditioning changed (`UpdateSession`; the arrays are sent only when
+        `context_version` differs from the last sent): the core acts on it at its next step boundary."""
+        with self._lock:
+            if session_id not in self._sessions:
+                return
+            if self._versions.get(session_id) == state.context_version:
+                state = dataclasses.replace(state, context=None)
+            self._versions[session_id] = state.context_version
+        self._send(msg.UpdateSession(session_id, state))
+
+    def push_input(self, session_id: str, delta: InputDelta) -> None:
+        """One change of the session's inputs (`PushInput`); an action (not `clear`) also lets an idle device
+        start the session's next chunk at once."""
+        self._send(msg.PushInput(session_id, delta))
+
     def remove_session(self, session_id: str) -> None:
         """Stop generating for a session and free its slot (idempotent)."""
+        self._forget(session_id)
+        self._send(msg.RemoveSession(session_id))
 
-    @abc.abstractmethod
-    def session_changed(self, session_id: str, source: SessionSource) -> None:
-        """The session's epoch, wants or conditioning changed: act on it at the next step boundary."""
-
-    def push_input(self, session_id: str, delta: InputDelta) -> None:  # noqa: B027 - optional, see docstring
-        """The session's action buffer changed; called only on a handle with `mirrors_inputs` (one that reads
-        the `SessionInputs` itself is never called). An action delta (not `clear`) also lets an idle device
-        start its next chunk at once."""
-
-    @abc.abstractmethod
     async def export_session(self, session_id: str) -> bytes:
         """Capture the session's whole state at its next chunk boundary and stop serving it here.
 
         Raises:
-            EngineUnavailable: the engine went away first.
+            EngineUnavailable: the engine is not ready, stalled or went away first.
             KeyError: no such session here.
         """
+        if self.state != "ready":
+            extra = f": no progress for {self.no_progress_s():.1f} s" if self.state == "stalled" else ""
+            raise EngineUnavailable(f"engine {self.id} is {self.state}{extra}")
+        rid = next(self._requests)
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._exports[rid] = fut
+        self._send(msg.ExportSession(rid, session_id))
+        blob = await fut
+        self._forget(session_id)
+        return blob
 
-    @abc.abstractmethod
-    async def import_session(self, session_id: str, source: SessionSource, *, seed: int, state: bytes,
+    async def import_session(self, session_id: str, state: ConditionerState, *, seed: int, blob: bytes,
                              verify: bool = False) -> bytes | None:
-        """Serve a session moved here from another engine, from its state bytes; returns once the engine has
-        restored it (or failed to).
+        """Serve a session moved here from another engine, from its state bytes (its inputs are the bytes'
+        own; `state` is used where they carry none); returns once the core has restored it (or failed to).
 
         Returns:
             with `verify`, its state captured again right after the restore (else None).
 
         Raises:
-            StatePoolExhausted, SessionStateError, EngineUnavailable (the engine went away, or the restore
-            failed there: the session is then not on it).
+            StatePoolExhausted: no free slot.
+            EngineUnavailable: not ready, the engine went away, or the restore failed there (the session is
+                then not on it).
         """
+        self._check_room()
+        # settled by the core's SessionRestored (or SessionFailed, or its loss): a move is done only once the
+        # target has the session
+        fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._restored[session_id] = fut
+        self._track(session_id, None)  # the bytes' conditioning may be older: the next update sends it whole
+        await self._send_bulk(msg.AddSession(session_id, seed, state, state=blob, verify=verify))
+        restored = await fut
+        return restored if verify else None
+
+    def _event(self, ev: msg.Event) -> None:
+        """One event from the core (any thread: the core's device thread, a process's reader thread)."""
+        if isinstance(ev, msg.SessionFailed):
+            if self.holds(ev.session_id):  # (not a session that has moved on, or was removed meanwhile)
+                self._forget(ev.session_id)
+                self.on_error(ev.session_id, ev.reason)
+            self._on_loop(self._settle_restored, ev.session_id, None, ev.reason)
+        elif isinstance(ev, msg.SessionExported):
+            self._on_loop(self._settle_export, ev.request_id, ev.session_id, ev.state, ev.error)
+        elif isinstance(ev, msg.SessionRestored):
+            if ev.error is not None:
+                self._forget(ev.session_id)
+            self._on_loop(self._settle_restored, ev.session_id, ev.state, ev.error)
+
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _settle_export(self, request_id: int, session_id: str, state: bytes | None, error: str | None) -> None:
+        fut = self._exports.pop(request_id, None)
+        if fut is None or fut.done():
+            if state is not None and session_id in self.session_ids:
+                # its caller gave up (the engine stalled) and the session stayed here: the core detached it when
+                # it came back, so it takes its own state back in place
+                logger.warning("Engine(%d): Session(%s) exported after its mover gave up; restoring it here",
+                               self.id, session_id)
+                self._send(msg.AddSession(session_id, 0, None, state=state))
+            return
+        if state is None:
+            fut.set_exception(KeyError(error or "export failed"))
+        else:
+            fut.set_result(state)
+
+    def _settle_restored(self, session_id: str, state: bytes | None, error: str | None) -> None:
+        fut = self._restored.pop(session_id, None)
+        if fut is None or fut.done():
+            return
+        if error is not None:
+            fut.set_exception(EngineUnavailable(error))
+        else:
+            fut.set_result(state)
+
+    def _fail_waiting(self, why: str, *, exports_only: bool = False) -> None:
+        """Fail every export (and restore) waiting on the core (event loop)."""
+        waiting = list(self._exports.values()) + ([] if exports_only else list(self._restored.values()))
+        self._exports.clear()
+        if not exports_only:
+            self._restored.clear()
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(EngineUnavailable(why))
 
     # -- load ------------------------------------------------------------------------------------
 

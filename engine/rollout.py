@@ -76,7 +76,8 @@ class ChunkInputs:
 
 
 class Conditioner(Protocol):
-    """What a rollout needs from its session (`sessions/actions.py` `SessionInputs`).
+    """What a rollout needs from its session (`engine/conditioner.py` `SessionConditioner`; warm-up's
+    `engine/scripted.py`).
 
     Called on the device thread; implementations must be thread-safe and quick.
     """
@@ -97,48 +98,6 @@ class Conditioner(Protocol):
         """A counter bumped by every input the user sent (an action); a chunk sampled at an older
         value has not seen the newest input (a chunk may then start early: `engine/step_scheduler.py`)."""
         ...
-
-
-@dataclass(frozen=True)
-class InputDelta:
-    """One change of a session's inputs.
-
-    Attributes:
-        held: names of the keys held now (after the buffer's seq rules).
-        seq: the newest applied action seq (-1: none).
-        mouse: (dx, dy) mouse counts to add to the pending movement.
-        clear: drop the pending movement before adding `mouse` (a new client, or every key released).
-    """
-
-    held: tuple[str, ...]
-    seq: int
-    mouse: tuple[float, float] = (0.0, 0.0)
-    clear: bool = False
-
-
-@dataclass(frozen=True)
-class ConditionerState:
-    """What a session's conditioner answers, as one value.
-
-    Attributes:
-        epoch: the flush epoch.
-        wants_frames: whether the session should generate now.
-        context_version: bumped on every conditioning change.
-        context: the encoded conditioning ({name: array}); None in an update whose version did not change.
-        held: keys held now.
-        seq: newest applied action seq (-1: none).
-        mouse: pending (dx, dy) mouse counts not yet sampled by a chunk.
-        input_version: actions pushed so far (`Conditioner.input_version`; a mirror counts on from it).
-    """
-
-    epoch: int
-    wants_frames: bool
-    context_version: int
-    context: Conditioning | None
-    held: tuple[str, ...] = ()
-    seq: int = -1
-    mouse: tuple[float, float] = (0.0, 0.0)
-    input_version: int = 0
 
 
 @dataclass

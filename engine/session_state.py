@@ -12,8 +12,8 @@ staged), everything the engine holds for one session:
 - its schedule: phase, the next chunk's deadline and start (absolute
   seconds on CLOCK_MONOTONIC, which every process of a host shares),
   frames and chunks done, frames late;
-- its conditioner's state when the conditioner can say it (an engine
-  process's `MirrorConditioner`: epoch, wants, the encoded conditioning,
+- its conditioner's state when the conditioner can say it (a session's
+  `SessionConditioner`, `engine/conditioner.py`: epoch, wants, the encoded conditioning,
   held keys, seq, pending mouse movement).
 
 `restore` writes the same into a fresh slot of another engine's pool and
@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from worldcast.engine.conditioner import ConditionerState
 from worldcast.engine.errors import SessionStateError
-from worldcast.engine.rollout import ChunkRollout, ConditionerState
+from worldcast.engine.rollout import ChunkRollout
 from worldcast.engine.step_scheduler import Phase, SessionSchedule
 from worldcast.models.spec import WorldModelSpec
 

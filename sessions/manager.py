@@ -7,10 +7,9 @@ headroom (`sessions/placement.py`). Frames and errors arrive on engine
 threads and are marshalled to the event loop with `call_soon_threadsafe`,
 where they reach each session's sinks; pacing and the flush guarantees
 (`Session.deliver`, `MediaClock`) stay here, whatever engine made a frame.
-Actions do not pass through here for an engine that reads `Session.inputs`
-itself (a `LocalEngine`: the inputs wake its worker); for one that keeps a
-mirror (`EngineHandle.mirrors_inputs`: an engine process) each change of a
-session's action buffer is forwarded (`_input`), held while the session moves.
+Each session's inputs send their changes through an `EngineLink` the
+manager gives them (`_Link`): to the engine the session is placed on, the
+same messages for every kind of engine; held while the session moves.
 
 An engine that dies takes only its own sessions: each gets an "error"
 event with code `engine_lost` and is closed; sessions elsewhere are not
@@ -36,11 +35,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad
-from worldcast.engine.device_worker import DeviceWorker, EngineConfig
+from worldcast.engine.conditioner import ConditionerState, InputDelta
+from worldcast.engine.device_worker import EngineConfig
 from worldcast.engine.engine_handle import EngineHandle
 from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
 from worldcast.engine.local_engine import LocalEngine
-from worldcast.engine.rollout import InputDelta
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
 from worldcast.models.errors import ConditioningError
@@ -110,10 +109,10 @@ class SessionManager:
         for e in self.engines:
             e.on_frames, e.on_lost, e.on_stalled = self._on_frames, self._on_engine_lost, self._on_engine_stalled
             e.on_error = lambda sid, reason, e=e: self._on_error(e, sid, reason)  # type: ignore[misc]
-        self._placed: dict[str, EngineHandle] = {}  #: session id -> the engine it runs on
         self._loop: asyncio.AbstractEventLoop | None = None
         self._creating: dict[int, int] = {}  #: per engine: sessions admitted but not yet on it (encoding)
-        #: sessions between two engines (`sessions/moves.py`): their input changes wait here
+        #: sessions between two engines (`sessions/moves.py`): their input changes wait here (epoch, wants and
+        #: conditioning are sent whole once the target has them: `SessionInputs.resend`)
         self.moving: dict[str, list[InputDelta]] = {}
         #: duty cycle charged to sessions not yet measured: the mean over measured ones
         adm = config.admission
@@ -127,12 +126,6 @@ class SessionManager:
         #: called with each session once it is closed (the server trims the heap after closes)
         self.on_close: Callable[[Session], None] | None = None
 
-    @property
-    def worker(self) -> DeviceWorker | EngineHandle:
-        """The first engine's device worker (in this process), else its handle (compatibility, tests)."""
-        e = self.engines[0]
-        return e.worker if isinstance(e, LocalEngine) else e
-
     def engine(self, engine_id: int) -> EngineHandle:
         """The engine with this id.
 
@@ -144,13 +137,12 @@ class SessionManager:
         return self.engines[engine_id]
 
     def engine_of(self, session_id: str) -> EngineHandle | None:
-        """The engine a session runs on (None: unknown or closed)."""
-        return self._placed.get(session_id)
-
-    def assign(self, session_id: str, engine: EngineHandle) -> None:
-        """Record that a session runs on `engine` now (a move: `sessions/moves.py`)."""
-        self._placed[session_id] = engine
-        self.sessions[session_id].engine_id = engine.id
+        """The engine a session runs on (None: unknown, closed, or between two engines). The engines' own
+        records are the only one (`EngineHandle.holds`)."""
+        for e in self.engines:
+            if e.holds(session_id):
+                return e
+        return None
 
     async def start(self) -> None:
         """Start every engine (warm-up included) and the housekeeping task.
@@ -272,46 +264,22 @@ class SessionManager:
             DirectingSession(session)  # the layer above it (`director_of(session)`), gating its frames
             session.pause()  # nothing to generate until the first direction
         try:
-            engine.add_session(sid, session.inputs, seed=session.seed)
+            engine.add_session(sid, session.inputs.engine_state(), seed=session.seed)
         except (StatePoolExhausted, EngineUnavailable) as e:
             raise CapacityExhausted(str(e), retry_after_s=self.next_release_in_s()) from e
         self.sessions[sid] = session
-        self._placed[sid] = engine
-        session.engine_id = engine.id
-        session.on("state", lambda s, st: self._changed(s))
-        session.on("control", lambda s, op: self._changed(s))  # flush, cancel, resume act at the next step
-        if engine.mirrors_inputs:  # an engine process samples a mirror: send it every change (a local one reads
-            # `session.inputs` itself, and its `add_session` made the inputs wake its worker on each push)
-            session.inputs.actions.on_change = lambda held, seq, dx, dy, clear: self._input(
-                sid, InputDelta(tuple(sorted(held)), seq, (dx, dy), clear))
+        session.inputs.attach(_Link(self, sid))
         logger.info("Session(%s): created on engine %d (prompt of %d chars, %s, seed %d)", sid, engine.id,
                     len(prompt or ""), "no image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image",
                     session.seed)
         return session
-
-    def _changed(self, s: Session) -> None:
-        """A session's epoch, wants or conditioning changed: its engine acts at its next step boundary."""
-        e = self._placed.get(s.id)
-        if e is not None and s.id not in self.moving:
-            e.session_changed(s.id, s.inputs)
-
-    def _input(self, session_id: str, delta: InputDelta) -> None:
-        """A session's action buffer changed (only for an engine with `mirrors_inputs`): to its engine, or
-        queued while it moves."""
-        pending = self.moving.get(session_id)
-        if pending is not None:
-            pending.append(delta)
-            return
-        e = self._placed.get(session_id)
-        if e is not None:
-            e.push_input(session_id, delta)
 
     def measured_loads(self, engine: EngineHandle | None = None) -> list[SessionLoad]:
         """Measured duty cycle and observation time of each open session (of one engine, if given)."""
         now = self.clock()
         return [SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now))
                 for s in list(self.sessions.values()) if s.state != SessionState.CLOSED
-                and (engine is None or self._placed.get(s.id) is engine)]
+                and (engine is None or engine.holds(s.id))]
 
     def placement(self, *, exclude: EngineHandle | None = None) -> Placement:
         """Where a new session would go now, and the admission decision behind it (`sessions/placement.py`)."""
@@ -319,7 +287,7 @@ class SessionManager:
         loads: dict[int, list[SessionLoad]] = {e.id: [] for e in self.engines}
         now = self.clock()
         for s in list(self.sessions.values()):
-            e = self._placed.get(s.id)
+            e = self.engine_of(s.id)
             if e is not None and s.state != SessionState.CLOSED:
                 loads[e.id].append(SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now)))
         return place(self.engines, config=self.config.admission, loads=loads, pending=self._creating,
@@ -389,9 +357,9 @@ class SessionManager:
             return
         now = self.clock()
         self.duty_prior.record_departure(SessionLoad(duty_cycle=s.duty_cycle(), observed_s=s.duty.observed_s(now)))
+        s.inputs.link = None  # nothing more to its engine but the removal
         s.close(reason)
-        s.inputs.actions.on_change = None
-        e = self._placed.pop(session_id, None)
+        e = self.engine_of(session_id)
         if e is not None:
             e.remove_session(session_id)
         if detail is None and reason == CloseReason.ERROR:
@@ -417,8 +385,7 @@ class SessionManager:
             self.on_engine_lost(engine)
         for sid in session_ids:
             s = self.sessions.get(sid)
-            if s is not None and self._placed.get(sid) is engine:
-                self._placed.pop(sid, None)
+            if s is not None:
                 why = f"engine {engine.id} ({engine.device}) was lost: {reason}"
                 s.fail(why, code="engine_lost")
                 self.close(sid, CloseReason.ERROR, detail=why)
@@ -428,7 +395,7 @@ class SessionManager:
         (it may come back; past its kill bound it is lost and they are closed)."""
         for sid in session_ids:
             s = self.sessions.get(sid)
-            if s is not None and self._placed.get(sid) is engine:
+            if s is not None:
                 s.fail(reason, code="engine_stalled")
 
     def _dispatch_frames(self, frames: list[FrameOut]) -> None:
@@ -461,7 +428,8 @@ class SessionManager:
 
     def _dispatch_error(self, engine: EngineHandle, session_id: str, reason: str) -> None:
         s = self.sessions.get(session_id)
-        if s is not None and self._placed.get(session_id) is engine:  # not an old engine of a moved session
+        e = self.engine_of(session_id)
+        if s is not None and (e is None or e is engine):  # (not an old engine of a session that moved on since)
             s.fail(reason)
             self.close(session_id, CloseReason.ERROR, detail=f"failed on engine {engine.id}: {reason}")
 
@@ -492,3 +460,29 @@ class SessionManager:
     def ready(self) -> bool:
         """Whether at least one engine is ready (alive and not stalled in a step)."""
         return self.engines_up > 0
+
+
+class _Link:
+    """One session's `EngineLink`: its changes to the engine it is placed on, or to the move's queue."""
+
+    def __init__(self, manager: SessionManager, session_id: str) -> None:
+        self.manager = manager
+        self.session_id = session_id
+
+    def push_input(self, delta: InputDelta) -> None:
+        m, sid = self.manager, self.session_id
+        pending = m.moving.get(sid)
+        if pending is not None:
+            pending.append(delta)
+        elif (e := m.engine_of(sid)) is not None:
+            e.push_input(sid, delta)
+
+    def update(self, state: ConditionerState) -> None:
+        m, sid = self.manager, self.session_id
+        if sid not in m.moving and (e := m.engine_of(sid)) is not None:
+            e.update_session(sid, state)
+
+    @property
+    def engine_id(self) -> int | None:
+        e = self.manager.engine_of(self.session_id)
+        return None if e is None else e.id

@@ -113,8 +113,6 @@ async def move_session(m: SessionManager, session_id: str, *, to: int | None = N
     if session_id in m.moving:
         raise MoveFailed(f"session {session_id} is moving already")
     target = _target(m, src, to)
-    if target.process != src.process:
-        raise MoveFailed("sessions move between engines of one kind (all in processes, or all in this one)")
     m.moving[session_id] = []
     task = asyncio.get_running_loop().create_task(_move(m, s, src, target, verify=verify),
                                                   name=f"move-{session_id}")
@@ -149,9 +147,9 @@ async def _move_steps(m: SessionManager, s: Session, src: EngineHandle, target: 
     if s.state == SessionState.CLOSED:
         m.moving.pop(session_id, None)
         raise SessionNotFound(f"session {session_id} closed while moving")
-    m.assign(session_id, target)
     try:
-        restored = await target.import_session(session_id, s.inputs, seed=s.seed, state=blob, verify=verify)
+        restored = await target.import_session(session_id, s.inputs.engine_state(), seed=s.seed, blob=blob,
+                                               verify=verify)
     except Exception as e:  # noqa: BLE001 - off the source and not on the target: it cannot go on
         m.moving.pop(session_id, None)
         logger.error("Session(%s): moving to engine %d failed: %r", session_id, target.id, e)
@@ -165,7 +163,7 @@ async def _move_steps(m: SessionManager, s: Session, src: EngineHandle, target: 
     if s.state == SessionState.CLOSED:
         target.remove_session(session_id)  # closed while its add was on the way
         raise SessionNotFound(f"session {session_id} closed while moving")
-    target.session_changed(session_id, s.inputs)
+    s.inputs.resend()  # epoch, wants and conditioning as they are now (a flush or prompt during the move)
     report = MoveReport(session_id, src.id, target.id, len(blob), (t1 - t0) * 1e3, (t2 - t1) * 1e3,
                         None if restored is None else restored == blob)
     logger.info("Session(%s): moved from engine %d to %d (%d B of state, %.1f + %.1f ms)%s", session_id, src.id,

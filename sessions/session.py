@@ -12,12 +12,12 @@ Control operations, all cheap and effective at the engine's next step boundary:
 - `cancel()`: bump the epoch, drop queued frames, stop generating until `resume()`.
 - `pause()` / `resume()`: stop / restart generating; nothing is dropped.
 
-The engine does not read the session: it reads the session's inputs, `Session.inputs`
-(`SessionInputs`, `sessions/actions.py`: the action buffer, input counter, epoch, conditioning and what
-`wants_frames` answers from), which transports push actions into directly. An accepted push reaches the
-session through one listener (`SessionInputs.on_push`: activity, ACTIVE) and the engine through the
-inputs' own (`SessionInputs.on_input`); the operations above write the inputs through the session's
-methods; frames come back through `deliver`.
+The engine does not read the session: the session's inputs, `Session.inputs` (`SessionInputs`,
+`sessions/actions.py`: the action gate, the epoch, pause and cancel, the conditioning), send it every
+change as the engine contract's messages (the engine owns held keys, movement and the input counter:
+`engine/conditioner.py`). Transports push actions into the inputs directly; an accepted push reaches the
+session through one listener (`SessionInputs.on_push`: activity, ACTIVE) and then goes to the engine; the
+operations above write the inputs through the session's methods; frames come back through `deliver`.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class FrameGate(Protocol):
 
 
 #: Session events; callbacks are synchronous and get (session, payload).
-SessionEvent = Literal["state", "frame", "error", "control"]
+SessionEvent = Literal["state", "frame", "error"]
 
 #: Codes of a session's device-side failure (`SessionFailure.code`), as transports send them in their
 #: `error` event: its own step failed ("session_failed"), the engine it ran on died ("engine_lost"), or that
@@ -177,7 +177,6 @@ class Session:
         self.id = session_id
         self.stamp_frames = stamp_frames
         self.mode: SessionMode = mode
-        self.engine_id: int | None = None  #: the engine core it runs on (set by SessionManager)
         self.token = token
         self.model = model
         self.seed = seed
@@ -188,7 +187,7 @@ class Session:
         self.state = SessionState.CREATED
         self.close_reason: CloseReason | None = None
         #: what the engine reads (actions, epoch, conditioning, wants); transports push actions into it
-        self.inputs = SessionInputs(session_id, model=model, context=context, clock=clock)
+        self.inputs = SessionInputs(session_id, key_names=model.spec.actions.keys, context=context, clock=clock)
         self.inputs.on_push = self._pushed
         self.media_clock = MediaClock()
         self.frames_generated = 0
@@ -209,6 +208,12 @@ class Session:
     def __repr__(self) -> str:
         return f"Session({self.id}, {self.state.name})"
 
+    @property
+    def engine_id(self) -> int | None:
+        """The engine core it runs on (its engine link asks the engines' record; None: none now)."""
+        link = self.inputs.link
+        return None if link is None else link.engine_id
+
     # -- events ---------------------------------------------------------------------
 
     def on(self, event: SessionEvent, callback: Callable[[Session, object], None]) -> Callable[[], None]:
@@ -216,9 +221,8 @@ class Session:
 
         Events: "state" (payload: SessionState), "frame" (payload: VideoFrame, after delivery to
         sinks; never for a frame dropped as stale or refused by the frame gate), "error" (payload:
-        `SessionFailure`), "control" (payload: the operation, "flush" | "cancel" | "pause" |
-        "resume" | "set_prompt": the engine should look at the session now). Actions are not an
-        event: the engine hears of them from `inputs` itself (`SessionInputs.on_input`).
+        `SessionFailure`). Control operations and actions are not events: they go to the engine from
+        `inputs` itself (`SessionInputs`).
 
         Raises:
             TypeError: `callback` is a coroutine function (callbacks must be synchronous).
@@ -326,7 +330,6 @@ class Session:
             raise InvalidConditioning("prompt", f"{self.model.spec.name} takes no text prompt")
         self._conditioning = self._conditioning.with_text(text)
         self.inputs.set_context(context)
-        self._emit("control", "set_prompt")
 
     def flush(self) -> int:
         """Drop queued and in-flight frames under stale conditioning; restart the chunk.
@@ -339,7 +342,6 @@ class Session:
         for s in self._sinks:
             s.clear()
         self.activate()
-        self._emit("control", "flush")
         return epoch
 
     def cancel(self) -> int:
@@ -353,7 +355,6 @@ class Session:
         self._touch_duty()
         for s in self._sinks:
             s.clear()
-        self._emit("control", "cancel")
         return epoch
 
     def pause(self) -> None:
@@ -361,7 +362,6 @@ class Session:
         self._check_open()
         self.inputs.pause()
         self._touch_duty()
-        self._emit("control", "pause")
 
     def resume(self) -> None:
         """Undo `pause` and `cancel`; generation restarts with the freshest actions."""
@@ -369,7 +369,6 @@ class Session:
         self.inputs.resume()
         self._touch_duty()
         self.activate()
-        self._emit("control", "resume")
 
     @property
     def paused(self) -> bool:
@@ -427,7 +426,7 @@ class Session:
             self.last_viewer_s = self.clock()
         if not self._sinks:
             # the last viewer left (closed tab, failed connection): stop costing compute
-            self.inputs.actions.release_all()
+            self.inputs.release_all()
             if self.state == SessionState.ACTIVE:
                 self._set_state(SessionState.IDLE)
 

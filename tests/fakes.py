@@ -1,4 +1,5 @@
-"""Shared test helpers: a fake clock and a scripted conditioner (stand-ins for time and a session)."""
+"""Shared test helpers: a fake clock and a scripted conditioner (stand-ins for time and a session), and the
+engine side of a session's inputs without a worker (`EngineSide`)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,25 @@ class ScriptedConditioner(engine_scripted.ScriptedConditioner):
         super().__init__(SPEC, action=lambda: world.action_vector(self.keys), context={"prompt": p})
 
 
+
+
+class EngineSide:
+    """Not a fake: a session's inputs as its engine keeps them (the real `SessionConditioner`, as an engine core
+    holds it), fed through the session's `EngineLink` without a device worker; every message is logged in order."""
+
+    def __init__(self, session) -> None:  # type: ignore[no-untyped-def]
+        from worldcast.engine.conditioner import SessionConditioner
+
+        self.cond = SessionConditioner(session.model, session.inputs.engine_state())
+        self.log: list[object] = []
+        session.inputs.attach(self)
+
+    def push_input(self, delta) -> None:  # type: ignore[no-untyped-def]
+        self.log.append(delta)
+        self.cond.push(delta)
+
+    def update(self, state) -> None:  # type: ignore[no-untyped-def]
+        self.log.append(state)
+        self.cond.update(state)
+
+    engine_id = None  #: no engine: the conditioner alone

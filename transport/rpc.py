@@ -276,7 +276,7 @@ class ActionHandler:
 
     Args:
         inputs: the target session's inputs (`Session.inputs`; the session hears of each push through
-            `SessionInputs.on_push`, then its engine through `SessionInputs.on_input`).
+            `SessionInputs.on_push`, then the change goes to its engine through `SessionInputs.link`).
         guard: the connection's limits and feedback (default: `InputLimits()`).
     """
 

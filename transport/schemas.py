@@ -223,7 +223,7 @@ class ActionMessage(_Strict):
     seq: StrictInt = Field(ge=0, le=2**53, description="increasing per message")
     t: StrictFloat | StrictInt = Field(ge=0, allow_inf_nan=False, description="client send time, ms (any origin)")
     keys: list[str] = Field(default_factory=list, max_length=16, description="keys held now")
-    mouse: tuple[StrictFloat | StrictInt, StrictFloat | StrictInt] = Field(  # NaN/inf: rejected by ActionBuffer
+    mouse: tuple[StrictFloat | StrictInt, StrictFloat | StrictInt] = Field(  # NaN/inf: rejected by ActionGate
         (0, 0), description="mouse movement since the previous message, counts (dx, dy)"
     )
 

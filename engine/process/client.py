@@ -34,7 +34,6 @@ the reader thread calls `on_frames`, `on_error`, `on_step`; state changes,
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import threading
@@ -42,13 +41,13 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
+from worldcast.engine import messages as cmsg
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineSnapshot
-from worldcast.engine.engine_handle import EngineHandle, SessionSource
-from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
+from worldcast.engine.engine_handle import EngineHandle
+from worldcast.engine.errors import EngineUnavailable
 from worldcast.engine.process import messages as msg
 from worldcast.engine.process.launch import STOP_TIMEOUT_S, EngineLaunch, Incarnation, RestartPolicy, exit_reason, spawn
-from worldcast.engine.rollout import InputDelta
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.tuning.threads import ThreadChoice
 from worldcast.engine.tuning.warmup import WarmupReport
@@ -70,22 +69,14 @@ class EngineClient(EngineHandle):
     """
 
     process = True
-    mirrors_inputs = True  #: its process samples a mirror: the owner sends it every input change
 
     def __init__(self, engine_id: int, launch: EngineLaunch, *, spec: WorldModelSpec,
                  restart: RestartPolicy | None = None) -> None:
         super().__init__(engine_id, device=launch.device, spec=spec, config=launch.config)
         self.launch = launch
         self.restart_policy = restart or RestartPolicy()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._inc: Incarnation | None = None
         self._numbers = itertools.count(1)
-        self._lock = threading.Lock()
-        self._sessions: set[str] = set()
-        self._versions: dict[str, int] = {}  #: context version last sent per session
-        self._requests = itertools.count(1)
-        self._exports: dict[int, asyncio.Future[bytes]] = {}
-        self._restored: dict[str, asyncio.Future[bytes | None]] = {}
         self._snapshot = EngineSnapshot(0, 0, 0)
         self._stalled_s = 0.0
         self._beat_at_s: float | None = None  #: the device loop's last heartbeat (CLOCK_MONOTONIC s), this incarnation
@@ -148,7 +139,7 @@ class EngineClient(EngineHandle):
                 pass
         inc, self._inc = self._inc, None
         if inc is not None:
-            self._send(inc, msg.Shutdown())
+            self._send_to(inc, msg.Shutdown())
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, self._stop_process, inc)
         self._set_state("stopped")
@@ -214,20 +205,8 @@ class EngineClient(EngineHandle):
                                              deadlines_s={}, next_wake_s=None),
                          StepRunnerOutput(step_time_s=rec.step_time_s, frames=[],
                                           failed={sid: "step failed" for sid in rec.failed}))
-        elif isinstance(m, msg.SessionFailed):
-            with self._lock:
-                self._sessions.discard(m.session_id)
-                self._versions.pop(m.session_id, None)
-            self.on_error(m.session_id, m.reason)
-            self._settle_restored(m.session_id, None, m.reason)
-        elif isinstance(m, msg.SessionExported):
-            self._settle_export(m.request_id, m.session_id, m.state, m.error)
-        elif isinstance(m, msg.SessionRestored):
-            if m.error is not None:
-                with self._lock:
-                    self._sessions.discard(m.session_id)
-                    self._versions.pop(m.session_id, None)
-            self._settle_restored(m.session_id, m.state, m.error)
+        elif isinstance(m, (cmsg.SessionFailed, cmsg.SessionExported, cmsg.SessionRestored)):
+            self._event(m)
         elif isinstance(m, msg.EngineHello):
             inc.pid, inc.num_slots, inc.slot_bytes = m.pid, m.num_slots, m.slot_bytes
             self._snapshot = EngineSnapshot(m.num_slots, 0, m.slot_bytes)
@@ -242,37 +221,6 @@ class EngineClient(EngineHandle):
         elif isinstance(m, msg.EngineFatal):
             inc.fatal = m.reason
 
-    def _settle_export(self, request_id: int, session_id: str, state: bytes | None, error: str | None) -> None:
-        def settle() -> None:
-            fut = self._exports.pop(request_id, None)
-            if fut is None or fut.done():
-                if state is not None and self._inc is inc and session_id in self.session_ids:
-                    # its caller gave up (the engine stalled) and the session stayed here: the engine detached
-                    # it when it came back, so it takes its own state back in place
-                    logger.warning("Engine(%d): Session(%s) exported after its mover gave up; restoring it here",
-                                   self.id, session_id)
-                    self._send(inc, msg.AddSession(session_id, 0, None, state=state))
-                return
-            if state is None:
-                fut.set_exception(KeyError(error or "export failed"))
-            else:
-                fut.set_result(state)
-        inc = self._inc
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(settle)
-
-    def _settle_restored(self, session_id: str, state: bytes | None, error: str | None) -> None:
-        def settle() -> None:
-            fut = self._restored.pop(session_id, None)
-            if fut is None or fut.done():
-                return
-            if error is not None:
-                fut.set_exception(EngineUnavailable(error))
-            else:
-                fut.set_result(state)
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(settle)
-
     # -- death and restart (event loop) ----------------------------------------------------------------
 
     def _ended(self, inc: Incarnation, reason: str) -> None:
@@ -283,14 +231,8 @@ class EngineClient(EngineHandle):
         if inc is not self._inc:
             return  # an old incarnation finishing late
         self._inc = None
-        with self._lock:
-            sids, self._sessions = sorted(self._sessions), set()
-            self._versions.clear()
-        for fut in [*self._exports.values(), *self._restored.values()]:
-            if not fut.done():
-                fut.set_exception(EngineUnavailable(f"engine {self.id} was lost: {reason}"))
-        self._exports.clear()
-        self._restored.clear()
+        sids = self._forget_all()
+        self._fail_waiting(f"engine {self.id} was lost: {reason}")
         was_ready = self.state in ("ready", "stalled")
         self.last_error = reason
         if was_ready:
@@ -335,14 +277,6 @@ class EngineClient(EngineHandle):
     def progress_at_s(self) -> float | None:
         return self._beat_at_s
 
-    def _stalled(self) -> None:
-        """Exports waiting on it fail now (a drain or move answers): a late capture is put back here."""
-        why = f"engine {self.id} is stalled: no progress for {self.no_progress_s():.1f} s"
-        for fut in self._exports.values():
-            if not fut.done():
-                fut.set_exception(EngineUnavailable(why))
-        self._exports.clear()
-
     def _kill_stalled(self, reason: str) -> None:
         inc = self._inc
         if inc is None or not inc.proc.is_alive():
@@ -352,7 +286,7 @@ class EngineClient(EngineHandle):
 
     # -- sessions (event loop) ----------------------------------------------------------------------
 
-    def _send(self, inc: Incarnation | None, m: object) -> None:
+    def _send_to(self, inc: Incarnation | None, m: object) -> None:
         if inc is None:
             return
         try:
@@ -361,76 +295,18 @@ class EngineClient(EngineHandle):
         except (OSError, ValueError):  # it is dying: the reader thread reports the loss
             pass
 
-    def _check_room(self) -> Incarnation:
+    def _send(self, cmd: cmsg.Command) -> None:
+        self._send_to(self._inc, cmd)
+
+    async def _send_bulk(self, cmd: cmsg.Command) -> None:
+        """A moved session's bytes are pickled and written off the event loop."""
         inc = self._inc
-        if self.state != "ready" or inc is None:
+        await asyncio.get_running_loop().run_in_executor(None, self._send_to, inc, cmd)
+
+    def _check_room(self) -> None:
+        if self._inc is None:
             raise EngineUnavailable(f"engine {self.id} is {self.state}")
-        if self.free_slots < 1:
-            raise StatePoolExhausted(f"engine {self.id}: all {self.num_slots} state slots in use")
-        return inc
-
-    @property
-    def session_ids(self) -> set[str]:
-        with self._lock:
-            return set(self._sessions)
-
-    def add_session(self, session_id: str, source: SessionSource, *, seed: int) -> None:
-        inc = self._check_room()
-        st = source.conditioner_state()
-        with self._lock:
-            self._sessions.add(session_id)
-            self._versions[session_id] = st.context_version
-        self._send(inc, msg.AddSession(session_id, seed, st))
-
-    def remove_session(self, session_id: str) -> None:
-        with self._lock:
-            self._sessions.discard(session_id)
-            self._versions.pop(session_id, None)
-        self._send(self._inc, msg.RemoveSession(session_id))
-
-    def session_changed(self, session_id: str, source: SessionSource) -> None:
-        st = source.conditioner_state()
-        with self._lock:
-            if session_id not in self._sessions:
-                return
-            if self._versions.get(session_id) == st.context_version:
-                st = dataclasses.replace(st, context=None)  # arrays only when they changed
-            self._versions[session_id] = st.context_version
-        self._send(self._inc, msg.UpdateSession(session_id, st))
-
-    def push_input(self, session_id: str, delta: InputDelta) -> None:
-        self._send(self._inc, msg.PushInput(session_id, delta))
-
-    async def export_session(self, session_id: str) -> bytes:
-        inc = self._inc
-        if inc is None or self.state != "ready":
-            extra = f": no progress for {self.no_progress_s():.1f} s" if self.state == "stalled" else ""
-            raise EngineUnavailable(f"engine {self.id} is {self.state}{extra}")
-        rid = next(self._requests)
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._exports[rid] = fut
-        self._send(inc, msg.ExportSession(rid, session_id))
-        blob = await fut
-        with self._lock:
-            self._sessions.discard(session_id)
-            self._versions.pop(session_id, None)
-        return blob
-
-    async def import_session(self, session_id: str, source: SessionSource, *, seed: int, state: bytes,
-                             verify: bool = False) -> bytes | None:
-        inc = self._check_room()
-        st = source.conditioner_state()
-        # settled by the engine's SessionRestored (or SessionFailed, or its death): a move is done only once
-        # the target has the session
-        fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
-        self._restored[session_id] = fut
-        with self._lock:
-            self._sessions.add(session_id)
-            self._versions[session_id] = st.context_version
-        await asyncio.get_running_loop().run_in_executor(
-            None, self._send, inc, msg.AddSession(session_id, seed, st, state=state, verify=verify))
-        blob = await fut
-        return blob if verify else None
+        super()._check_room()
 
     # -- load ----------------------------------------------------------------------------------------
 

@@ -9,8 +9,9 @@ spawn method and one duplex pipe; `engine_main` is its whole life:
    build the `DeviceWorker`, say `EngineHello`;
 2. warm up (a restarted engine takes its predecessor's measured costs and
    thread count instead), start the worker, say `EngineReady`;
-3. serve: the main thread applies the server's commands (each session's
-   conditioner is a `MirrorConditioner` fed by them), the worker thread
+3. serve: the main thread hands the server's commands to the engine core
+   (`EngineCore.handle`, `engine/core.py`: the same contract and the same
+   owner of each session's inputs as in the server's process), the worker thread
    writes frames into the ring and announces them (`FramesReady`), a status
    thread reports the snapshot and the device loop's heartbeat
    (`DeviceWorker.beat_at_s`, written by the loop alone) every
@@ -36,11 +37,12 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from worldcast.engine import messages as cmsg
+from worldcast.engine.core import EngineCore
 from worldcast.engine.device_worker import DeviceWorker
-from worldcast.engine.errors import EngineError, ShmFrameRingFull
+from worldcast.engine.errors import ShmFrameRingFull
 from worldcast.engine.memory import freeze_startup_objects
 from worldcast.engine.process import messages as msg
-from worldcast.engine.process.conditioner import MirrorConditioner
 from worldcast.engine.process.shm_frames import FrameMeta, ShmFrameRing
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.tuning.threads import available_cores
@@ -102,10 +104,10 @@ class EngineProcessCore:
             config = dataclasses.replace(config, torch_threads=1)
         elif spec.thread_share is not None and config.torch_threads is None:
             config = dataclasses.replace(config, reserved_cores=max(0, available_cores() - spec.thread_share))
-        self.worker = DeviceWorker(self.model, config, on_frames=self._on_frames, on_error=self._on_error,
+        self.worker = DeviceWorker(self.model, config, on_frames=self._on_frames, on_error=lambda sid, why: None,
                                    cost=spec.prior_cost)
         self.worker.on_step = self._on_step
-        self.mirrors: dict[str, MirrorConditioner] = {}
+        self.core = EngineCore(self.worker, self._emit)
         self._steps: list[msg.StepRecord] = []
         self._steps_lock = threading.Lock()
         self._stop = threading.Event()
@@ -122,16 +124,20 @@ class EngineProcessCore:
                                "Session(%s)", self.spec.engine_id, f.frame_index, f.session_id)
                 continue
             except ValueError as e:
-                self._on_error(f.session_id, str(e))
+                self.core.handle(cmsg.RemoveSession(f.session_id))
+                self._emit(cmsg.SessionFailed(f.session_id, str(e)))
                 continue
             metas.append(FrameMeta(f.session_id, f.frame_index, idx, tuple(f.image.shape),  # type: ignore[arg-type]
                                    f.present_at_s, f.action_seq, f.epoch, f.timings_ms))
         if metas:
             self.out.send(msg.FramesReady(metas, time.monotonic()))
 
-    def _on_error(self, session_id: str, reason: str) -> None:
-        self.mirrors.pop(session_id, None)
-        self.out.send(msg.SessionFailed(session_id, reason))
+    def _emit(self, ev: cmsg.Event) -> None:
+        """The core's events to the server; a moved session's bytes from the bulk thread."""
+        if isinstance(ev, cmsg.SessionFailed):
+            self.out.send(ev)
+        else:
+            self.out.send_later(ev)
 
     def _on_step(self, plan: StepSchedulerOutput, result: StepRunnerOutput) -> None:
         if plan.kind is None:
@@ -155,54 +161,12 @@ class EngineProcessCore:
 
     # -- commands (main thread) -----------------------------------------------------------------
 
-    def _add(self, m: msg.AddSession) -> None:
-        cond = m.conditioner
-        if m.state is not None:
-            from worldcast.engine.session_state import parse
-
-            carried = parse(m.state, self.model.spec).conditioner
-            cond = carried if carried is not None else cond
-        if cond is None:
-            raise ValueError("a session needs its conditioning")
-        mirror = MirrorConditioner(self.model, cond)
-        self.mirrors[m.session_id] = mirror
-        sid = m.session_id
-        on_restored = None
-        if m.state is not None:  # the restore's outcome goes back (the server's move waits for it)
-            def on_restored(b: bytes | None, error: str | None) -> None:
-                self.out.send_later(msg.SessionRestored(sid, b, error))
-        self.worker.add_session(sid, mirror, seed=m.seed, state=m.state, on_restored=on_restored, verify=m.verify)
-
     def handle(self, m: object) -> bool:
-        """Apply one command; False when the process should end."""
-        if isinstance(m, msg.PushInput):
-            mirror = self.mirrors.get(m.session_id)
-            if mirror is not None:
-                mirror.push(m.delta)
-                self.worker.wake()  # an idle device may start the session's next chunk at once
-        elif isinstance(m, msg.UpdateSession):
-            mirror = self.mirrors.get(m.session_id)
-            if mirror is not None:
-                mirror.update(m.state)
-                self.worker.wake()
-        elif isinstance(m, msg.AddSession):
-            try:
-                self._add(m)
-            except (EngineError, ValueError) as e:  # SessionStateError is both
-                self.mirrors.pop(m.session_id, None)
-                self.out.send(msg.SessionFailed(m.session_id, f"could not start here: {e}"))
-        elif isinstance(m, msg.RemoveSession):
-            self.mirrors.pop(m.session_id, None)
-            self.worker.remove_session(m.session_id)
-        elif isinstance(m, msg.ExportSession):
-            def done(state: bytes | None, error: str | None, m: msg.ExportSession = m) -> None:
-                if state is not None and m.detach:
-                    self.mirrors.pop(m.session_id, None)
-                self.out.send_later(msg.SessionExported(m.request_id, m.session_id, state, error))
-
-            self.worker.export_session(m.session_id, done, detach=m.detach)
-        elif isinstance(m, msg.Shutdown):
+        """Apply one message; False when the process should end."""
+        if isinstance(m, msg.Shutdown):
             return False
+        if isinstance(m, cmsg.Command):
+            self.core.handle(m)
         else:
             logger.warning("engine %d: unknown command %s", self.spec.engine_id, type(m).__name__)
         return True

@@ -8,10 +8,11 @@ in shared memory (`engine/process/shm_frames.py`), and only a moved session's st
 conditioning; later messages carry changes only (vLLM v1's
 `NewRequestData` / `CachedRequestData` split, `vllm/v1/core/sched/output.py`).
 
-Server -> engine: `AddSession`, `RemoveSession`, `UpdateSession`, `PushInput`,
-`ExportSession`, `Shutdown`.
-Engine -> server: `EngineHello`, `EngineReady`, `FramesReady`, `SessionFailed`,
-`EngineStatus`, `SessionExported`, `SessionRestored`, `EngineFatal`.
+The sessions' commands and events are the engine contract's, the same for
+an engine in the server's process (`engine/messages.py`); this module adds
+what only a process needs. Server -> engine: the contract's commands,
+`Shutdown`. Engine -> server: the contract's events, `EngineHello`,
+`EngineReady`, `FramesReady`, `EngineStatus`, `EngineFatal`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import Any
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineConfig, EngineSnapshot
 from worldcast.engine.process.shm_frames import FrameMeta
-from worldcast.engine.rollout import ConditionerState, InputDelta
 from worldcast.engine.step_output import StepKind
 from worldcast.engine.tuning.threads import ThreadChoice
 from worldcast.engine.tuning.warmup import WarmupReport
@@ -79,49 +79,6 @@ class EngineProcessSpec:
 
 
 @dataclass(frozen=True)
-class AddSession:
-    """Start serving a session: a new one (`state` None) or one moved here (`state` its bytes).
-
-    `conditioner` is its full conditioning (`context` given); for a moved session whose bytes
-    carry their conditioner's state, None (the bytes' state is used).
-    """
-
-    session_id: str
-    seed: int
-    conditioner: ConditionerState | None
-    state: bytes | None = None
-    verify: bool = False  #: with `state`: capture it again right after the restore (in `SessionRestored`)
-
-
-@dataclass(frozen=True)
-class RemoveSession:
-    session_id: str
-
-
-@dataclass(frozen=True)
-class UpdateSession:
-    """The session's epoch, wants or conditioning changed (`state.context` None: unchanged)."""
-
-    session_id: str
-    state: ConditionerState
-
-
-@dataclass(frozen=True)
-class PushInput:
-    session_id: str
-    delta: InputDelta
-
-
-@dataclass(frozen=True)
-class ExportSession:
-    """Capture a session's state at its next chunk boundary (and, with `detach`, stop serving it)."""
-
-    request_id: int
-    session_id: str
-    detach: bool = True
-
-
-@dataclass(frozen=True)
 class Shutdown:
     """Stop the device worker and exit."""
 
@@ -157,14 +114,6 @@ class FramesReady:
 
 
 @dataclass(frozen=True)
-class SessionFailed:
-    """A session's step failed; the engine has removed it."""
-
-    session_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
 class StepRecord:
     """One executed step, for the server's metrics."""
 
@@ -185,24 +134,6 @@ class EngineStatus:
     #: CLOCK_MONOTONIC s at which the device loop last came round (`DeviceWorker.beat_at_s`; the host's
     #: processes share the clock); sent by the status thread, written only by the loop
     beat_at_s: float | None = None
-
-
-@dataclass(frozen=True)
-class SessionExported:
-    request_id: int
-    session_id: str
-    state: bytes | None  #: None: see `error`
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class SessionRestored:
-    """A moved session's restore is done (`AddSession.state`): with `AddSession.verify`, its state captured
-    again right after it; `error` where the restore failed (the session is then not on this engine)."""
-
-    session_id: str
-    state: bytes | None = None
-    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -15,42 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worldcast.engine.device_worker import DeviceWorker, EngineConfig
+from worldcast.engine.conditioner import ConditionerState, InputDelta, SessionConditioner
+from worldcast.engine.device_worker import EngineConfig
 from worldcast.engine.engine_handle import EngineHandle
 from worldcast.engine.errors import EngineUnavailable
+from worldcast.engine.local_engine import LocalEngine
 from worldcast.engine.process.client import EngineClient, EngineLaunch, RestartPolicy
-from worldcast.engine.process.conditioner import MirrorConditioner
-from worldcast.engine.rollout import ConditionerState, InputDelta
 from worldcast.engine.step_output import FrameOut
 
 pytestmark = pytest.mark.timeout(600)
 
 FRAMES = 12
-
-
-class Source:
-    """FAKE session (stands in for `Session`, which needs a manager): a fixed conditioning state."""
-
-    def __init__(self, state: ConditionerState) -> None:
-        self.state = state
-
-    def conditioner_state(self) -> ConditionerState:
-        return self.state
-
-    def sample_chunk(self, frames: int):  # type: ignore[no-untyped-def]
-        raise AssertionError("an engine in another process samples its mirror, never the session")
-
-    def current_epoch(self) -> int:
-        return self.state.epoch
-
-    def wants_frames(self) -> bool:
-        return self.state.wants_frames
-
-    def input_version(self) -> int:
-        return self.state.input_version
-
-    def on_input(self, listener):  # type: ignore[no-untyped-def]
-        raise AssertionError("an engine in another process is woken by its input deltas, not the session's inputs")
 
 
 def state(model, held: tuple[str, ...] = ("d",)) -> ConditionerState:  # type: ignore[no-untyped-def]
@@ -93,31 +68,24 @@ def launch(model, **kw) -> EngineLaunch:  # type: ignore[no-untyped-def]
                         log_level=logging.WARNING, **kw)
 
 
-def twin_frames(model, held: tuple[str, ...], seed: int, n: int) -> dict[int, np.ndarray]:  # type: ignore[no-untyped-def]
-    """The same session in this process (its conditioner the same mirror)."""
-    out: dict[int, np.ndarray] = {}
-    lock = threading.Lock()
-
-    def on_frames(frames: list[FrameOut]) -> None:
-        with lock:
-            out.update({f.frame_index: f.image.copy() for f in frames})
-
-    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session(), max_batch=1,
-                                         torch_threads=1), on_frames=on_frames, on_error=lambda s, r: None)
-    w.start()
+async def twin_frames(model, held: tuple[str, ...], seed: int, n: int) -> dict[int, np.ndarray]:  # type: ignore[no-untyped-def]
+    """The same session on an engine in this process, given the same messages through the same contract."""
+    rec = Recorder()
+    e = LocalEngine(0, model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session(), max_batch=1,
+                                           torch_threads=1))
+    rec.attach(e)
+    await e.start(warmup=False)
     try:
-        w.add_session("twin", MirrorConditioner(model, state(model, held)), seed=seed)
-        deadline = time.monotonic() + 120
-        while len(out) < n:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        e.add_session("twin", state(model, held), seed=seed)
+        await until(lambda: rec.count("twin") >= n, what="the twin's frames")
     finally:
-        w.stop()
-    return out
+        await e.aclose()
+    with rec.lock:
+        return {i: f.image.copy() for i, f in rec.frames["twin"].items()}
 
 
 async def test_frames_come_through_shared_memory_as_the_in_process_engine_makes_them(model) -> None:  # type: ignore[no-untyped-def]
-    twin = twin_frames(model, ("d",), 7, FRAMES)
+    twin = await twin_frames(model, ("d",), 7, FRAMES)
     rec = Recorder()
     c = EngineClient(0, launch(model), spec=model.spec)
     rec.attach(c)
@@ -125,7 +93,7 @@ async def test_frames_come_through_shared_memory_as_the_in_process_engine_makes_
     try:
         assert c.state == "ready" and c.pid is not None and c.pid != os.getpid() and c.num_slots == 2
         assert c.frozen_objects > 10_000, "the engine process froze its start-up objects out of collection"
-        c.add_session("s", Source(state(model)), seed=7)
+        c.add_session("s", state(model), seed=7)
         await until(lambda: rec.count("s") >= FRAMES, what="frames")
         with rec.lock:
             got = dict(rec.frames["s"])
@@ -150,8 +118,8 @@ async def test_a_killed_engine_is_noticed_at_once_names_its_sessions_and_comes_b
     rec.attach(c)
     await c.start(warmup=False)
     try:
-        c.add_session("a", Source(state(model)), seed=1)
-        c.add_session("b", Source(state(model)), seed=2)
+        c.add_session("a", state(model), seed=1)
+        c.add_session("b", state(model), seed=2)
         await until(lambda: rec.count("a") >= 3 and rec.count("b") >= 3, what="frames")
         await until(lambda: bool(c.snapshot.cost.snapshot()), what="measured costs")
         old = c.pid
@@ -163,35 +131,41 @@ async def test_a_killed_engine_is_noticed_at_once_names_its_sessions_and_comes_b
         assert sorted(sids) == ["a", "b"] and "SIGKILL" in reason, reason
         assert c.losses == 1 and c.session_ids == set()
         with pytest.raises(EngineUnavailable):
-            c.add_session("c", Source(state(model)), seed=3)  # admission places nothing on a lost engine
+            c.add_session("c", state(model), seed=3)  # admission places nothing on a lost engine
         logging.getLogger(__name__).info("kill -> lost in %.3f s", at - t_kill)
         await until(lambda: c.state == "ready", what="the restart")
         assert c.pid not in (None, old) and c.restarts == 1
         assert states == ["ready", "lost", "restarting", "ready"], states
         n = rec.count("c")
-        c.add_session("c", Source(state(model)), seed=3)
+        c.add_session("c", state(model), seed=3)
         await until(lambda: rec.count("c") >= n + 3, what="frames from the restarted engine")
     finally:
         await c.aclose()
 
 
-async def test_a_session_moves_between_processes_byte_for_byte_and_goes_on_as_its_twin(model) -> None:  # type: ignore[no-untyped-def]
-    twin = twin_frames(model, ("w", "d"), 11, FRAMES)
+@pytest.mark.parametrize("source", ["process", "local"])
+async def test_a_session_moves_between_engines_byte_for_byte_and_goes_on_as_its_twin(model, source) -> None:  # type: ignore[no-untyped-def]
+    """Between two engine processes, and from an engine in this process to an engine process: one contract and
+    one state format, so the moved session's frames are its unmoved twin's."""
+    twin = await twin_frames(model, ("w", "d"), 11, FRAMES)
     rec = Recorder()
-    a, b = EngineClient(0, launch(model), spec=model.spec), EngineClient(1, launch(model), spec=model.spec)
+    a: EngineHandle = (EngineClient(0, launch(model), spec=model.spec) if source == "process" else
+                       LocalEngine(0, model, launch(model).config))
+    b = EngineClient(1, launch(model), spec=model.spec)
     rec.attach(a)
     rec.attach(b)
     await asyncio.gather(a.start(warmup=False), b.start(warmup=False))
     try:
-        src = Source(state(model, ("w", "d")))
+        src = state(model, ("w", "d"))
         a.add_session("m", src, seed=11)
         a.push_input("m", InputDelta(held=("w", "d"), seq=0))  # a seq for the same keys: nothing changes
         await until(lambda: rec.count("m") >= 4, what="frames on A")
         blob = await a.export_session("m")
         n_a = rec.count("m")
-        assert a.session_ids == set()
-        restored = await b.import_session("m", src, seed=0, state=blob, verify=True)
+        assert a.session_ids == set() and not a.holds("m")
+        restored = await b.import_session("m", src, seed=0, blob=blob, verify=True)
         assert restored == blob, "B's state right after the restore differs from what left A"
+        assert b.holds("m")
         await until(lambda: rec.count("m") >= FRAMES, what="frames on B")
     finally:
         await asyncio.gather(a.aclose(), b.aclose())
@@ -209,19 +183,21 @@ async def test_an_engine_that_cannot_start_says_why(model, tmp_path: Path) -> No
     await c.aclose()
 
 
-def test_a_mirror_counts_the_inputs_it_is_pushed(model) -> None:  # type: ignore[no-untyped-def]
-    """An engine process's conditioner answers `input_version` as the session's does: one per action message
-    (a `clear` is not an input), read together with the actions a chunk samples; a state update keeps it."""
-    mirror = MirrorConditioner(model, dataclasses.replace(state(model, held=()), input_version=5))
-    assert mirror.input_version() == 5
-    mirror.push(InputDelta(held=("d",), seq=0))
-    mirror.push(InputDelta(held=("d",), seq=1, mouse=(2.0, 0.0)))
-    mirror.push(InputDelta(held=(), seq=1, clear=True))  # the client left: keys released, not an input
-    assert mirror.input_version() == 7
-    assert mirror.sample_chunk(model.spec.frames_per_chunk).input_version == 7
-    mirror.update(dataclasses.replace(state(model), epoch=1, context=None))
-    assert mirror.input_version() == 7 and mirror.current_epoch() == 1
-    assert mirror.conditioner_state().input_version == 7, "a move carries the count"
+def test_a_session_conditioner_counts_the_inputs_it_is_pushed(model) -> None:  # type: ignore[no-untyped-def]
+    """The engine's owner of a session's inputs answers `input_version` as one per action message (a `clear` is not
+    an input), read together with the actions a chunk samples; a state update keeps it; a stale message (held
+    None) moves the mouse and leaves the keys."""
+    cond = SessionConditioner(model, dataclasses.replace(state(model, held=()), input_version=5))
+    assert cond.input_version() == 5
+    cond.push(InputDelta(held=("d",), seq=0))
+    cond.push(InputDelta(held=None, seq=0, mouse=(2.0, 0.0)))  # reordered: movement only
+    assert cond.conditioner_state().held == ("d",) and cond.conditioner_state().mouse == (2.0, 0.0)
+    cond.push(InputDelta(held=(), seq=1, clear=True))  # the client left: keys released, not an input
+    assert cond.input_version() == 7 and cond.conditioner_state().mouse == (0.0, 0.0)
+    assert cond.sample_chunk(model.spec.frames_per_chunk).input_version == 7
+    cond.update(dataclasses.replace(state(model), epoch=1, context=None))
+    assert cond.input_version() == 7 and cond.current_epoch() == 1
+    assert cond.conditioner_state().input_version == 7, "a move carries the count"
 
 
 def test_an_engine_launch_pins_the_compile_cache_for_every_incarnation(model, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]

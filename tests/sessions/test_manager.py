@@ -49,7 +49,7 @@ async def test_frames_reach_the_sessions_sinks(model) -> None:  # type: ignore[n
         m.close(s.id)
         with pytest.raises(SessionNotFound):
             m.get(s.id)
-        await wait_for(lambda: m.worker.pool.free_slots == m.worker.pool.num_slots)
+        await wait_for(lambda: m.engines[0].worker.pool.free_slots == m.engines[0].worker.pool.num_slots)
     finally:
         await m.aclose()
 
@@ -112,7 +112,7 @@ async def test_resume_wakes_an_idle_worker_at_once(model) -> None:  # type: igno
         s.attach_sink(sink)
         await wait_for(lambda: len(sink.frames) >= 3)
         s.cancel()
-        await wait_for(lambda: m.worker.snapshot.queue_depth == 0)  # the worker has gone to sleep
+        await wait_for(lambda: m.engines[0].worker.snapshot.queue_depth == 0)  # the worker has gone to sleep
         n = len(sink.frames)
         s.resume()
         await wait_for(lambda: len(sink.frames) >= n + 3, timeout_s=60)
@@ -120,14 +120,18 @@ async def test_resume_wakes_an_idle_worker_at_once(model) -> None:  # type: igno
         await m.aclose()
 
 
-async def test_a_local_engine_hears_actions_from_the_inputs_not_through_the_manager(model) -> None:  # type: ignore[no-untyped-def]
-    """A local engine reads `session.inputs` itself: no input delta is built for it (no `on_change`), and each
-    push wakes its worker straight from the inputs' listener: once on an ACTIVE session, and on an IDLE one
-    also once for its state change (the worker folds the two into one pass). After the close nothing is left
-    registered on the inputs."""
+async def test_a_local_engine_takes_the_same_messages_as_an_engine_process(model) -> None:  # type: ignore[no-untyped-def]
+    """The engine contract: the manager sends a local engine the session's changes as commands (`PushInput`,
+    `UpdateSession`), applied by its core, which owns the session's inputs; each action wakes the worker once on
+    an ACTIVE session, and on an IDLE one also once for its state change (the worker folds the two into one
+    pass). After the close the core holds nothing of the session."""
     m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**24),
                        config=SessionConfig(tick_s=3600, warmup=False))
-    worker = m.engines[0].worker  # type: ignore[attr-defined]
+    engine = m.engines[0]
+    worker = engine.worker  # type: ignore[attr-defined]
+    sent: list[str] = []
+    real_send = engine._send
+    engine._send = lambda cmd: (sent.append(type(cmd).__name__), real_send(cmd))  # type: ignore[method-assign]
     wakes: list[SessionState] = []
     real_wake = worker.wake
     s_box: list = []  # type: ignore[type-arg]
@@ -136,23 +140,24 @@ async def test_a_local_engine_hears_actions_from_the_inputs_not_through_the_mana
         wakes.append(s_box[0].state if s_box else None)
         real_wake()
 
-    worker.wake = wake  # counts the calls, from the listener registered at add_session and from the manager
+    worker.wake = wake
     await m.start()
     try:
         s = await m.create(seed=6)
         s_box.append(s)
-        assert not m.engines[0].mirrors_inputs and s.inputs.actions.on_change is None
         s.activate()
-        del wakes[:]
+        del wakes[:], sent[:]
         s.inputs.push(0, ["w"], (0.0, 0.0))
-        assert wakes == [SessionState.ACTIVE], "one wake per action on an ACTIVE session"
+        assert sent == ["PushInput"] and wakes == [SessionState.ACTIVE], "one command and one wake per action"
+        assert engine.core.conditioner(s.id).conditioner_state().held == ("w",)  # type: ignore[attr-defined]
         s.tick(s.clock() + 3600)
-        assert s.state == SessionState.IDLE
-        del wakes[:]
+        assert s.state == SessionState.IDLE and sent == ["PushInput", "UpdateSession"]
+        del wakes[:], sent[:]
         s.inputs.push(1, [], (1.0, 0.0))
+        assert sent == ["UpdateSession", "PushInput"], sent
         assert wakes == [SessionState.ACTIVE, SessionState.ACTIVE], "state change, then the input; both see ACTIVE"
         m.close(s.id)
-        assert s.inputs._input_listeners == (), "the engine's listener is removed with the session"
+        assert sent[-1] == "RemoveSession" and engine.core.conditioner(s.id) is None  # type: ignore[attr-defined]
     finally:
         await m.aclose()
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.fakes import FakeClock
+from tests.fakes import EngineSide, FakeClock
 from worldcast.engine.step_output import FrameOut
 from worldcast.models.spec import ConditioningRequest
 from worldcast.sessions.errors import InvalidAction, SessionClosedError
@@ -62,10 +62,11 @@ def test_async_callbacks_are_refused(model) -> None:  # type: ignore[no-untyped-
 
 def test_sample_chunk_encodes_held_keys_and_prompt(model) -> None:  # type: ignore[no-untyped-def]
     s = make(model)
+    engine = EngineSide(s)
     s.inputs.push(3, ["d", "shift"], (8, 0))
     emb = np.ones(384, np.float32)
     s.set_prompt("lava", {"prompt": emb})
-    ci = s.inputs.sample_chunk(1)
+    ci = engine.cond.sample_chunk(1)
     assert ci.actions.shape == (1, 8) and ci.actions[0, 3] == 1 and ci.actions[0, 5] == 1
     assert ci.action_seq == 3 and ci.epoch == 0 and np.array_equal(ci.context["prompt"], emb)
     assert ci.context_version == 1 and s.prompt == "lava" and s.conditioning.text == "lava"
@@ -116,6 +117,7 @@ def test_invalid_action_changes_nothing(model) -> None:  # type: ignore[no-untyp
 
 def test_last_viewer_leaving_idles_the_session(model) -> None:  # type: ignore[no-untyped-def]
     s = make(model)
+    engine = EngineSide(s)
     a, b = ListSink(), ListSink()
     s.attach_sink(a)
     s.attach_sink(b)
@@ -124,26 +126,26 @@ def test_last_viewer_leaving_idles_the_session(model) -> None:  # type: ignore[n
     assert s.state == SessionState.ACTIVE and s.inputs.wants_frames()
     s.detach_sink(b)
     assert s.state == SessionState.IDLE and not s.inputs.wants_frames()
-    assert not s.inputs.sample_chunk(1).actions[0, :4].any()  # held keys released
+    assert not engine.cond.sample_chunk(1).actions[0, :4].any()  # held keys released
+    assert not engine.cond.wants_frames(), "the engine was told the session is idle"
 
 
-def test_each_action_bumps_the_input_counter_the_engine_reads(model) -> None:  # type: ignore[no-untyped-def]
-    """An idle device starts the next chunk when an input arrives: the session's inputs count its actions, say
-    so at once to the engine's listener (`on_input`: a local engine's worker wake) after the count and the
-    session's own state change, and a chunk reports the count it sampled at. A removed listener hears nothing."""
+def test_each_action_goes_to_the_engine_after_the_session_is_active(model) -> None:  # type: ignore[no-untyped-def]
+    """An idle device starts the next chunk when an input arrives: the session's inputs send each accepted action
+    to the engine at once, after telling it the session wants frames (so the woken engine sees it ACTIVE); the
+    engine counts the actions and a chunk reports the count it sampled at. A refused message sends nothing; an
+    unchanged epoch, wants and conditioning are not sent again."""
     s = make(model)
-    heard: list[tuple[int, SessionState]] = []
-    remove = s.inputs.on_input(lambda: heard.append((s.inputs.input_version(), s.state)))
-    assert s.inputs.input_version() == 0 and s.inputs.sample_chunk(1).input_version == 0
+    engine = EngineSide(s)
+    assert engine.cond.input_version() == 0 and not engine.cond.wants_frames()
     s.inputs.push(0, ["w"], (0.0, 0.0))
     s.inputs.push(1, [], (3.0, 0.0))
-    assert s.inputs.input_version() == 2
-    assert heard == [(1, SessionState.ACTIVE), (2, SessionState.ACTIVE)], "told after the count and ACTIVE"
-    assert s.inputs.sample_chunk(1).input_version == 2
+    kinds = [type(m).__name__ for m in engine.log]
+    assert kinds == ["ConditionerState", "InputDelta", "InputDelta"], kinds
+    assert engine.log[0].wants_frames and engine.log[0].epoch == 0  # type: ignore[attr-defined]
+    assert engine.cond.input_version() == 2 and engine.cond.sample_chunk(1).input_version == 2
     with pytest.raises(InvalidAction):
         s.inputs.push(-1, ["w"], (0.0, 0.0))
-    assert s.inputs.input_version() == 2 and len(heard) == 2, "a refused message is not an input"
-    remove()
-    remove()  # idempotent
-    s.inputs.push(2, [], (0.0, 0.0))
-    assert s.inputs.input_version() == 3 and len(heard) == 2, "a removed listener is not called"
+    assert len(engine.log) == 3 and engine.cond.input_version() == 2, "a refused message is not an input"
+    s.flush()
+    assert engine.cond.current_epoch() == 1 and len(engine.log) == 4

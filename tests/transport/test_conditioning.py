@@ -73,11 +73,11 @@ BAD = [
 
 @pytest.mark.parametrize("body, detail", BAD, ids=[d.split(":")[0] + str(i) for i, (_, d) in enumerate(BAD)])
 def test_a_bad_conditioning_is_a_precise_422_and_allocates_nothing(palette, http, body, detail) -> None:  # type: ignore[no-untyped-def]
-    before = (len(palette.manager.sessions), palette.manager.worker.free_slots)
+    before = (len(palette.manager.sessions), palette.manager.engines[0].worker.free_slots)
     r = http.post("/v1/sessions", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["detail"].startswith(detail), r.json()
-    assert (len(palette.manager.sessions), palette.manager.worker.free_slots) == before
+    assert (len(palette.manager.sessions), palette.manager.engines[0].worker.free_slots) == before
 
 
 def test_an_image_over_the_model_s_byte_limit_is_refused_before_decoding(http: httpx.Client) -> None:

@@ -50,10 +50,10 @@ async def test_close_cancels_every_task_then_awaits_them_and_detaches_once(model
     s, conn, _, _ = make(model)
     sink = RecordingSink()
     s.attach_sink(sink)
-    controls: list[object] = []
-    conn.subscribe(s.on("control", lambda _s, what: controls.append(what)))
-    s.pause()
-    assert controls == ["pause"]
+    states: list[object] = []
+    conn.subscribe(s.on("state", lambda _s, st: states.append(st)))
+    s.tick(s.clock() + 3600)
+    assert states == [SessionState.IDLE]
     cleaned: list[str] = []
 
     async def worker(name: str) -> None:
@@ -75,8 +75,8 @@ async def test_close_cancels_every_task_then_awaits_them_and_detaches_once(model
     assert all(t is not None and t.cancelled() for t in tasks) and sorted(cleaned) == ["a", "b"]
     assert after_ran.is_set() and conn.closed.is_set() and conn.feedback.closed
     assert s.sink_count == 0 and not conn.tasks
-    s.resume()  # an event after the close reaches no one
-    assert controls == ["pause"]
+    s.activate()  # an event after the close reaches no one
+    assert states == [SessionState.IDLE]
     assert await conn.aclose(sink=sink) is False  # idempotent: nothing is done twice
     assert s.state != SessionState.CLOSED  # the core closes the connection, never the session
 

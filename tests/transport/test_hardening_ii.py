@@ -82,7 +82,7 @@ def test_livekit_uses_the_common_scale_rule_and_failed_creates_free_everything(m
     for srv in _serve(cfg, model):
         worlds = srv.app.state.livekit  # type: ignore[attr-defined]
         assert worlds.video_scale == cfg.scale_for(model) == 4  # 64 px -> 256 px, as WebRTC and fMP4
-        pool = srv.manager.worker.pool
+        pool = srv.manager.engines[0].worker.pool
         with httpx.Client(base_url=srv.url, timeout=60) as http:
             for i in range(4):  # more than the 2 slots: a leak would show as a 503
                 # a room the server names: the join fails; a named room: asking the room service whether another

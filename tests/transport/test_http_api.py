@@ -225,7 +225,7 @@ def test_readyz_reports_a_dead_device_worker(model) -> None:  # type: ignore[no-
     for srv in _serve(server_config(), model):
         with httpx.Client(base_url=srv.url, timeout=30) as c:
             assert c.get("/readyz").status_code == 200
-            srv.manager.worker.stop()
+            srv.manager.engines[0].worker.stop()
             r = c.get("/readyz")
             assert r.status_code == 503 and r.json()["status"] == "not ready"
             assert c.get("/healthz").status_code == 200

@@ -20,7 +20,7 @@ async def test_scrapes_and_admission_while_sessions_come_and_go(model) -> None: 
                        config=SessionConfig(tick_s=3600, warmup=False,
                                             admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=4)))
     metrics = Metrics(m)
-    m.worker.on_step, m.on_frame, m.on_admission = metrics.on_step, metrics.on_frame, metrics.on_admission
+    m.engines[0].worker.on_step, m.on_frame, m.on_admission = metrics.on_step, metrics.on_frame, metrics.on_admission
     await m.start()
     errors: list[BaseException] = []
     scrapes = [0]
@@ -31,9 +31,9 @@ async def test_scrapes_and_admission_while_sessions_come_and_go(model) -> None: 
             try:
                 text = generate_latest(metrics.registry).decode()
                 assert "worldcast_kv_pool_bytes" in text and "worldcast_device_degraded" in text
-                snap = m.worker.snapshot
+                snap = m.engines[0].worker.snapshot
                 assert 0 <= snap.slots_used <= snap.slots_total and snap.used_bytes <= snap.budget_bytes
-                m.worker.active_capacity(0.85)
+                m.engines[0].worker.active_capacity(0.85)
                 scrapes[0] += 1
                 stop.wait(0.002)  # hundreds of scrapes a second, and the GIL left to the device thread
             except BaseException as e:  # noqa: BLE001 - collected and re-raised below
@@ -44,7 +44,7 @@ async def test_scrapes_and_admission_while_sessions_come_and_go(model) -> None: 
     for t in scrapers:
         t.start()
     try:
-        steps_before = m.worker.steps_run
+        steps_before = m.engines[0].worker.steps_run
         created = 0
         loop = asyncio.get_running_loop()
         give_up = loop.time() + 120
@@ -62,8 +62,8 @@ async def test_scrapes_and_admission_while_sessions_come_and_go(model) -> None: 
             if len(m.sessions) >= 3:  # keep two open (steps run batched) while others come and go
                 m.close(next(iter(m.sessions)))
         deadline = asyncio.get_running_loop().time() + 60
-        while m.worker.steps_run < steps_before + 50 or scrapes[0] < 20:
-            assert asyncio.get_running_loop().time() < deadline, (m.worker.steps_run, scrapes[0])
+        while m.engines[0].worker.steps_run < steps_before + 50 or scrapes[0] < 20:
+            assert asyncio.get_running_loop().time() < deadline, (m.engines[0].worker.steps_run, scrapes[0])
             await asyncio.sleep(0.02)
     finally:
         stop.set()
@@ -71,4 +71,4 @@ async def test_scrapes_and_admission_while_sessions_come_and_go(model) -> None: 
             t.join(10)
         await m.aclose()
     assert not errors, errors[0]
-    assert created == 12 and m.worker.alive is False
+    assert created == 12 and m.engines[0].worker.alive is False

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.fakes import FakeClock
+from tests.fakes import EngineSide, FakeClock
 from worldcast.engine.rollout import ChunkRollout
 from worldcast.engine.state_pool import StatePool
 from worldcast.models.spec import ConditioningRequest
@@ -82,6 +82,7 @@ async def test_a_500_emoji_prompt_fits_as_utf8(rpc: RpcHandler) -> None:
 
 
 def test_actions_report_stale_seqs_and_one_wild_seq_does_not_freeze(session: Session) -> None:
+    engine = EngineSide(session)
     h = ActionHandler(session.inputs, guard=InputGuard(InputLimits(report_interval_s=1.0)))
 
     def send(seq: int, keys: list[str], t: float) -> list:  # type: ignore[type-arg]
@@ -93,7 +94,7 @@ def test_actions_report_stale_seqs_and_one_wild_seq_does_not_freeze(session: Ses
     assert "not newer than 5" in ev["message"]
     assert send(2**53, ["space"], 0.1) == []
     assert send(6, ["d"], 0.2) == []  # the client's next message is applied: nothing frozen
-    assert session.inputs.actions.last_seq == 6 and session.inputs.sample_chunk(1).actions[0, 3] == 1  # d held
+    assert session.inputs.actions.last_seq == 6 and engine.cond.sample_chunk(1).actions[0, 3] == 1  # d held
     assert send(4, [], 0.3) == []  # stale again: coalesced into the next summary
     (summary,) = h.guard.drain(1.0)
     assert summary["event"] == "action_ignored" and summary["count"] == 1 and summary["seq"] == 4
@@ -111,34 +112,34 @@ def test_actions_are_refused_by_size_and_rate_before_parsing(session: Session) -
 
 
 def test_an_action_passes_the_session_side_once_handler_inputs_chunk(session: Session, model) -> None:  # type: ignore[no-untyped-def]
-    """One pass: the handler pushes into `session.inputs`, the engine's rollout samples its next chunk from that
-    same object; the session hears of the push through its listener (ACTIVE), then the engine through the
-    inputs' own (`on_input`, the device's wake-up). A push to a closed session is refused and changes nothing
-    the engine reads."""
+    """One pass: the handler pushes into `session.inputs`, which tell the session (ACTIVE) and then send the
+    engine its wants and the action; the engine's rollout samples its next chunk from the session's conditioner
+    there. A push to a closed session is refused and sends the engine nothing."""
+    engine = EngineSide(session)
     pool = StatePool(model.spec.states, budget_bytes=model.spec.state_bytes_per_session())
-    r = ChunkRollout("sid", model, pool, session.inputs, seed=0)  # the real rollout over the session's inputs
+    r = ChunkRollout("sid", model, pool, engine.cond, seed=0)  # the real rollout over the engine's conditioner
     r.init(0.0)
     h = ActionHandler(session.inputs)
     seen: list[tuple[str, object]] = []
     session.on("state", lambda s, st: seen.append(("state", st)))
-    session.inputs.on_input(lambda: seen.append(("input", session.inputs.input_version())))
-    assert session.state == SessionState.CREATED and not session.inputs.wants_frames()
+    assert session.state == SessionState.CREATED and not engine.cond.wants_frames()
     assert h.receive(json.dumps({"seq": 4, "t": 0, "keys": ["d"], "mouse": [8, 0]}), 0.0, coalesce=False) == []
-    assert seen == [("state", SessionState.ACTIVE), ("input", 1)], "ACTIVE first, then the device's wake-up"
-    assert session.inputs.wants_frames() and session.inputs.input_version() == 1
+    assert seen == [("state", SessionState.ACTIVE)]
+    assert [type(m).__name__ for m in engine.log] == ["ConditionerState", "InputDelta"], "wants first, then the action"
+    assert engine.cond.wants_frames() and engine.cond.input_version() == 1
     r.begin_chunk(0.0, 0.05)
     assert r.staged is not None
     got = r.staged.inputs
     assert got.action_seq == 4 and got.input_version == 1 and got.epoch == 0
     assert got.actions.shape[0] == model.spec.chunk_pixel_frames(1) and (got.actions[:, 3] == 1).all()  # d held
-    assert session.inputs.conditioner_state().mouse == (0.0, 0.0), "the chunk consumed the movement"
+    assert engine.cond.conditioner_state().mouse == (0.0, 0.0), "the chunk consumed the movement"
     r.abort_chunk()
 
     session.close(CloseReason.CLIENT)
-    before, seen[:] = session.inputs.conditioner_state(), []
+    before, sent = engine.cond.conditioner_state(), len(engine.log)
     (ev,) = h.receive(json.dumps({"seq": 5, "t": 0, "keys": ["w"], "mouse": [3, 0]}), 0.1, coalesce=False)
     assert ev["event"] == "action_rejected" and "closed" in ev["message"]
-    assert session.inputs.conditioner_state() == before and seen == [] and not session.inputs.wants_frames()
+    assert engine.cond.conditioner_state() == before and len(engine.log) == sent and not session.inputs.wants_frames()
 
 
 def test_deep_nesting_is_refused_whatever_the_callers_stack_depth() -> None:

@@ -187,7 +187,7 @@ class LiveKitWorld:
             self._spawn(self.remove_participant(p.identity, "joined after its token's TTL"))
             return
         try:
-            self.session.inputs.actions.new_client()
+            self.session.inputs.new_client()
             self.session.attach_sink(self.sink)
         except Exception:  # noqa: BLE001 - the session closed meanwhile
             logger.info("%r: user %s joined a closed session", self, p.identity)

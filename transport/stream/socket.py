@@ -309,7 +309,7 @@ class StreamSocket:
         conn.spawn(self._control_loop(), name=f"ws-control-{s.id}")
         try:
             assert sender is not None and receiver is not None, "run() on a closed stream"
-            s.inputs.actions.new_client()
+            s.inputs.new_client()
             s.attach_sink(self.tap)  # a directed session's gate lets through only its open segment's frames
             await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
             for t in (sender, receiver):

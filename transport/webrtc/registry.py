@@ -91,7 +91,7 @@ class PeerRegistry:
                 self.pending[session.id] = peer
             else:
                 self.live[session.id] = peer
-                session.inputs.actions.new_client()
+                session.inputs.new_client()
         if old_pending is not None:
             await old_pending.aclose("superseded")
         return answer
@@ -103,7 +103,7 @@ class PeerRegistry:
         del self.pending[sid]
         old = self.live.get(sid)
         self.live[sid] = peer
-        peer.session.inputs.actions.new_client()  # the new client's seq numbering starts afresh
+        peer.session.inputs.new_client()  # the new client's seq numbering starts afresh
         if old is not None:
             logger.info("%r: replaced by a renegotiated peer", old.session)
             t = asyncio.get_running_loop().create_task(old.aclose("replaced"), name=f"replace-{sid}")

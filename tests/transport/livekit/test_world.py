@@ -48,7 +48,7 @@ async def test_join_stream_act_and_leave(lk_server) -> None:  # type: ignore[no-
     from worldcast.transport.clients.livekit import LiveKitUser
 
     manager = lk_server.manager
-    free_before = manager.worker.pool.free_slots
+    free_before = manager.engines[0].worker.pool.free_slots
     # the default world (the meadow), as a new user first sees it
     u = await LiveKitUser.create(lk_server.url, room="join-1", seed=2, stamp_frames=True)
     try:
@@ -112,7 +112,7 @@ async def test_join_stream_act_and_leave(lk_server) -> None:  # type: ignore[no-
         await u.aclose()
     # leaving closes the session and frees its slot
     await until(lambda: sid not in manager.sessions, "session closed after the user left")
-    await until(lambda: manager.worker.pool.free_slots == free_before, "KV slot freed")
+    await until(lambda: manager.engines[0].worker.pool.free_slots == free_before, "KV slot freed")
 
 
 async def test_each_rpc_has_its_effect(lk_server) -> None:  # type: ignore[no-untyped-def]

@@ -8,7 +8,6 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from worldcast.engine.local_engine import LocalEngine
 from worldcast.sessions.manager import SessionManager
 from worldcast.transport.dreamverse.http import SERVICE
 
@@ -41,8 +40,8 @@ async def readyz(request: Request) -> JSONResponse:
             c = e.config
             reasons.append(f"engine {e.id}: device step running "
                            f"{e.stalled_s + c.stall_factor * c.step_timeout_s:.1f} s (stalled)")
-        elif isinstance(e, LocalEngine) and not e.worker.alive:
-            reasons.append(e.worker.last_error or "device worker stopped")
+        elif (dead := e.dead_reason()) is not None:
+            reasons.append(dead)
         else:
             reasons.append(f"engine {e.id} {e.state}" + (f": {e.last_error}" if e.last_error else ""))
     return JSONResponse({"status": "not ready", "reason": "; ".join(reasons), "engines": engines},

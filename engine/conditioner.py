@@ -1,0 +1,160 @@
+"""SessionConditioner: the one owner of a session's inputs, on the engine, whichever kind of engine it is.
+
+The server sends an engine the same messages whether the engine runs on a
+thread of the server's process (`engine/local_engine.py`) or in a process of
+its own (`engine/process/`): `engine/messages.py`. Two of them carry inputs,
+and this class keeps what they say, so the device thread answers a
+rollout's `Conditioner` calls (`engine/rollout.py`) without asking the
+server anything:
+
+- `InputDelta` (`PushInput`), one per accepted action message and one when a
+  client comes or goes: the held keys (None: unchanged; the server's action
+  gate, `sessions/actions.py`, decided the message was a reordered, older
+  one, so only its movement counts), the newest seq, and the mouse movement
+  to add. Held keys are state; movement is summed until a chunk samples it.
+- `ConditionerState` (`AddSession`, `UpdateSession`): the flush epoch,
+  whether the session wants frames, and the encoded conditioning with its
+  version (the arrays only when the version changed). These are what the
+  user asked of the session (flush, cancel, pause, a prompt), decided by the
+  server and applied here at the next step boundary.
+
+The conditioner counts the inputs it is pushed (`input_version`: every
+`InputDelta` that is not a `clear` is one action message), so a chunk can
+start early on a fresh input (`engine/step_scheduler.py`). A move carries
+its whole state (`conditioner_state`, in the session's state bytes:
+`engine/session_state.py`).
+
+Flush guarantees stay with the server: it drops frames of an older epoch at
+delivery (`Session.deliver`), so an engine that learns of a flush a message
+later only costs that chunk's compute.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from worldcast.engine.rollout import ChunkInputs
+from worldcast.models.base import WorldModel
+from worldcast.models.spec import Conditioning
+
+
+@dataclass(frozen=True)
+class InputDelta:
+    """One change of a session's inputs (`PushInput`).
+
+    Attributes:
+        held: names of the keys held now; None: unchanged (a reordered, older message: movement only).
+        seq: the newest applied action seq (-1: none).
+        mouse: (dx, dy) mouse counts to add to the pending movement.
+        clear: drop the pending movement before adding `mouse` (a new client, or every key released); not
+            counted as an input.
+    """
+
+    held: tuple[str, ...] | None
+    seq: int
+    mouse: tuple[float, float] = (0.0, 0.0)
+    clear: bool = False
+
+
+@dataclass(frozen=True)
+class ConditionerState:
+    """What a session's conditioner answers, as one value.
+
+    Attributes:
+        epoch: the flush epoch.
+        wants_frames: whether the session should generate now.
+        context_version: bumped on every conditioning change.
+        context: the encoded conditioning ({name: array}); None in an update whose version did not change.
+        held: keys held now.
+        seq: newest applied action seq (-1: none).
+        mouse: pending (dx, dy) mouse counts not yet sampled by a chunk.
+        input_version: actions pushed so far (`Conditioner.input_version`).
+    """
+
+    epoch: int
+    wants_frames: bool
+    context_version: int
+    context: Conditioning | None
+    held: tuple[str, ...] = ()
+    seq: int = -1
+    mouse: tuple[float, float] = (0.0, 0.0)
+    input_version: int = 0
+
+
+class SessionConditioner:
+    """A session's inputs on its engine, and its `Conditioner` (thread-safe: fed by the thread that applies the
+    server's messages, read by the device thread).
+
+    Args:
+        model: the engine's model (`encode_action`, the key names).
+        state: the session's full state (its `context` must be given).
+
+    Raises:
+        ValueError: `state.context` is None.
+    """
+
+    def __init__(self, model: WorldModel, state: ConditionerState) -> None:
+        if state.context is None:
+            raise ValueError("a session's conditioner starts from a full state (context given)")
+        self.model = model
+        self._keys = model.spec.actions.keys
+        self._lock = threading.Lock()
+        self._state = state
+        self._mouse = list(state.mouse)
+
+    # -- applied from the server's messages ------------------------------------------------------------
+
+    def update(self, state: ConditionerState) -> None:
+        """Take a new epoch / wants / conditioning (the context kept when `state.context` is None; held keys,
+        movement and the input counter are this conditioner's own and stay)."""
+        with self._lock:
+            ctx = state.context if state.context is not None else self._state.context
+            self._state = replace(self._state, epoch=state.epoch, wants_frames=state.wants_frames,
+                                  context_version=state.context_version, context=ctx)
+
+    def push(self, delta: InputDelta) -> None:
+        """Apply one input change."""
+        with self._lock:
+            if delta.clear:
+                self._mouse = [0.0, 0.0]
+            self._mouse[0] += delta.mouse[0]
+            self._mouse[1] += delta.mouse[1]
+            inputs = self._state.input_version + (0 if delta.clear else 1)
+            held = self._state.held if delta.held is None else tuple(delta.held)
+            self._state = replace(self._state, held=held, seq=delta.seq, input_version=inputs)
+
+    # -- Conditioner (device thread) --------------------------------------------------------------------
+
+    def sample_chunk(self, frames: int) -> ChunkInputs:
+        """The freshest actions for the next `frames` pixel frames (float32 (frames, A): held keys on every
+        frame, the pending movement split evenly over them and consumed) and the conditioning."""
+        with self._lock:  # one lock: the counter and the actions it claims are read together
+            st = self._state
+            dx, dy = self._mouse
+            self._mouse = [0.0, 0.0]
+        held = {k: (k in st.held) for k in self._keys}
+        m = (dx / frames, dy / frames)
+        vecs = np.stack([self.model.encode_action(dict(held), m) for _ in range(frames)])
+        assert st.context is not None
+        return ChunkInputs(actions=vecs, context=st.context, action_seq=st.seq, epoch=st.epoch,
+                           context_version=st.context_version, input_version=st.input_version)
+
+    def current_epoch(self) -> int:
+        with self._lock:
+            return self._state.epoch
+
+    def wants_frames(self) -> bool:
+        with self._lock:
+            return self._state.wants_frames
+
+    def input_version(self) -> int:
+        with self._lock:
+            return self._state.input_version
+
+    def conditioner_state(self) -> ConditionerState:
+        """The whole state, pending movement included (what a move carries)."""
+        with self._lock:
+            return replace(self._state, mouse=(self._mouse[0], self._mouse[1]))
