@@ -25,7 +25,7 @@ its whole state (`conditioner_state`, in the session's state bytes:
 `engine/session_state.py`).
 
 Flush guarantees stay with the server: it drops frames of an older epoch at
-delivery (`Session.deliver`), so an engine that learns of a flush a message
+delivery (`FramePipeline.is_current`, `sessions/frames.py`), so an engine that learns of a flush a message
 later only costs that chunk's compute.
 """
 

@@ -26,7 +26,7 @@ others: the first is cancelled (its conditioner bumps the epoch and stops
 wanting frames, as `Session.cancel` does), the second raises in its step,
 the third produces NaN. It reports, per fault, the steps of the victim that
 started after the fault, the victim's frames out of the engine after it and
-those a session would publish (its current epoch; `Session.deliver` drops
+those a session would publish (its current epoch; `FramePipeline.is_current`, `sessions/frames.py`, drops
 older ones), whether the
 victim was ended with an error, and how many deadlines (frames more than one
 frame period late) the other sessions missed in the second after it and, for
@@ -136,7 +136,7 @@ def run_faults(model: WorldModel, *, sessions: int, seconds: float, threads: int
         with col.lock:
             after = [s for s in col.steps if s[0] >= t_fault and name in s[1]]
             out_after = [f for f in col.frames if f[0] == name and f[2] >= t_fault]
-            # a session publishes only frames of its current epoch (Session.deliver drops the rest)
+            # a session publishes only frames of its current epoch (FramePipeline.is_current drops the rest)
             published = [f for f in out_after if f[3] >= victim.epoch]
             ended = [e for e in col.errors if e[0] == name]
             others = [f for f in col.frames if f[0].startswith("s") and t_fault <= f[2] < t_fault + 1.0]

@@ -256,7 +256,7 @@ class SessionInputs:
         return self._cancelled
 
     def current_epoch(self) -> int:
-        """The flush epoch: frames of an older one are not delivered (`Session.deliver`)."""
+        """The flush epoch: frames of an older one are not delivered (`FramePipeline.is_current`)."""
         return self._epoch
 
     def wants_frames(self) -> bool:

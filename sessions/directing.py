@@ -45,7 +45,8 @@ from typing import Literal
 
 from worldcast.models.spec import Conditioning
 from worldcast.sessions.errors import DirectingRefusal, SessionClosedError
-from worldcast.sessions.session import Session, SessionState, VideoFrame
+from worldcast.sessions.frames import VideoFrame
+from worldcast.sessions.session import Session, SessionState
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class DirectingSession:
         self.segment_count = 0
         self.frames_dropped = 0  #: frames delivered outside an open segment (before the first, after an end)
         self._listeners: dict[str, list[Callable[[Segment], None]]] = {}
-        session.set_frame_gate(self)
+        session.frames.set_gate(self)
         _DIRECTORS[session] = self
         session.on("state", self._on_state)
 

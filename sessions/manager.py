@@ -5,8 +5,9 @@ engine core (`engine/engine_handle.py`: a thread of this process, or a
 process of its own per device); placement picks the engine with the most
 headroom (`sessions/placement.py`). Frames and errors arrive on engine
 threads and are marshalled to the event loop with `call_soon_threadsafe`,
-where they reach each session's sinks; pacing and the flush guarantees
-(`Session.deliver`, `MediaClock`) stay here, whatever engine made a frame.
+where each session's frame pipeline takes them (`sessions/frames.py`:
+pacing, the flush guarantees, PTS, the gate, the sinks), whatever engine
+made a frame.
 Each session's inputs send their changes through an `EngineLink` the
 manager gives them (`_Link`): to the engine the session is placed on, the
 same messages for every kind of engine; held while the session moves.
@@ -119,7 +120,7 @@ class SessionManager:
         self.duty_prior = DutyCyclePrior(adm.min_observation_s, default=adm.default_duty_cycle)
         self._tick_task: asyncio.Task[None] | None = None
         #: hooks for metrics: on_frame(outcome, lateness_s) with outcome "delivered" | "dropped_stale" |
-        #: "dropped_gated" (`Session.deliver`), on_admission(admitted), on_engine_lost(engine)
+        #: "dropped_gated" (`FramePipeline.deliver`), on_admission(admitted), on_engine_lost(engine)
         self.on_frame: Callable[[str, float], None] | None = None
         self.on_admission: Callable[[bool], None] | None = None
         self.on_engine_lost: Callable[[EngineHandle], None] | None = None
@@ -259,7 +260,9 @@ class SessionManager:
             clock=self.clock,
             stamp_frames=stamp_frames,
             mode=mode,
+            send_ahead_s=self.config.send_ahead_frames * float(self.model.spec.frame_period),
         )
+        session.frames.on_outcome = self._frame_outcome
         if mode == "directing":
             DirectingSession(session)  # the layer above it (`director_of(session)`), gating its frames
             session.pause()  # nothing to generate until the first direction
@@ -399,32 +402,15 @@ class SessionManager:
                 s.fail(reason, code="engine_stalled")
 
     def _dispatch_frames(self, frames: list[FrameOut]) -> None:
-        """Deliver each frame now, or at `send_ahead_frames` periods before its presentation time if that is later.
-
-        A chunk's frames come out of the engine together; pacing them here (one place,
-        before every sink) keeps each sink a bounded drop-oldest queue of a frame or two.
-        A frame held for later is still dropped at delivery if a flush made its epoch stale.
-        """
-        now = self.clock()
-        ahead = self.config.send_ahead_frames * float(self.model.spec.frame_period)
-        loop = self._loop
+        """Each frame into its session's frame pipeline (`sessions/frames.py`: pacing first)."""
         for f in frames:
-            due = f.present_at_s - ahead
-            if due <= now or loop is None:
-                self._deliver(f)
-            else:
-                loop.call_later(due - now, self._deliver, f)
+            s = self.sessions.get(f.session_id)
+            if s is not None:
+                s.frames.submit(f)
 
-    def _deliver(self, f: FrameOut) -> None:
-        s = self.sessions.get(f.session_id)
-        if s is not None:
-            gated = s.frames_dropped_gated
-            if s.deliver(f) is not None:
-                outcome = "delivered"
-            else:
-                outcome = "dropped_gated" if s.frames_dropped_gated > gated else "dropped_stale"
-            if self.on_frame is not None:
-                self.on_frame(outcome, self.clock() - f.present_at_s)
+    def _frame_outcome(self, outcome: str, lateness_s: float) -> None:
+        if self.on_frame is not None:
+            self.on_frame(outcome, lateness_s)
 
     def _dispatch_error(self, engine: EngineHandle, session_id: str, reason: str) -> None:
         s = self.sessions.get(session_id)

@@ -1,4 +1,4 @@
-"""Session: one user's world — state machine, prompt, media clock, sinks, an optional frame gate.
+"""Session: one user's world — state machine, prompt, inputs, viewers, and its frame pipeline.
 
 States (`SessionState`): CREATED -> ACTIVE <-> IDLE -> CLOSED. A session is
 ACTIVE while it should generate: a client is attached or acting. It goes
@@ -17,7 +17,9 @@ The engine does not read the session: the session's inputs, `Session.inputs` (`S
 change as the engine contract's messages (the engine owns held keys, movement and the input counter:
 `engine/conditioner.py`). Transports push actions into the inputs directly; an accepted push reaches the
 session through one listener (`SessionInputs.on_push`: activity, ACTIVE) and then goes to the engine; the
-operations above write the inputs through the session's methods; frames come back through `deliver`.
+operations above write the inputs through the session's methods; frames come back through the session's
+`FramePipeline` (`Session.frames`, `sessions/frames.py`: pacing, the stale-epoch decision, PTS, the frame
+gate, the sinks).
 """
 
 from __future__ import annotations
@@ -26,20 +28,16 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from fractions import Fraction
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Literal
 
-import numpy as np
-
-from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
 from worldcast.models.errors import ConditioningError
 from worldcast.models.spec import Conditioning, ConditioningRequest
 from worldcast.sessions.actions import SessionInputs
-from worldcast.sessions.clock import VIDEO_TIME_BASE, MediaClock
 from worldcast.sessions.duty_cycle import DutyCycleMeter
 from worldcast.sessions.errors import InvalidConditioning, SessionClosedError
+from worldcast.sessions.frames import FramePipeline, FrameSink
 
 logger = logging.getLogger(__name__)
 
@@ -71,54 +69,6 @@ class CloseReason(enum.Enum):
     TIMEOUT = "timeout"  #: no client and no activity for the session timeout
     ERROR = "error"  #: its step failed on the device
     SHUTDOWN = "shutdown"  #: the server is stopping
-
-
-@dataclass
-class VideoFrame:
-    """A frame on its way to a sink.
-
-    Attributes:
-        image: uint8 (H, W, 3) RGB.
-        pts: presentation timestamp in `time_base` units (90 kHz), strictly increasing per session.
-        time_base: Fraction(1, 90000) s.
-        frame_index: absolute frame index in the session.
-        action_seq: seq of the last action applied (-1: none).
-        epoch: flush epoch it was generated under.
-        present_at_s: intended presentation time, s (monotonic).
-        timings_ms: server stage times up to publication (queue, denoise, decode), ms; see `FrameOut`.
-    """
-
-    image: np.ndarray
-    pts: int
-    time_base: Fraction
-    frame_index: int
-    action_seq: int
-    epoch: int
-    present_at_s: float
-    timings_ms: dict[str, float] = field(default_factory=dict)
-
-
-class FrameSink(Protocol):
-    """Where a session's frames go (a WebRTC track, a LiveKit source, an fMP4 muxer).
-
-    `put` must not block and must hold at most a frame or two, dropping the
-    oldest; `clear` drops everything queued.
-    """
-
-    def put(self, frame: VideoFrame) -> None: ...
-
-    def clear(self) -> None: ...
-
-
-class FrameGate(Protocol):
-    """A layer above the session that decides which delivered frames reach its sinks (directing: only
-    the frames of the open segment, `sessions/directing.py`). Installed with `Session.set_frame_gate`.
-
-    `admit` is called once per delivered (not stale) frame, on the event loop, and must not block; a frame
-    it admits was asked for by that layer, so it counts as the session's activity.
-    """
-
-    def admit(self, frame: VideoFrame) -> bool: ...
 
 
 #: Session events; callbacks are synchronous and get (session, payload).
@@ -158,6 +108,8 @@ class Session:
             pixels (latency measurement; off by default).
         mode: "interactive" or "directing" (a label: the directing layer above, `sessions/directing.py`,
             holds the segments and gates the frames).
+        send_ahead_s: its frames reach the sinks no earlier than this before their presentation time, s
+            (`FramePipeline`'s pacing).
     """
 
     def __init__(
@@ -173,6 +125,7 @@ class Session:
         clock: Callable[[], float] = time.monotonic,
         stamp_frames: bool = False,
         mode: SessionMode = "interactive",
+        send_ahead_s: float = 0.0,
     ) -> None:
         self.id = session_id
         self.stamp_frames = stamp_frames
@@ -189,15 +142,11 @@ class Session:
         #: what the engine reads (actions, epoch, conditioning, wants); transports push actions into it
         self.inputs = SessionInputs(session_id, key_names=model.spec.actions.keys, context=context, clock=clock)
         self.inputs.on_push = self._pushed
-        self.media_clock = MediaClock()
-        self.frames_generated = 0
-        self.frames_delivered = 0  #: frames handed to the sinks (and reported as the "frame" event)
-        self.frames_dropped_stale = 0  #: frames of an older epoch, or that arrived after the close
-        self.frames_dropped_gated = 0  #: frames the frame gate refused (directing: outside an open segment)
-        self.last_frame: VideoFrame | None = None
+        #: its frames' way from the engine to the sinks: pacing, the stale-epoch decision, PTS, the gate, the sinks
+        self.frames = FramePipeline(current_epoch=self.inputs.current_epoch, send_ahead_s=send_ahead_s, clock=clock)
+        self.frames.on_delivered.append(lambda frame: self._emit("frame", frame))
+        self.frames.on_admitted = self._admitted
         self._conditioning = conditioning
-        self._sinks: list[FrameSink] = []
-        self._gate: FrameGate | None = None
         #: sinks attached before their viewer connected (a WebRTC peer negotiating), by id: connect-by time, s
         self._unconnected: dict[int, float] = {}
         self.had_viewer = False  #: a viewer has been connected at some point (see `attach_sink`)
@@ -339,8 +288,7 @@ class Session:
         """
         self._check_open()
         epoch = self.inputs.new_epoch()
-        for s in self._sinks:
-            s.clear()
+        self.frames.clear()
         self.activate()
         return epoch
 
@@ -353,8 +301,7 @@ class Session:
         self._check_open()
         epoch = self.inputs.new_epoch(cancel=True)
         self._touch_duty()
-        for s in self._sinks:
-            s.clear()
+        self.frames.clear()
         return epoch
 
     def pause(self) -> None:
@@ -380,16 +327,6 @@ class Session:
 
     # -- sinks ---------------------------------------------------------------------------------------
 
-    def set_frame_gate(self, gate: FrameGate) -> None:
-        """Let `gate` decide which delivered frames reach the sinks (one gate per session).
-
-        Raises:
-            ValueError: another gate is installed.
-        """
-        if self._gate is not None and self._gate is not gate:
-            raise ValueError(f"session {self.id} already has a frame gate")
-        self._gate = gate
-
     def attach_sink(self, sink: FrameSink, *, connect_by_s: float | None = None) -> None:
         """Start delivering frames to `sink`; it gets the latest frame at once (with a frame gate: the next one the
         gate admits).
@@ -404,27 +341,24 @@ class Session:
             SessionClosedError: the session is closed.
         """
         self._check_open()
-        self._sinks.append(sink)
+        self.frames.add_sink(sink)
         if connect_by_s is None:
             self.had_viewer = True
         else:
             self._unconnected[id(sink)] = connect_by_s
-        if self.last_frame is not None and self._gate is None:  # a gated session's sinks wait for the gate
-            sink.put(self.last_frame)
         self.activate()
 
     def sink_connected(self, sink: FrameSink) -> None:
         """The viewer of a sink attached with `connect_by_s` has connected (no-op for other sinks)."""
-        if self._unconnected.pop(id(sink), None) is not None and sink in self._sinks:
+        if self._unconnected.pop(id(sink), None) is not None and sink in self.frames.sinks:
             self.had_viewer = True
 
     def detach_sink(self, sink: FrameSink) -> None:
-        if sink not in self._sinks:
+        if not self.frames.remove_sink(sink):
             return
-        self._sinks.remove(sink)
         if self._unconnected.pop(id(sink), None) is None:
             self.last_viewer_s = self.clock()
-        if not self._sinks:
+        if not self.frames.sinks:
             # the last viewer left (closed tab, failed connection): stop costing compute
             self.inputs.release_all()
             if self.state == SessionState.ACTIVE:
@@ -433,7 +367,7 @@ class Session:
     @property
     def viewer_count(self) -> int:
         """Sinks whose viewer is connected (attached without `connect_by_s`, or `sink_connected` since)."""
-        return len(self._sinks) - len(self._unconnected)
+        return len(self.frames.sinks) - len(self._unconnected)
 
     @property
     def connect_deadline_s(self) -> float | None:
@@ -442,44 +376,11 @@ class Session:
 
     @property
     def sink_count(self) -> int:
-        return len(self._sinks)
+        return len(self.frames.sinks)
 
-    def deliver(self, out: FrameOut) -> VideoFrame | None:
-        """Hand an engine frame to the sinks, unless it is stale (older epoch), the session closed, or the frame
-        gate refuses it; each outcome has its counter (`frames_delivered`, `frames_dropped_stale`,
-        `frames_dropped_gated`), and only a delivered frame is emitted ("frame").
-
-        Its PTS is assigned here (`MediaClock`, from its presentation time), before the gate: a refused frame
-        still uses up its PTS, so the stream's timestamps stay on the session's clock.
-
-        Returns:
-            the delivered frame, or None if dropped.
-        """
-        self.frames_generated += 1
-        if self.state == SessionState.CLOSED or out.epoch < self.inputs.current_epoch():
-            self.frames_dropped_stale += 1
-            return None
-        frame = VideoFrame(
-            image=out.image,
-            pts=self.media_clock.pts(out.present_at_s),
-            time_base=VIDEO_TIME_BASE,
-            frame_index=out.frame_index,
-            action_seq=out.action_seq,
-            epoch=out.epoch,
-            present_at_s=out.present_at_s,
-            timings_ms=out.timings_ms,
-        )
-        if self._gate is not None:
-            if not self._gate.admit(frame):
-                self.frames_dropped_gated += 1
-                return None
-            self.last_activity_s = self.clock()  # generated at the gate's request (a direction)
-        self.frames_delivered += 1
-        self.last_frame = frame
-        for s in self._sinks:
-            s.put(frame)
-        self._emit("frame", frame)
-        return frame
+    def _admitted(self, frame: object) -> None:
+        """The frame gate admitted a frame: it was generated at its layer's request (a direction): activity."""
+        self.last_activity_s = self.clock()
 
     def fail(self, reason: str, *, code: FailureCode = "session_failed") -> None:
         """Report a device-side failure of this session (it is then closed by its manager, except for
@@ -504,9 +405,9 @@ class Session:
             return
         self.close_reason = reason
         self._set_state(SessionState.CLOSED)
-        for s in self._sinks:
-            s.clear()
-        self._sinks.clear()
+        self.frames.closed = True
+        self.frames.clear()
+        self.frames.sinks.clear()
         self._unconnected.clear()
 
     def info(self) -> dict[str, object]:
@@ -521,12 +422,12 @@ class Session:
             "paused": self.inputs.paused,
             "cancelled": self.inputs.cancelled,
             "epoch": self.inputs.current_epoch(),
-            "frames_generated": self.frames_generated,
-            "frames_delivered": self.frames_delivered,
-            "frames_dropped_stale": self.frames_dropped_stale,
-            "frames_dropped_gated": self.frames_dropped_gated,
+            "frames_generated": self.frames.generated,
+            "frames_delivered": self.frames.delivered,
+            "frames_dropped_stale": self.frames.dropped_stale,
+            "frames_dropped_gated": self.frames.dropped_gated,
             "last_action_seq": self.inputs.actions.last_seq,
-            "sinks": len(self._sinks),
+            "sinks": len(self.frames.sinks),
             "viewers": self.viewer_count,
             "duty_cycle": round(self.duty_cycle(), 4),
             "engine": self.engine_id,

@@ -23,7 +23,8 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from worldcast.sessions.session import FrameSink, Session, VideoFrame
+from worldcast.sessions.frames import FrameSink, VideoFrame
+from worldcast.sessions.session import Session
 from worldcast.transport.errors import INTERNAL_ERROR
 from worldcast.transport.feedback import InputFeedback
 from worldcast.transport.limits import InputGuard, head_id

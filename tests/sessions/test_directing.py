@@ -66,7 +66,7 @@ class Counter:
         for _ in range(n):
             self.i += 1
             e = s.inputs.current_epoch() if epoch is None else epoch
-            out.append(s.deliver(FrameOut("sid", self.i, np.zeros((64, 64, 3), np.uint8), self.i / 20, -1, e,
+            out.append(s.frames.deliver(FrameOut("sid", self.i, np.zeros((64, 64, 3), np.uint8), self.i / 20, -1, e,
                                           {"denoise": 2.0, "decode": 1.0})))
         return out
 
@@ -205,12 +205,12 @@ def test_a_gated_frame_is_neither_delivered_nor_emitted_and_is_counted_as_gated(
     s.on("frame", lambda sess, f: emitted.append(f.frame_index))  # type: ignore[attr-defined]
     deliver = Counter()
     assert deliver(s, 3) == [None, None, None]
-    assert sink.frames == [] and emitted == [] and s.frames_delivered == 0
-    assert s.frames_dropped_gated == 3 == d.frames_dropped and s.frames_dropped_stale == 0
+    assert sink.frames == [] and emitted == [] and s.frames.delivered == 0
+    assert s.frames.dropped_gated == 3 == d.frames_dropped and s.frames.dropped_stale == 0
     assert s.info()["frames_dropped_gated"] == 3
     d.direct("d1", "a snowy field", {"prompt": EMB})
     got = deliver(s, 2)
     assert all(f is not None for f in got) and emitted == [f.frame_index for f in got] == [4, 5]
-    assert s.frames_delivered == 2 == len(sink.frames) and s.frames_dropped_gated == 3
-    assert deliver(s, 1, epoch=0) == [None] and s.frames_dropped_stale == 1, "an older epoch: stale, not gated"
-    assert s.frames_dropped_gated == 3 and s.frames_generated == 6
+    assert s.frames.delivered == 2 == len(sink.frames) and s.frames.dropped_gated == 3
+    assert deliver(s, 1, epoch=0) == [None] and s.frames.dropped_stale == 1, "an older epoch: stale, not gated"
+    assert s.frames.dropped_gated == 3 and s.frames.generated == 6

@@ -173,8 +173,8 @@ async def test_frame_outcomes_name_a_gated_frame_as_such(model) -> None:  # type
     try:
         s = await m.create(prompt="a quiet bay", seed=2, mode="directing")
         await wait_for(lambda: len(outcomes) >= 1)
-        assert set(outcomes) == {"dropped_gated"} and s.frames_delivered == 0
-        assert s.frames_dropped_gated == len(outcomes)
+        assert set(outcomes) == {"dropped_gated"} and s.frames.delivered == 0
+        assert s.frames.dropped_gated == len(outcomes)
     finally:
         await m.aclose()
 

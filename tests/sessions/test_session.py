@@ -76,21 +76,21 @@ def test_flush_drops_queued_and_stale_frames(model) -> None:  # type: ignore[no-
     s = make(model)
     sink = ListSink()
     s.attach_sink(sink)
-    s.deliver(frame(1, 0, 1.0))
+    s.frames.deliver(frame(1, 0, 1.0))
     assert len(sink.frames) == 1
     epoch = s.flush()
     assert epoch == 1 and sink.frames == []  # queue dropped
-    assert s.deliver(frame(2, 0, 1.05)) is None  # generated before the flush: never delivered
-    delivered = s.deliver(frame(3, 1, 1.10))
+    assert s.frames.deliver(frame(2, 0, 1.05)) is None  # generated before the flush: never delivered
+    delivered = s.frames.deliver(frame(3, 1, 1.10))
     assert delivered is not None and sink.frames[-1].frame_index == 3
-    assert s.frames_dropped_stale == 1
+    assert s.frames.dropped_stale == 1
 
 
 def test_cancel_stops_until_resume_and_pause_keeps_queue(model) -> None:  # type: ignore[no-untyped-def]
     s = make(model)
     sink = ListSink()
     s.attach_sink(sink)
-    s.deliver(frame(1, 0))
+    s.frames.deliver(frame(1, 0))
     s.pause()
     assert not s.inputs.wants_frames() and len(sink.frames) == 1
     s.resume()
@@ -103,7 +103,7 @@ def test_cancel_stops_until_resume_and_pause_keeps_queue(model) -> None:  # type
 
 def test_pts_strictly_increase_across_deliveries(model) -> None:  # type: ignore[no-untyped-def]
     s = make(model)
-    pts = [s.deliver(frame(i, 0, 5.0 + i * 0.05)).pts for i in range(5)]  # type: ignore[union-attr]
+    pts = [s.frames.deliver(frame(i, 0, 5.0 + i * 0.05)).pts for i in range(5)]  # type: ignore[union-attr]
     assert pts == [0, 4500, 9000, 13500, 18000]
 
 

@@ -116,7 +116,7 @@ async def test_the_frame_event_is_one_shape_for_every_transport(model) -> None: 
     s, _, _, _ = make(model)
     clock = s.clock
     h, w = model.spec.frame_height, model.spec.frame_width
-    frame = s.deliver(FrameOut("sid", 7, np.zeros((h, w, 3), np.uint8), 0.35, 3, s.inputs.current_epoch(),
+    frame = s.frames.deliver(FrameOut("sid", 7, np.zeros((h, w, 3), np.uint8), 0.35, 3, s.inputs.current_epoch(),
                                {"denoise": 1.23456, "decode": 0.5}))
     assert frame is not None
     now = clock() + 0.0123456

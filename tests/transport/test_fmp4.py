@@ -11,7 +11,7 @@ import av
 import numpy as np
 import pytest
 
-from worldcast.sessions.session import VideoFrame
+from worldcast.sessions.frames import VideoFrame
 from worldcast.transport.errors import BoxError
 from worldcast.transport.media import picture
 from worldcast.transport.media.stamp import read_stamp
@@ -198,7 +198,7 @@ async def test_sink_holds_at_most_two_frames_encodes_off_the_loop_and_keys_after
         got.append((f, s))
         arrived.set()
 
-    sink = Fmp4Sink(fps=FPS, on_sample=on_sample, epoch_fn=lambda: epoch[0], scale=4, name="t")
+    sink = Fmp4Sink(fps=FPS, on_sample=on_sample, is_current=lambda f: f.epoch >= epoch[0], scale=4, name="t")
     sink.start()
     for i in range(10):  # a burst: put never blocks, the sink keeps the newest two
         sink.put(frame(i))

@@ -87,7 +87,8 @@ async def test_drops_in_the_encoder_queue_and_for_a_slow_reader_are_counted_per_
     def deliver(k: int = 1) -> None:
         for _ in range(k):
             n[0] += 1
-            s.deliver(FrameOut("sid", n[0], np.zeros((h, w, 3), np.uint8), n[0] / 20, -1, s.inputs.current_epoch(), {}))
+            s.frames.deliver(FrameOut("sid", n[0], np.zeros((h, w, 3), np.uint8), n[0] / 20, -1,
+                                      s.inputs.current_epoch(), {}))
 
     # 1. a burst faster than the encoder: the sink keeps its newest `depth`, the rest is dropped there
     depth = conn.sink.queue.depth

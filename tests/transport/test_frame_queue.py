@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from worldcast.sessions.session import VideoFrame
+from worldcast.sessions.frames import VideoFrame
 from worldcast.transport.media.frame_queue import FrameQueue
 
 
@@ -19,7 +19,7 @@ def frame(i: int, epoch: int = 0) -> VideoFrame:
 async def test_full_queue_drops_the_oldest_and_get_skips_stale_epochs() -> None:
     epoch = [0]
     drops: list[int] = []
-    q = FrameQueue(2, lambda: epoch[0], on_drop=lambda n, why: drops.append(n))
+    q = FrameQueue(2, lambda f: f.epoch >= epoch[0], on_drop=lambda n, why: drops.append(n))
     for i in range(4):
         q.put(frame(i))
     assert len(q) == 2 and q.frames_in == 4 and q.frames_dropped == 2 and drops == [1, 1]
@@ -35,7 +35,7 @@ async def test_full_queue_drops_the_oldest_and_get_skips_stale_epochs() -> None:
 
 
 async def test_get_waits_for_a_frame_and_returns_none_once_its_sink_stops() -> None:
-    q = FrameQueue(2, lambda: 0)
+    q = FrameQueue(2, lambda f: True)
     alive = [True]
     waiting = asyncio.ensure_future(q.get(alive=lambda: alive[0]))
     await asyncio.sleep(0)
@@ -47,7 +47,7 @@ async def test_get_waits_for_a_frame_and_returns_none_once_its_sink_stops() -> N
     alive[0] = False
     q.wake()
     assert await waiting is None
-    accepted = FrameQueue(3, lambda: 0)
+    accepted = FrameQueue(3, lambda f: True)
     for i in (3, 1, 5):
         accepted.put(frame(i))
     assert (await accepted.get(accept=lambda f: f.pts > 3)).frame_index == 5  # type: ignore[union-attr]

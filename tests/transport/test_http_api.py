@@ -198,7 +198,7 @@ def test_metrics_in_prometheus_text_format(client: httpx.Client, live_server) ->
     s = create(client)
     client.post(f"/v1/sessions/{s['session_id']}/rpc", json={"id": 1, "method": "resume"}, headers=auth(s["token"]))
     deadline = time.monotonic() + 20
-    while live_server.manager.sessions[s["session_id"]].frames_delivered < 3:
+    while live_server.manager.sessions[s["session_id"]].frames.delivered < 3:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     r = client.get("/metrics")

@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from worldcast.sessions.session import VideoFrame
+from worldcast.sessions.frames import VideoFrame
 from worldcast.transport.media import picture
 from worldcast.transport.media.stamp import cell_px_for_width, read_stamp
 

@@ -167,7 +167,7 @@ class _SessionCollector(Collector):
                                     "arrived on an idle device, per session", labels=["session"])
         sessions = sorted(m.sessions.items(), key=lambda kv: kv[1].created_s, reverse=True)
         for sid, s in sessions[:self.max_sessions]:
-            frames.add_metric([sid], s.frames_delivered)
+            frames.add_metric([sid], s.frames.delivered)
             late.add_metric([sid], stats.get(sid, {}).get("late_frames", 0.0))
             duty.add_metric([sid], s.duty_cycle())
             early.add_metric([sid], stats.get(sid, {}).get("early_starts", 0.0))

@@ -37,7 +37,7 @@ import numpy as np
 from livekit import rtc
 
 from worldcast.sessions.clock import VIDEO_CLOCK_RATE
-from worldcast.sessions.session import VideoFrame
+from worldcast.sessions.frames import VideoFrame
 from worldcast.transport.livekit.config import SourceKind
 from worldcast.transport.media import h264, picture
 from worldcast.transport.media.frame_queue import FrameQueue, QueuedSink
@@ -162,22 +162,23 @@ class LiveKitVideoSink(QueuedSink):
 
     Args:
         publisher: where pictures go.
-        epoch_fn: the session's current flush epoch; frames of older epochs are dropped.
+        is_current: the session's stale-frame decision (`FramePipeline.is_current`); frames it refuses are
+            dropped.
         scale: integer upscale before publishing.
         stamp: stamp frame index and applied action seq into the picture (`transport/media/stamp.py`).
         on_published: called with each frame after the SDK took it (for per-frame metadata).
         depth: frames held at most (1 or 2).
     """
 
-    def __init__(self, publisher: Publisher, epoch_fn: Callable[[], int], *, scale: int = 1, stamp: bool = False,
+    def __init__(self, publisher: Publisher, is_current: Callable[[VideoFrame], bool], *, scale: int = 1,
+                 stamp: bool = False,
                  on_published: Callable[[VideoFrame], None] | None = None, depth: int = 2) -> None:
         if depth not in (1, 2):
             raise ValueError("depth must be 1 or 2")
         self.publisher = publisher
         self.scale, self.stamp = scale, stamp
-        self._epoch_fn = epoch_fn
         self._on_published = on_published
-        self.queue = FrameQueue(depth, epoch_fn)
+        self.queue = FrameQueue(depth, is_current)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._base_us: int | None = None

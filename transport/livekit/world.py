@@ -46,8 +46,9 @@ from typing import Any
 from livekit import rtc
 from livekit.rtc._proto import participant_pb2
 
+from worldcast.sessions.frames import VideoFrame
 from worldcast.sessions.manager import SessionManager
-from worldcast.sessions.session import CloseReason, Session, SessionState, VideoFrame
+from worldcast.sessions.session import CloseReason, Session, SessionState
 from worldcast.transport.connection import Connection, frame_event
 from worldcast.transport.errors import LiveKitJoinError, LiveKitRoomTaken
 from worldcast.transport.limits import InputGuard
@@ -114,7 +115,7 @@ class LiveKitWorld:
         self.fps = float(spec.fps)
         self.publisher = make_publisher(config.source, self.width, self.height,
                                         max_bitrate_bps=config.max_bitrate_bps, fps=self.fps)
-        self.sink = LiveKitVideoSink(self.publisher, session.inputs.current_epoch, scale=video_scale,
+        self.sink = LiveKitVideoSink(self.publisher, session.frames.is_current, scale=video_scale,
                                      stamp=session.stamp_frames, on_published=self._on_published)
         self._on_user_left = on_user_left
         #: Unix time after which the user may no longer join (its token's TTL); a later join is removed
@@ -293,7 +294,7 @@ class LiveKitWorld:
 
     def _on_published(self, frame: VideoFrame) -> None:
         self.send_event(frame_event(frame, self.session.clock()), topic=FRAMES_TOPIC,
-                        valid=lambda: frame.epoch >= self.session.inputs.current_epoch())
+                        valid=lambda: self.session.frames.is_current(frame))
 
     def _spawn(self, coro: Any) -> None:
         self.conn.spawn(coro)

@@ -4,8 +4,9 @@ A sink (aiortc track, LiveKit source, fMP4 muxer) must never block the
 session that delivers to it and never delay a frame behind stale ones: it
 holds at most `depth` frames (two, or one chunk's), drops the oldest when a
 new one arrives and it is full, drops everything on `clear` (a flush), and
-skips frames whose flush epoch is older than the session's current one when
-they are taken (`get`). Counters say what happened to every frame, and why
+skips frames that are no longer current when they are taken (`get`), by the
+session's own decision (`FramePipeline.is_current`, `sessions/frames.py`:
+the one place a frame is judged stale). Counters say what happened to every frame, and why
 each dropped one was: `full` (a newer frame pushed it out: the consumer is
 behind), `cleared` (a flush) or `stale` (an older epoch when taken, or as the
 sink reports it).
@@ -19,7 +20,7 @@ import asyncio
 import collections
 from collections.abc import Callable
 
-from worldcast.sessions.session import VideoFrame
+from worldcast.sessions.frames import VideoFrame
 
 
 class FrameQueue:
@@ -27,7 +28,8 @@ class FrameQueue:
 
     Args:
         depth: frames held at most (>= 1).
-        epoch_fn: the session's current flush epoch; older frames are skipped by `get`.
+        is_current: the session's stale-frame decision (`FramePipeline.is_current`); frames it refuses are
+            skipped by `get`.
         on_drop: called with (frames, reason) each time some are dropped; reason is "full", "cleared"
             or "stale".
 
@@ -37,13 +39,13 @@ class FrameQueue:
         dropped_by: frames dropped, by reason.
     """
 
-    def __init__(self, depth: int, epoch_fn: Callable[[], int], *,
+    def __init__(self, depth: int, is_current: Callable[[VideoFrame], bool], *,
                  on_drop: Callable[[int, str], None] | None = None) -> None:
         if depth < 1:
             raise ValueError("a frame queue holds at least one frame")
         self._q: collections.deque[VideoFrame] = collections.deque(maxlen=depth)
         self._ready = asyncio.Event()
-        self._epoch_fn = epoch_fn
+        self.is_current = is_current
         self._on_drop = on_drop
         self.frames_in = 0
         self.frames_dropped = 0
@@ -83,10 +85,6 @@ class FrameQueue:
     def wake(self) -> None:
         """Wake a waiting `get` (e.g. to let it see that its sink stopped)."""
         self._ready.set()
-
-    def is_current(self, frame: VideoFrame) -> bool:
-        """Whether `frame` belongs to the session's current flush epoch."""
-        return frame.epoch >= self._epoch_fn()
 
     def drop(self, n: int = 1, reason: str = "stale") -> None:
         """Count frames the sink itself dropped after taking them (e.g. stale once encoded)."""

@@ -39,7 +39,7 @@ from fractions import Fraction
 
 import av
 
-from worldcast.sessions.session import VideoFrame
+from worldcast.sessions.frames import VideoFrame
 from worldcast.transport.media import h264
 from worldcast.transport.media import picture as media_picture
 from worldcast.transport.media.frame_queue import FrameQueue, QueuedSink
@@ -193,8 +193,8 @@ class Fmp4Sink(QueuedSink):
     Args:
         fps: the model's frame rate.
         on_sample: called on the event loop with (frame, encoder, sample) for every
-            encoded frame that is still current (its epoch is not older than `epoch_fn()`).
-        epoch_fn: the session's current flush epoch.
+            encoded frame that is still current (`is_current`).
+        is_current: the session's stale-frame decision (`FramePipeline.is_current`).
         on_clear: called on the event loop when the sink is cleared (flush/cancel).
         scale: integer upscale of the pictures.
         stamp: stamp frame index and action seq into the pictures.
@@ -207,14 +207,14 @@ class Fmp4Sink(QueuedSink):
             "encoder" (the encoder returned nothing for it).
     """
 
-    def __init__(self, *, fps: int, on_sample: SampleCallback, epoch_fn: Callable[[], int],
+    def __init__(self, *, fps: int, on_sample: SampleCallback, is_current: Callable[[VideoFrame], bool],
                  on_clear: Callable[[], None] | None = None, scale: int = 1, stamp: bool = False,
                  depth: int = 2, name: str = "", on_drop: Callable[[str, int], None] | None = None) -> None:
         if not 1 <= depth <= 64:
             raise ValueError("a frame sink holds 1 to 64 frames (two, or one chunk's)")
         self.fps, self.scale, self.stamp, self.name = fps, scale, stamp, name
-        self._on_sample, self._epoch_fn, self._on_clear, self._on_drop = on_sample, epoch_fn, on_clear, on_drop
-        self.queue = FrameQueue(depth, epoch_fn, on_drop=self._queue_dropped)
+        self._on_sample, self._on_clear, self._on_drop = on_sample, on_clear, on_drop
+        self.queue = FrameQueue(depth, is_current, on_drop=self._queue_dropped)
         self._keyframe = False
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"fmp4-{name}")
         self._task: asyncio.Task[None] | None = None

@@ -29,7 +29,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldcast.sessions.directing import Segment, director_of
 from worldcast.sessions.errors import SessionError
-from worldcast.sessions.session import Session, VideoFrame
+from worldcast.sessions.frames import VideoFrame
+from worldcast.sessions.session import Session
 from worldcast.transport import errors
 from worldcast.transport.connection import Connection, frame_fields
 from worldcast.transport.errors import QueueOverflow, RpcError
@@ -111,7 +112,7 @@ class StreamSocket:
         self.max_text_bytes = max_text_bytes
         self.frames = FrameAccount(on_count=on_frames)
         self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample,
-                             epoch_fn=session.inputs.current_epoch, on_clear=self._on_clear, scale=video_scale,
+                             is_current=session.frames.is_current, on_clear=self._on_clear, scale=video_scale,
                              stamp=session.stamp_frames,
                              depth=max(2, session.model.spec.frames_per_chunk), name=session.id,
                              on_drop=self.frames.count_dropped)

@@ -29,7 +29,8 @@ from typing import Any
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from worldcast.sessions.session import Session, SessionState, VideoFrame
+from worldcast.sessions.frames import VideoFrame
+from worldcast.sessions.session import Session, SessionState
 from worldcast.transport.connection import Connection, frame_event
 from worldcast.transport.connection import retrieve as _retrieve
 from worldcast.transport.limits import InputGuard, InputLimits, head_id
@@ -89,7 +90,7 @@ class WebRTCPeer:
     ) -> None:
         self.session = session
         self.negotiation_timeout_s = negotiation_timeout_s
-        self.track = SessionVideoTrack(session.inputs.current_epoch, scale=video_scale, stamp=session.stamp_frames)
+        self.track = SessionVideoTrack(session.frames.is_current, scale=video_scale, stamp=session.stamp_frames)
         #: the connection core: guard, feedback, action and RPC dispatch, tasks, the close
         self.conn = Connection(session, send=self.send_event, on_flood=self._flood,
                                guard=InputGuard(limits, on_count=on_count), settle=settle or self.track.settle,

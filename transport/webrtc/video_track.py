@@ -15,6 +15,7 @@ from collections.abc import Callable
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from worldcast.sessions.frames import VideoFrame
 from worldcast.transport.media import picture
 from worldcast.transport.media.frame_queue import FrameQueue, QueuedSink
 
@@ -36,7 +37,8 @@ class SessionVideoTrack(QueuedSink, MediaStreamTrack):
     before it, on loss).
 
     Args:
-        epoch_fn: the session's current flush epoch; frames of older epochs are dropped at `recv`.
+        is_current: the session's stale-frame decision (`FramePipeline.is_current`); frames it refuses are
+            dropped at `recv`.
         scale: integer upscale factor applied before encoding (1 = model resolution).
         depth: frames held at most.
         stamp: stamp each frame's index and applied action seq into its bottom rows, after
@@ -45,11 +47,11 @@ class SessionVideoTrack(QueuedSink, MediaStreamTrack):
 
     kind = "video"
 
-    def __init__(self, epoch_fn: Callable[[], int], *, scale: int = 1, depth: int = 2, stamp: bool = False) -> None:
+    def __init__(self, is_current: Callable[[VideoFrame], bool], *, scale: int = 1, depth: int = 2,
+                 stamp: bool = False) -> None:
         super().__init__()
         self.stamp = stamp
-        self.queue = FrameQueue(depth, epoch_fn)
-        self._epoch_fn = epoch_fn
+        self.queue = FrameQueue(depth, is_current)
         self.scale = scale
         self.frames_out = 0
         self.last_pts = -1

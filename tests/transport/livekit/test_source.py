@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("livekit.rtc")
 
-from worldcast.sessions.session import VideoFrame  # noqa: E402
+from worldcast.sessions.frames import VideoFrame  # noqa: E402
 from worldcast.transport.livekit.source import (  # noqa: E402
     EncodedPublisher,
     LiveKitVideoSink,
@@ -50,7 +50,7 @@ class RecordingPublisher:
 async def test_sink_holds_two_drops_oldest_and_stale() -> None:
     epoch = [0]
     pub = RecordingPublisher()
-    sink = LiveKitVideoSink(pub, lambda: epoch[0], scale=2)
+    sink = LiveKitVideoSink(pub, lambda f: f.epoch >= epoch[0], scale=2)
     for i in range(5):  # no pump yet: the sink keeps the newest two
         sink.put(frame(i))
     assert sink.frames_dropped == 3
