@@ -21,7 +21,10 @@ order, whatever engine made it and whatever sinks read it:
    session may refuse frames outside what it asked for;
 5. **the sinks**: every attached sink gets the frame (`FrameSink.put`, never
    blocking), then the `on_delivered` listeners (the session's "frame"
-   event).
+   event). What sinks derive from a frame is made once for all of them: the
+   prepared picture (`VideoFrame.derived`, `transport/media/picture.py`) and
+   the encoded video (`shared`: one encode per session for every sink that
+   wants H.264, `transport/stream/fmp4.py` `SessionEncode`).
 
 Each outcome has its counter and its name (`Outcome`). Event loop only.
 """
@@ -121,6 +124,9 @@ class FramePipeline:
         #: called with every frame's outcome and its lateness (now - presentation time, s): metrics
         self.on_outcome: Callable[[Outcome, float], None] | None = None
         self.last_frame: VideoFrame | None = None  #: the newest delivered frame (a new sink gets it at once)
+        #: stages sinks of this session share, by the key their owner gives (the one encode for encoded video:
+        #: `transport/stream/fmp4.py` `SessionEncode`); each owner adds and removes its own
+        self.shared: dict[object, object] = {}
         self.generated = 0  #: frames that reached stage 2
         self.delivered = 0
         self.dropped_stale = 0

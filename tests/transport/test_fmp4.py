@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+import time
 from fractions import Fraction
 
 import av
 import numpy as np
 import pytest
 
-from worldcast.sessions.frames import VideoFrame
+from worldcast.sessions.frames import FramePipeline, VideoFrame
 from worldcast.transport.errors import BoxError
 from worldcast.transport.media import picture
 from worldcast.transport.media.stamp import read_stamp
@@ -198,16 +199,18 @@ async def test_sink_holds_at_most_two_frames_encodes_off_the_loop_and_keys_after
         got.append((f, s))
         arrived.set()
 
-    sink = Fmp4Sink(fps=FPS, on_sample=on_sample, is_current=lambda f: f.epoch >= epoch[0], scale=4, name="t")
+    pipeline = FramePipeline(current_epoch=lambda: epoch[0], send_ahead_s=0.0, clock=time.monotonic)
+    sink = Fmp4Sink(pipeline, fps=FPS, on_sample=on_sample, scale=4, name="t")
+    enc = sink.encode
     sink.start()
     for i in range(10):  # a burst: put never blocks, the sink keeps the newest two
         sink.put(frame(i))
-    assert len(sink.queue) <= 2
-    while sink.frames_encoded + sink.frames_dropped < 10:
+    assert len(enc.queue) <= 2
+    while enc.frames_encoded + enc.queue.frames_dropped < 10:
         arrived.clear()
         await asyncio.wait_for(arrived.wait(), 10)
     assert got[0][1].keyframe and got[-1][0].frame_index == 9
-    assert sink.frames_dropped >= 7 and len(got) + sink.frames_dropped == 10
+    assert enc.queue.frames_dropped >= 7 and len(got) + enc.queue.frames_dropped == 10
 
     epoch[0] = 1  # a flush: queued frames go, stale ones are not handed on, the next is an IDR
     sink.put(frame(10))
@@ -220,8 +223,55 @@ async def test_sink_holds_at_most_two_frames_encodes_off_the_loop_and_keys_after
         await asyncio.wait_for(arrived.wait(), 10)
     f, s = got[n]
     assert f.frame_index == 12 and s.keyframe
-    assert sink.encoder is not None and sink.encoder.width == 256
+    assert enc.encoder is not None and enc.encoder.width == 256
     await sink.aclose()
     await sink.aclose()  # idempotent
+    assert pipeline.shared == {}, "the last sink to leave ended the encode"
     sink.put(frame(13))  # ignored once closed
     assert sink.frames_in == 13
+
+
+async def test_streams_of_one_session_share_one_encode_and_a_late_one_starts_at_an_idr() -> None:
+    """Two sinks of one session: one encoder, one encode per frame (a frame handed on by both is queued once),
+    every sample told to both; a sink that joins a running encode gets an IDR next; the encode ends with the
+    last sink."""
+    pipeline = FramePipeline(current_epoch=lambda: 0, send_ahead_s=0.0, clock=time.monotonic)
+    got: dict[str, list[tuple[int, bool]]] = {"a": [], "b": []}
+    arrived = asyncio.Event()
+
+    def on_sample(name: str):  # type: ignore[no-untyped-def]
+        def cb(f: VideoFrame, enc: Fmp4Encoder, s: EncodedSample) -> None:
+            got[name].append((f.frame_index, s.keyframe))
+            arrived.set()
+        return cb
+
+    a = Fmp4Sink(pipeline, fps=FPS, on_sample=on_sample("a"), scale=2, name="a")
+    a.start()
+
+    async def wait_for(name: str, n: int) -> None:
+        while len(got[name]) < n:
+            arrived.clear()
+            await asyncio.wait_for(arrived.wait(), 10)
+
+    for i in range(3):
+        a.put(frame(i))
+        await wait_for("a", i + 1)
+    b = Fmp4Sink(pipeline, fps=FPS, on_sample=on_sample("b"), scale=2, name="b")
+    b.start()
+    assert b.encode is a.encode and len(pipeline.shared) == 1
+    drops: list[tuple[str, int]] = []
+    b.on_drop = lambda why, n: drops.append((why, n))
+    b.put(frame(2))  # the session's last frame, handed to a sink that attaches: the encode is past it
+    assert drops == [("stale", 1)]
+    for i in range(3, 5):
+        a.put(frame(i))
+        b.put(frame(i))  # the same frame from the second sink: queued once
+        await wait_for("b", i - 2)
+    assert a.encode.frames_encoded == 5 and a.encode.frames_in == 5
+    assert got["a"] == [(0, True), (1, False), (2, False), (3, True), (4, False)]
+    assert got["b"] == [(3, True), (4, False)], "the late sink starts at an IDR"
+    await a.aclose()
+    assert not b.encode._closed and len(pipeline.shared) == 1, "the encode lives while a sink reads it"
+    await b.aclose()
+    assert pipeline.shared == {} and b.encode._closed
+

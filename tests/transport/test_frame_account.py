@@ -91,15 +91,15 @@ async def test_drops_in_the_encoder_queue_and_for_a_slow_reader_are_counted_per_
                                       s.inputs.current_epoch(), {}))
 
     # 1. a burst faster than the encoder: the sink keeps its newest `depth`, the rest is dropped there
-    depth = conn.sink.queue.depth
+    depth = conn.sink.encode.queue.depth
     deliver(depth + 5)
     assert conn.frames.dropped == {"encoder_queue": 5}
-    await until(lambda: conn.sink.frames_encoded == depth, "the kept frames to be encoded")
+    await until(lambda: conn.sink.encode.frames_encoded == depth, "the kept frames to be encoded")
     # 2. the reader does not read: encoded frames wait in the stream queue until it overflows
     while conn.queue.stats.slow_reader_drops == 0:
-        before = conn.sink.frames_encoded
+        before = conn.sink.encode.frames_encoded
         deliver()
-        await until(lambda b=before: conn.sink.frames_encoded == b + 1, "one more frame encoded")  # type: ignore[misc]
+        await until(lambda b=before: conn.sink.encode.frames_encoded == b + 1, "one more frame encoded")  # type: ignore[misc]
     assert conn.frames.dropped == {"encoder_queue": 5, "slow_reader": MAX_MEDIA_ITEMS + 1}
     deliver()  # a P-frame after the overflow: dropped too (it would not decode without its references)
     await until(lambda: conn.frames.dropped_total == 5 + MAX_MEDIA_ITEMS + 2, "the P-frame's drop")

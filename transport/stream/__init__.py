@@ -7,6 +7,7 @@
   protocol over `StreamSocket` (`transport/dreamverse/`).
 - `queue.py`: `OutboundQueue` (media dropped for a reader that stops reading, control never) and
   `FrameAccount` (frames per directing segment).
-- `fmp4.py`: the H.264 encoder and fragmenter (`Fmp4Sink`, `Fmp4Encoder`, `Fmp4Fragmenter`);
+- `fmp4.py`: the H.264 encoder and fragmenter (`Fmp4Encoder`, `Fmp4Fragmenter`), a session's one shared encode
+  (`SessionEncode`) and each stream's sink over it (`Fmp4Sink`);
   `mp4box.py`: the ISO BMFF boxes it writes itself.
 """

@@ -12,12 +12,17 @@
 - `Fmp4Fragmenter` writes one media segment (`moof` + `mdat`, `mp4box.py`)
   per encoded frame the moment it is encoded; FFmpeg's muxer would hold each
   fragment until the next frame arrives (one frame period).
-- `Fmp4Sink` is a `FrameSink` (sessions/session.py): `put` never blocks and
-  holds at most `depth` frames (the oldest is dropped; two, or a chunk's
-  frames when a chunk holds more: the engine delivers a chunk's frames
-  together); a task encodes them on a worker thread of its own and hands each
-  encoded sample, with its frame, to a callback on the event loop. `clear`
-  (flush, cancel) drops queued frames and makes the next encoded frame an IDR.
+- `SessionEncode` is a session's one encode for encoded video: it holds at
+  most `depth` frames (the oldest is dropped; two, or a chunk's frames when a
+  chunk holds more: the engine delivers a chunk's frames together), encodes
+  them on a worker thread of its own and hands each encoded sample, with its
+  frame, to every `Fmp4Sink` of the session on the event loop. `clear` (flush,
+  cancel) drops queued frames and makes the next encoded frame an IDR.
+- `Fmp4Sink` is one stream's `FrameSink` (`sessions/frames.py`) over it: `put`
+  never blocks; it joins the session's encode (kept in the session's
+  `FramePipeline.shared`) and leaves it at its close, so streams of one
+  session (and what reads its encoded video next: recordings, spectators)
+  share one encode.
 
 The media timeline is gapless: the n-th fragment a fragmenter writes starts
 at n frame periods (one period = 1/fps s), whatever the session's wall-clock
@@ -39,10 +44,10 @@ from fractions import Fraction
 
 import av
 
-from worldcast.sessions.frames import VideoFrame
+from worldcast.sessions.frames import FramePipeline, VideoFrame
 from worldcast.transport.media import h264
 from worldcast.transport.media import picture as media_picture
-from worldcast.transport.media.frame_queue import FrameQueue, QueuedSink
+from worldcast.transport.media.frame_queue import FrameQueue
 from worldcast.transport.stream.mp4box import (
     Sample,
     annexb_to_avcc,
@@ -187,34 +192,36 @@ SampleCallback = Callable[[VideoFrame, Fmp4Encoder, EncodedSample], None]
 _DROP_REASONS = {"full": "encoder_queue", "cleared": "stale", "stale": "stale"}
 
 
-class Fmp4Sink(QueuedSink):
-    """A `FrameSink` that encodes a session's frames to H.264 for fMP4, off the event loop.
+class SessionEncode:
+    """One H.264 encode of a session's frames, off the event loop, shared by every `Fmp4Sink` of the session that
+    asks for the same picture (fps, scale, stamp): the session's one encoder for encoded video. Made and found
+    through `join` (kept in the session's `FramePipeline.shared`), ended when its last sink leaves.
+
+    Frames put by several sinks (each sink is the session's, so each gets every frame) are queued once;
+    what happens to each frame is told to every sink: its sample (`on_sample`), or why it was dropped
+    (`on_drop`). A sink's `clear` (a flush) drops the queue and makes the next encoded frame an IDR, which every
+    sink can start from; a sink that joins late asks for one too.
 
     Args:
         fps: the model's frame rate.
-        on_sample: called on the event loop with (frame, encoder, sample) for every
-            encoded frame that is still current (`is_current`).
         is_current: the session's stale-frame decision (`FramePipeline.is_current`).
-        on_clear: called on the event loop when the sink is cleared (flush/cancel).
         scale: integer upscale of the pictures.
         stamp: stamp frame index and action seq into the pictures.
-        depth: frames held at most before encoding (the oldest is dropped): 2, or the frames of
-            one chunk if more (they arrive together).
+        depth: frames held at most before encoding (the oldest is dropped): 2, or the frames of one chunk if
+            more (they arrive together).
         name: for logs and the worker thread's name.
-        on_drop: called on the event loop with (reason, frames) for every frame put that is not handed
-            to `on_sample`: "encoder_queue" (pushed out of the full queue: the encoder is behind), "stale"
-            (a flush or cut dropped it, queued or while it was encoded), "closed" (queued at `aclose`) or
-            "encoder" (the encoder returned nothing for it).
     """
 
-    def __init__(self, *, fps: int, on_sample: SampleCallback, is_current: Callable[[VideoFrame], bool],
-                 on_clear: Callable[[], None] | None = None, scale: int = 1, stamp: bool = False,
-                 depth: int = 2, name: str = "", on_drop: Callable[[str, int], None] | None = None) -> None:
+    def __init__(self, *, fps: int, is_current: Callable[[VideoFrame], bool], scale: int = 1, stamp: bool = False,
+                 depth: int = 2, name: str = "") -> None:
         if not 1 <= depth <= 64:
             raise ValueError("a frame sink holds 1 to 64 frames (two, or one chunk's)")
         self.fps, self.scale, self.stamp, self.name = fps, scale, stamp, name
-        self._on_sample, self._on_clear, self._on_drop = on_sample, on_clear, on_drop
         self.queue = FrameQueue(depth, is_current, on_drop=self._queue_dropped)
+        self.sinks: list[Fmp4Sink] = []
+        self._key: tuple[object, ...] | None = None
+        self._shared: dict[object, object] | None = None
+        self._last_put: VideoFrame | None = None
         self._keyframe = False
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"fmp4-{name}")
         self._task: asyncio.Task[None] | None = None
@@ -223,38 +230,77 @@ class Fmp4Sink(QueuedSink):
         self.frames_encoded = 0
         self.keyframes = 0
         self.encode_ms_max = 0.0
-        self._frames_done = 0  #: frames put and since handed on or dropped
+        self._frames_done = 0  #: frames queued and since handed on or dropped
         self._markers: list[tuple[int, Callable[[], None]]] = []
 
-    # -- FrameSink --------------------------------------------------------------------------------
+    @classmethod
+    def join(cls, sink: Fmp4Sink, pipeline: FramePipeline, *, fps: int, scale: int, stamp: bool, depth: int,
+             name: str) -> SessionEncode:
+        """The session's encode for this picture (made on first use), with `sink` subscribed to it."""
+        key = ("fmp4", fps, scale, stamp)
+        enc = pipeline.shared.get(key)
+        if not isinstance(enc, SessionEncode) or enc._closed:
+            enc = cls(fps=fps, is_current=pipeline.is_current, scale=scale, stamp=stamp, depth=depth, name=name)
+            enc._key, enc._shared = key, pipeline.shared
+            pipeline.shared[key] = enc
+        elif enc.frames_encoded:
+            enc._keyframe = True  # a sink that joins a running encode starts at the next IDR
+        enc.sinks.append(sink)
+        return enc
 
-    def put(self, frame: VideoFrame) -> None:
-        """Queue a frame for encoding (never blocks; drops the oldest queued frame when full)."""
+    async def leave(self, sink: Fmp4Sink) -> None:
+        """`sink` is done; the last one to leave stops the encode and releases the encoder (idempotent)."""
+        if sink in self.sinks:
+            self.sinks.remove(sink)
+        if not self.sinks:
+            await self.aclose()
+
+    # -- what the sinks hand on ------------------------------------------------------------------------
+
+    def put(self, frame: VideoFrame) -> bool:
+        """Queue a frame for encoding once, however many sinks hand it on, in PTS order (never blocks; drops the
+        oldest queued frame when full).
+
+        Returns:
+            False for a frame it has had already and is done with (a sink that joined was handed the session's
+            last frame): that sink's to account. A frame it has and is still working on is told to every sink.
+        """
         if self._closed:
-            return
+            return True
+        last = self._last_put
+        if last is not None and frame.pts <= last.pts:
+            return frame is last and self._frames_done < self.frames_in
+        self._last_put = frame
         self.queue.put(frame)
+        return True
 
     def clear(self) -> None:
         """Drop queued frames; the next encoded frame is an IDR."""
         self._keyframe = True
-        if self._on_clear is not None:
-            self._on_clear()
         self.queue.clear()
 
+    @property
+    def frames_in(self) -> int:
+        """Frames queued for encoding (each once)."""
+        return self.queue.frames_in
 
     def when_done(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (on the event loop) once every frame put so far has been handed on or dropped."""
+        """Call `callback` (on the event loop) once every frame queued so far has been handed on or dropped."""
         self._markers.append((self.frames_in, callback))
         self._done(0)
 
     def _queue_dropped(self, n: int, reason: str) -> None:
         why = "closed" if self._closed else _DROP_REASONS.get(reason, reason)
-        if self._on_drop is not None:
-            try:
-                self._on_drop(why, n)
-            except Exception:  # noqa: BLE001 - a counter's bug must not stop the encoder
-                logger.exception("Fmp4Sink(%s): on_drop failed", self.name)
+        self._tell_drop(why, n)
         self._done(n)
+
+    def _tell_drop(self, why: str, n: int) -> None:
+        for sink in list(self.sinks):
+            if sink.on_drop is not None:
+                try:
+                    sink.on_drop(why, n)
+                except Exception:  # noqa: BLE001 - a counter's bug must not stop the encoder
+                    logger.exception("SessionEncode(%s): on_drop failed", self.name)
 
     def _done(self, n: int) -> None:
         self._frames_done += n
@@ -263,7 +309,7 @@ class Fmp4Sink(QueuedSink):
             try:
                 cb()
             except Exception:  # noqa: BLE001 - a callback's bug must not stop the encoder
-                logger.exception("Fmp4Sink(%s): when_done callback failed", self.name)
+                logger.exception("SessionEncode(%s): when_done callback failed", self.name)
 
     # -- control ----------------------------------------------------------------------------------
 
@@ -272,9 +318,9 @@ class Fmp4Sink(QueuedSink):
         self._keyframe = True
 
     def start(self) -> None:
-        """Start the encoding task (on the running loop)."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"fmp4-sink-{self.name}")
+        """Start the encoding task (on the running loop; idempotent)."""
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"fmp4-encode-{self.name}")
             self._task.add_done_callback(_log_task_failure)
 
     async def _run(self) -> None:
@@ -297,7 +343,8 @@ class Fmp4Sink(QueuedSink):
                 self.frames_encoded += 1
                 self.keyframes += s.keyframe
                 self.encode_ms_max = max(self.encode_ms_max, s.encode_ms)
-                self._on_sample(frame, enc, s)
+                for sink in list(self.sinks):
+                    sink.on_sample(frame, enc, s)
             self._done(1)
 
     def _encode(self, frame: VideoFrame, keyframe: bool) -> list[EncodedSample]:
@@ -308,7 +355,7 @@ class Fmp4Sink(QueuedSink):
             if self.encoder is not None:
                 self.encoder.close()
             self.encoder = Fmp4Encoder(width=picture.width, height=picture.height, fps=self.fps)
-            logger.info("Fmp4Sink(%s): %dx%d @ %d fps, %s", self.name, picture.width, picture.height, self.fps,
+            logger.info("SessionEncode(%s): %dx%d @ %d fps, %s", self.name, picture.width, picture.height, self.fps,
                         self.encoder.codec)
         prep_ms = (time.perf_counter() - t0) * 1e3
         return [EncodedSample(s.data, s.keyframe, s.encode_ms + prep_ms)
@@ -319,6 +366,8 @@ class Fmp4Sink(QueuedSink):
         if self._closed:
             return
         self._closed = True
+        if self._shared is not None and self._shared.get(self._key) is self:
+            del self._shared[self._key]
         self.queue.clear()
         if self._task is not None:
             self._task.cancel()
@@ -329,6 +378,71 @@ class Fmp4Sink(QueuedSink):
         # the encoder is only touched on the worker thread: close it there, after any encode in flight
         await asyncio.wrap_future(self._executor.submit(lambda: self.encoder.close() if self.encoder else None))
         self._executor.shutdown(wait=False)
+
+
+class Fmp4Sink:
+    """One stream's `FrameSink` of a session's encoded video: it hands frames to the session's shared encode
+    (`SessionEncode`) and gets back each encoded sample, or why a frame it handed on was dropped.
+
+    Args:
+        pipeline: the session's frame pipeline (`Session.frames`; its `shared` holds the encode).
+        fps: the model's frame rate.
+        on_sample: called on the event loop with (frame, encoder, sample) for every encoded frame that is still
+            current.
+        on_clear: called on the event loop when the sink is cleared (flush/cancel).
+        scale: integer upscale of the pictures.
+        stamp: stamp frame index and action seq into the pictures.
+        depth: frames the encode holds at most before encoding (see `SessionEncode`).
+        name: for logs.
+        on_drop: called on the event loop with (reason, frames) for every frame handed on that does not reach
+            `on_sample`: "encoder_queue" (pushed out of the full queue: the encoder is behind), "stale" (a flush
+            or cut dropped it, queued or while it was encoded), "closed" (queued at the close) or "encoder" (the
+            encoder returned nothing for it).
+    """
+
+    def __init__(self, pipeline: FramePipeline, *, fps: int, on_sample: SampleCallback,
+                 on_clear: Callable[[], None] | None = None, scale: int = 1, stamp: bool = False, depth: int = 2,
+                 name: str = "", on_drop: Callable[[str, int], None] | None = None) -> None:
+        self.on_sample, self.on_clear, self.on_drop = on_sample, on_clear, on_drop
+        self.name = name
+        self.frames_in = 0  #: frames handed to this sink while it was open
+        self._left = False
+        self.encode = SessionEncode.join(self, pipeline, fps=fps, scale=scale, stamp=stamp, depth=depth, name=name)
+
+    # -- FrameSink --------------------------------------------------------------------------------
+
+    def put(self, frame: VideoFrame) -> None:
+        """Hand a frame to the session's encode (never blocks; ignored once the sink is closed)."""
+        if self._left:
+            return
+        self.frames_in += 1
+        if not self.encode.put(frame) and self.on_drop is not None:
+            self.on_drop("stale", 1)  # the encode is past it (this sink joined a running encode)
+
+    def clear(self) -> None:
+        """Drop queued frames; the next encoded frame is an IDR."""
+        if self.on_clear is not None:
+            self.on_clear()
+        self.encode.clear()
+
+    # -- control ----------------------------------------------------------------------------------
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on the event loop) once every frame handed on so far has been handed back or dropped."""
+        self.encode.when_done(callback)
+
+    def request_keyframe(self) -> None:
+        """Make the next encoded frame an IDR (this stream's reader caught up after drops)."""
+        self.encode.request_keyframe()
+
+    def start(self) -> None:
+        """Start the session's encode if it is not running (on the running loop)."""
+        self.encode.start()
+
+    async def aclose(self) -> None:
+        """Leave the session's encode (the last sink to leave stops it; idempotent)."""
+        self._left = True
+        await self.encode.leave(self)
 
 
 def _log_task_failure(task: asyncio.Task[None]) -> None:

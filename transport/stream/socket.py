@@ -4,7 +4,8 @@ Two protocols run over it, each by composition (a `StreamProtocol` handed to `St
 subclass): the worldcast stream (`connection.StreamConnection`, docs/streaming.md) and Dreamverse's `/ws`
 (`transport/dreamverse/connection.DreamverseConnection`). The socket owns what both share:
 
-- video: the session's frames through a `_CountingSink` into the fMP4 sink (`fmp4.Fmp4Sink`: encoder,
+- video: the session's frames through a `_CountingSink` into the fMP4 sink (`fmp4.Fmp4Sink`, over the session's
+  one shared encode, `fmp4.SessionEncode`;
   frames counted per directing segment in `queue.FrameAccount`), then `queue.OutboundQueue` (media
   dropped for a reader that stops reading, control text never), rendered by the protocol at send time;
 - input: every client message size- and rate-checked by the connection core's guard before it is parsed
@@ -111,8 +112,8 @@ class StreamSocket:
         self.director = director_of(session)  #: the directing layer over the session (None: interactive)
         self.max_text_bytes = max_text_bytes
         self.frames = FrameAccount(on_count=on_frames)
-        self.sink = Fmp4Sink(fps=session.model.spec.fps, on_sample=self._on_sample,
-                             is_current=session.frames.is_current, on_clear=self._on_clear, scale=video_scale,
+        self.sink = Fmp4Sink(session.frames, fps=session.model.spec.fps, on_sample=self._on_sample,
+                             on_clear=self._on_clear, scale=video_scale,
                              stamp=session.stamp_frames,
                              depth=max(2, session.model.spec.frames_per_chunk), name=session.id,
                              on_drop=self.frames.count_dropped)
