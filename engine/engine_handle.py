@@ -79,6 +79,9 @@ class EngineHandle(abc.ABC):
     """
 
     process: bool = False  #: whether it runs in a process of its own (reported, never asked by sessions/)
+    #: whether its warm-up runs on the server's interpreter (its timings would then count whatever else the
+    #: server's threads do meanwhile, e.g. loading the conditioning encoders: `SessionManager.start`)
+    warmup_shares_interpreter: bool = False
 
     def __init__(self, engine_id: int, *, device: str, spec: WorldModelSpec, config: EngineConfig) -> None:
         self.id = engine_id

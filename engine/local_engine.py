@@ -44,6 +44,7 @@ class LocalEngine(EngineHandle):
     """
 
     process = False
+    warmup_shares_interpreter = True
 
     def __init__(self, engine_id: int, model: WorldModel, config: EngineConfig, *,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -155,7 +155,7 @@ class SessionManager:
         starts = [e.start(warmup=self.config.warmup) for e in self.engines]
         if not self.config.warmup:
             await asyncio.gather(*starts)
-        elif all(e.process for e in self.engines) and self.model.encoders_on_cpu:
+        elif not any(e.warmup_shares_interpreter for e in self.engines) and self.model.encoders_on_cpu:
             # the conditioning encoders load now, not on the first user's request: here beside the engines'
             # warm-ups, which run in processes of their own (and choose by thread CPU time: engine/tuning/warmup.py);
             # an encoder on an engine's device would skew what its warm-up measures (memory, step times)

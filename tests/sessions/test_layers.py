@@ -78,3 +78,20 @@ def test_the_engine_is_layered_core_and_tuning_below_the_process_boundary() -> N
     assert not {m: ds for m, ds in every.items()
                 if not m.startswith(process + ".") and any(d.startswith(process) for d in ds)}
     assert any(d.startswith("worldcast.engine.tuning") for d in g["worldcast.engine.process.launch"])
+
+
+def test_sessions_never_ask_which_kind_of_engine_they_hold() -> None:
+    """One engine contract: nothing in sessions/ tests an engine's kind (`isinstance` with `LocalEngine` or
+    `EngineClient`) or reaches past the handle (its `process` flag, a local engine's `worker` or `core`)."""
+    kinds, past = {"LocalEngine", "EngineClient"}, {"process", "worker", "core", "mirrors_inputs"}
+    found = []
+    for path in sorted((ROOT / "sessions").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+                    and any(isinstance(n, ast.Name) and n.id in kinds for n in ast.walk(node.args[1]))):
+                found.append(f"{path.name}:{node.lineno} isinstance")
+            elif isinstance(node, ast.Attribute) and node.attr in past:
+                found.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not found, found
+    probe = ast.parse("isinstance(e, LocalEngine) and e.process")  # the check sees what it looks for
+    assert any(isinstance(n, ast.Attribute) and n.attr == "process" for n in ast.walk(probe))
