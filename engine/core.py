@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 from worldcast.engine import messages as m
+from worldcast.engine import session_state
 from worldcast.engine.conditioner import SessionConditioner
 from worldcast.engine.device_worker import DeviceWorker
 from worldcast.engine.errors import EngineError
@@ -97,11 +98,10 @@ class EngineCore:
 
     def _add(self, cmd: m.AddSession) -> None:
         state = cmd.conditioner
-        if cmd.state is not None:
-            from worldcast.engine.session_state import parse
-
-            carried = parse(cmd.state, self.worker.model.spec).conditioner
-            state = carried if carried is not None else state
+        captured = None
+        if cmd.state is not None:  # parsed once, here, for its conditioner and for the worker's restore
+            captured = session_state.parse(cmd.state, self.worker.model.spec)
+            state = captured.conditioner if captured.conditioner is not None else state
         if state is None:
             raise ValueError("a session needs its conditioning")
         cond = SessionConditioner(self.worker.model, state)
@@ -112,5 +112,5 @@ class EngineCore:
                 self.emit(m.SessionRestored(sid, b, error))
         with self._lock:
             self._sessions[sid] = cond
-        self.worker.add_session(sid, cond, seed=cmd.seed, state=cmd.state, on_restored=on_restored,
+        self.worker.add_session(sid, cond, seed=cmd.seed, state=captured, on_restored=on_restored,
                                 verify=cmd.verify)

@@ -522,14 +522,16 @@ class DeviceWorker:
         leaving = sum(1 for sid in set(self._pending_remove) if self.pool.holds(sid) or sid in queued)
         return self.pool.num_slots - self.pool.used_slots - self._reserved + leaving
 
-    def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int, state: bytes | None = None,
+    def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int,
+                    state: bytes | session_state.CapturedSession | None = None,
                     on_restored: Callable[[bytes | None, str | None], None] | None = None,
                     verify: bool = False) -> None:
         """Reserve a state slot and start generating for `session_id` (the worker allocates it).
 
         Args:
             state: a session moved from another engine: its bytes from `export_session` there
-                (`engine/session_state.py`); its slot, rollout, RNG and schedule carry on from them.
+                (`engine/session_state.py`), or those bytes parsed; its slot, rollout, RNG and schedule carry on
+                from them.
             on_restored: with `state`, called on the worker thread once the restore is done, before any
                 step: `(captured, None)` where it succeeded, `(None, reason)` where it failed (the session
                 is then gone from this engine and `on_error` is not called for it).
@@ -540,7 +542,8 @@ class DeviceWorker:
             StatePoolExhausted: no free slot.
             SessionStateError: `state` is not a state of this engine's model.
         """
-        captured = session_state.parse(state, self.model.spec) if state is not None else None
+        captured = (state if isinstance(state, session_state.CapturedSession) or state is None
+                    else session_state.parse(state, self.model.spec))
         with self._wake:
             if self._free_slots_locked() < 1:
                 raise StatePoolExhausted(f"all {self.pool.num_slots} state slots in use "

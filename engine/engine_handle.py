@@ -100,6 +100,9 @@ class EngineHandle(abc.ABC):
         self.on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None
         self.on_state: Callable[[EngineHandle], None] = lambda engine: None
         self.on_stalled: Callable[[EngineHandle, list[str], str], None] = lambda engine, sids, reason: None
+        #: a session's core lost what it was told for a while (a late capture put back in place): send it the
+        #: session's epoch, wants and conditioning again (event loop)
+        self.on_resync: Callable[[str], None] = lambda session_id: None
         self.stalls = 0  #: times it was marked stalled
         self._up_since_s = time.monotonic()  #: when it last became ready from a start (not from a stall)
         self._watchdog: asyncio.Task[None] | None = None
@@ -300,9 +303,13 @@ class EngineHandle(abc.ABC):
         self._send(msg.PushInput(session_id, delta))
 
     def remove_session(self, session_id: str) -> None:
-        """Stop generating for a session and free its slot (idempotent)."""
+        """Stop generating for a session and free its slot (idempotent); a restore waiting for it fails (the
+        core may drop an add removed before it started without a word)."""
         self._forget(session_id)
         self._send(msg.RemoveSession(session_id))
+        fut = self._restored.pop(session_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(EngineUnavailable(f"session {session_id} was removed before its restore"))
 
     async def export_session(self, session_id: str) -> bytes:
         """Capture the session's whole state at its next chunk boundary and stop serving it here.
@@ -355,8 +362,6 @@ class EngineHandle(abc.ABC):
         elif isinstance(ev, msg.SessionExported):
             self._on_loop(self._settle_export, ev.request_id, ev.session_id, ev.state, ev.error)
         elif isinstance(ev, msg.SessionRestored):
-            if ev.error is not None:
-                self._forget(ev.session_id)
             self._on_loop(self._settle_restored, ev.session_id, ev.state, ev.error)
 
     def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
@@ -381,9 +386,17 @@ class EngineHandle(abc.ABC):
 
     def _settle_restored(self, session_id: str, state: bytes | None, error: str | None) -> None:
         fut = self._restored.pop(session_id, None)
+        if fut is None and session_id in self.session_ids:  # a late capture put back in place (`_settle_export`)
+            if error is None:
+                self.on_resync(session_id)  # the core dropped what it was told while the session was detached
+            else:
+                self._forget(session_id)
+                self.on_error(session_id, f"could not take its state back after a failed move: {error}")
+            return
         if fut is None or fut.done():
             return
         if error is not None:
+            self._forget(session_id)
             fut.set_exception(EngineUnavailable(error))
         else:
             fut.set_result(state)

@@ -110,6 +110,7 @@ class SessionManager:
         for e in self.engines:
             e.on_frames, e.on_lost, e.on_stalled = self._on_frames, self._on_engine_lost, self._on_engine_stalled
             e.on_error = lambda sid, reason, e=e: self._on_error(e, sid, reason)  # type: ignore[misc]
+            e.on_resync = self._resync
         self._loop: asyncio.AbstractEventLoop | None = None
         self._creating: dict[int, int] = {}  #: per engine: sessions admitted but not yet on it (encoding)
         #: sessions between two engines (`sessions/moves.py`): their input changes wait here (epoch, wants and
@@ -407,6 +408,11 @@ class SessionManager:
             s = self.sessions.get(f.session_id)
             if s is not None:
                 s.frames.submit(f)
+
+    def _resync(self, session_id: str) -> None:  # event loop
+        s = self.sessions.get(session_id)
+        if s is not None:
+            s.inputs.resend()
 
     def _frame_outcome(self, outcome: str, lateness_s: float) -> None:
         if self.on_frame is not None:

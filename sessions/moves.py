@@ -139,9 +139,13 @@ async def _move_steps(m: SessionManager, s: Session, src: EngineHandle, target: 
     try:
         blob = await src.export_session(session_id)
     except (KeyError, EngineUnavailable) as e:
-        m.moving.pop(session_id, None)
+        held = m.moving.pop(session_id, [])
         if s.state == SessionState.CLOSED:
             raise SessionNotFound(f"session {session_id} closed while moving") from None
+        if src.holds(session_id):  # it stays where it was: what it was told meanwhile goes there after all
+            for delta in held:
+                src.push_input(session_id, delta)
+            s.inputs.resend()
         raise MoveFailed(f"could not capture its state on engine {src.id}: {e}") from None
     t1 = time.perf_counter()
     if s.state == SessionState.CLOSED:

@@ -185,6 +185,7 @@ class GatedEngine(LocalEngine):
     def __init__(self, model, *, process: bool) -> None:  # type: ignore[no-untyped-def]
         super().__init__(0, model, EngineConfig(torch_threads=1, state_budget_bytes=2**24))
         self.process = process
+        self.warmup_shares_interpreter = not process  # its warm-up runs where the kind says
         self.gate = asyncio.Event()
         self.started = False
 

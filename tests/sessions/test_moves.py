@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
@@ -189,3 +190,63 @@ async def test_inputs_during_a_move_reach_the_target_and_a_cancelled_caller_does
         await until(lambda: any(f.action_seq == 0 for f in sink.frames[n:]))  # with the action pushed mid-move
     finally:
         await m.aclose()
+
+
+async def test_a_move_that_cannot_capture_leaves_the_source_told_of_everything_meanwhile(model) -> None:  # type: ignore[no-untyped-def]
+    """While a session is between engines its changes wait; when the source cannot capture it (a stalled engine
+    fails the export), it stays there and gets what waited: the key pressed and the flush made meanwhile."""
+    from worldcast.engine.errors import EngineUnavailable
+
+    m = manager(model)
+    await m.start()
+    try:
+        s = await m.create(seed=3)
+        s.attach_sink(ListSink())
+        src = m.engines[0]
+        release = asyncio.Event()
+
+        async def export_session(sid: str) -> bytes:
+            await release.wait()
+            raise EngineUnavailable("engine 0 is stalled: no progress for 9.9 s")
+
+        src.export_session = export_session  # type: ignore[method-assign]
+        move = asyncio.create_task(moves.move_session(m, s.id, to=1))
+        await asyncio.sleep(0)
+        assert s.id in m.moving
+        s.inputs.push(0, ["d"], (0.0, 0.0))
+        epoch = s.flush()
+        release.set()
+        with pytest.raises(MoveFailed, match="stalled"):
+            await move
+        cond = src.core.conditioner(s.id)  # type: ignore[attr-defined]
+        assert s.engine_id == 0 and cond is not None
+        st = cond.conditioner_state()
+        assert st.held == ("d",) and st.epoch == epoch and st.wants_frames
+    finally:
+        await m.aclose()
+
+
+async def test_a_session_removed_before_its_restore_fails_the_waiting_import(model) -> None:  # type: ignore[no-untyped-def]
+    """An engine may drop an add that a removal overtook without a word: the import waiting on it fails instead of
+    waiting for ever (a move of a session closed mid-way)."""
+    from worldcast.engine.conditioner import ConditionerState
+    from worldcast.engine.errors import EngineUnavailable
+
+    cfg = EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * 2, max_batch=1, torch_threads=1)
+    a, b = LocalEngine(0, model, cfg), LocalEngine(1, model, cfg)
+    await a.start(warmup=False)
+    try:
+        prompt = np.zeros(model.spec.conditioning.tensors[0][1], np.float32)
+        st = ConditionerState(epoch=0, wants_frames=True, context_version=0, context={"prompt": prompt})
+        a.add_session("x", st, seed=1)
+        blob = await a.export_session("x")
+    finally:
+        await a.aclose()
+    b._loop = asyncio.get_running_loop()  # its worker is not started: the add waits in its queue
+    imp = asyncio.create_task(b.import_session("x", st, seed=1, blob=blob))
+    await asyncio.sleep(0.05)
+    assert not imp.done() and b.holds("x")
+    b.remove_session("x")
+    with pytest.raises(EngineUnavailable, match="removed before its restore"):
+        await asyncio.wait_for(imp, 5)
+    assert not b.holds("x")

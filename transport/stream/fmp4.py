@@ -249,11 +249,18 @@ class SessionEncode:
         return enc
 
     async def leave(self, sink: Fmp4Sink) -> None:
-        """`sink` is done; the last one to leave stops the encode and releases the encoder (idempotent)."""
-        if sink in self.sinks:
+        """`sink` is done; the last one to leave stops the encode and releases the encoder (idempotent). The frames
+        still queued or being encoded are told to the leaving sink as dropped ("closed")."""
+        if sink not in self.sinks:
+            return
+        if len(self.sinks) == 1:
+            await self.aclose()  # the queue's frames are dropped as "closed" to every sink, this one included
             self.sinks.remove(sink)
-        if not self.sinks:
-            await self.aclose()
+            return
+        self.sinks.remove(sink)
+        pending = min(self.frames_in - self._frames_done, sink.frames_in)
+        if pending > 0 and sink.on_drop is not None:
+            sink.on_drop("closed", pending)
 
     # -- what the sinks hand on ------------------------------------------------------------------------
 
