@@ -117,6 +117,10 @@ async def test_each_engine_process_reports_its_resident_memory(server: str) -> N
 
 async def test_a_killed_engine_takes_only_its_sessions_and_comes_back(server: str) -> None:
     async with httpx.AsyncClient(base_url=server, timeout=30) as http:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while (await http.get("/readyz")).json()["engines"]["up"] < 2:  # (one stalled by a busy machine at start)
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
         a = await StreamClient.connect(server, decode=False, seed=1)
         b = await StreamClient.connect(server, decode=False, seed=2)
         try:
