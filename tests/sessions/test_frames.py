@@ -88,7 +88,9 @@ def test_pacing_hands_a_frame_on_no_earlier_than_send_ahead_before_its_presentat
         assert len(sink.frames) == 1
         p.submit(out(1, 0, now + 0.25))
         assert len(sink.frames) == 1, "not before it is due"
+        end = time.monotonic() + 30
         while len(sink.frames) < 2:
+            assert time.monotonic() < end, "the paced frame never came"
             await asyncio.sleep(0.01)
         assert at[1] >= now + 0.25 - 0.05 - 0.005  # (the loop's clock resolution)
 

@@ -244,8 +244,8 @@ async def test_a_session_removed_before_its_restore_fails_the_waiting_import(mod
         await a.aclose()
     b._loop = asyncio.get_running_loop()  # its worker is not started: the add waits in its queue
     imp = asyncio.create_task(b.import_session("x", st, seed=1, blob=blob))
-    await asyncio.sleep(0.05)
-    assert not imp.done() and b.holds("x")
+    await until(lambda: b.holds("x"))  # the import has sent its add (which waits in the worker's queue)
+    assert not imp.done()
     b.remove_session("x")
     with pytest.raises(EngineUnavailable, match="removed before its restore"):
         await asyncio.wait_for(imp, 5)
