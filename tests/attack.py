@@ -403,14 +403,16 @@ async def case_livekit(url: str, lk: Any) -> list[Case]:
         s = r.json()
         await asyncio.sleep(TOKEN_TTL_S + 2)
         room = rtc.Room()
+        left = asyncio.Event()
+        room.on("disconnected", lambda *_: left.set())
         removed_s: float | None = None
         try:
             await asyncio.wait_for(room.connect(s["livekit"]["url"], s["livekit"]["token"]), 10)
             joined = True
             t0 = time.monotonic()
-            while room.isconnected() and time.monotonic() - t0 < 5.0:
-                await asyncio.sleep(0.02)
-            removed_s = None if room.isconnected() else time.monotonic() - t0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(left.wait(), 5.0)
+            removed_s = time.monotonic() - t0 if left.is_set() else None
         except Exception:  # noqa: BLE001 - refused: expired
             joined = False
         await room.disconnect()

@@ -82,16 +82,15 @@ def test_pacing_hands_a_frame_on_no_earlier_than_send_ahead_before_its_presentat
         sink = ListSink()
         p.add_sink(sink)
         at: list[float] = []
-        p.on_delivered.append(lambda f: at.append(time.monotonic()))
+        second = asyncio.Event()
+        p.on_delivered.append(lambda f: (at.append(time.monotonic()), len(at) == 2 and second.set()))
         now = time.monotonic()
         p.submit(out(0, 0, now))  # already due: at once
         assert len(sink.frames) == 1
         p.submit(out(1, 0, now + 0.25))
         assert len(sink.frames) == 1, "not before it is due"
-        end = time.monotonic() + 30
-        while len(sink.frames) < 2:
-            assert time.monotonic() < end, "the paced frame never came"
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(second.wait(), 30)  # (the paced frame comes, or the test fails)
+        assert len(sink.frames) == 2
         assert at[1] >= now + 0.25 - 0.05 - 0.005  # (the loop's clock resolution)
 
     asyncio.run(run())

@@ -211,8 +211,7 @@ async def test_a_move_that_cannot_capture_leaves_the_source_told_of_everything_m
 
         src.export_session = export_session  # type: ignore[method-assign]
         move = asyncio.create_task(moves.move_session(m, s.id, to=1))
-        await asyncio.sleep(0)
-        assert s.id in m.moving
+        await until(lambda: s.id in m.moving)  # the move has begun: it waits on the export
         s.inputs.push(0, ["d"], (0.0, 0.0))
         epoch = s.flush()
         release.set()
