@@ -8,10 +8,12 @@ rollout's `Conditioner` calls (`engine/rollout.py`) without asking the
 server anything:
 
 - `InputDelta` (`PushInput`), one per accepted action message and one when a
-  client comes or goes: the held keys (None: unchanged; the server's action
-  gate, `sessions/actions.py`, decided the message was a reordered, older
-  one, so only its movement counts), the newest seq, and the mouse movement
-  to add. Held keys are state; movement is summed until a chunk samples it.
+  client comes or goes: the held keys and the positions of the absolute axes
+  (None: unchanged; the server's action gate, `sessions/actions.py`, decided
+  the message was a reordered, older one, so only its movement counts), the
+  newest seq, and the movement of relative axes to add. Held keys and
+  positions are state; movement is summed per axis until a chunk samples it
+  (`ActionSpace.axis_values` spreads it over the chunk's frames).
 - `ConditionerState` (`AddSession`, `UpdateSession`): the flush epoch,
   whether the session wants frames, and the encoded conditioning with its
   version (the arrays only when the version changed). These are what the
@@ -48,14 +50,16 @@ class InputDelta:
     Attributes:
         held: names of the keys held now; None: unchanged (a reordered, older message: movement only).
         seq: the newest applied action seq (-1: none).
-        mouse: (dx, dy) mouse counts to add to the pending movement.
-        clear: drop the pending movement before adding `mouse` (a new client, or every key released); not
+        moves: (relative axis, movement) pairs to add to the pending movement, wire units.
+        positions: (absolute axis, position) for every absolute axis, wire units; None: unchanged (with `held`).
+        clear: drop the pending movement before adding `moves` (a new client, or every key released); not
             counted as an input.
     """
 
     held: tuple[str, ...] | None
     seq: int
-    mouse: tuple[float, float] = (0.0, 0.0)
+    moves: tuple[tuple[str, float], ...] = ()
+    positions: tuple[tuple[str, float], ...] | None = None
     clear: bool = False
 
 
@@ -70,7 +74,8 @@ class ConditionerState:
         context: the encoded conditioning ({name: array}); None in an update whose version did not change.
         held: keys held now.
         seq: newest applied action seq (-1: none).
-        mouse: pending (dx, dy) mouse counts not yet sampled by a chunk.
+        moves: (relative axis, movement) pending, not yet sampled by a chunk, wire units.
+        positions: (absolute axis, position) given by the newest message, wire units (absent: at rest).
         input_version: actions pushed so far (`Conditioner.input_version`).
     """
 
@@ -80,7 +85,8 @@ class ConditionerState:
     context: Conditioning | None
     held: tuple[str, ...] = ()
     seq: int = -1
-    mouse: tuple[float, float] = (0.0, 0.0)
+    moves: tuple[tuple[str, float], ...] = ()
+    positions: tuple[tuple[str, float], ...] = ()
     input_version: int = 0
 
 
@@ -89,7 +95,7 @@ class SessionConditioner:
     server's messages, read by the device thread).
 
     Args:
-        model: the engine's model (`encode_action`, the key names).
+        model: the engine's model (`encode_action`, its `spec.actions`).
         state: the session's full state (its `context` must be given).
 
     Raises:
@@ -100,10 +106,10 @@ class SessionConditioner:
         if state.context is None:
             raise ValueError("a session's conditioner starts from a full state (context given)")
         self.model = model
-        self._keys = model.spec.actions.keys
+        self._space = model.spec.actions
         self._lock = threading.Lock()
         self._state = state
-        self._mouse = list(state.mouse)
+        self._moves = dict(state.moves)
 
     # -- applied from the server's messages ------------------------------------------------------------
 
@@ -119,25 +125,28 @@ class SessionConditioner:
         """Apply one input change."""
         with self._lock:
             if delta.clear:
-                self._mouse = [0.0, 0.0]
-            self._mouse[0] += delta.mouse[0]
-            self._mouse[1] += delta.mouse[1]
+                self._moves = {}
+            for name, v in delta.moves:
+                self._moves[name] = self._moves.get(name, 0.0) + v
             inputs = self._state.input_version + (0 if delta.clear else 1)
             held = self._state.held if delta.held is None else tuple(delta.held)
-            self._state = replace(self._state, held=held, seq=delta.seq, input_version=inputs)
+            positions = self._state.positions if delta.positions is None else tuple(delta.positions)
+            self._state = replace(self._state, held=held, positions=positions, seq=delta.seq,
+                                  input_version=inputs)
 
     # -- Conditioner (device thread) --------------------------------------------------------------------
 
     def sample_chunk(self, frames: int) -> ChunkInputs:
-        """The freshest actions for the next `frames` pixel frames (float32 (frames, A): held keys on every
-        frame, the pending movement split evenly over them and consumed) and the conditioning."""
+        """The freshest actions for the next `frames` pixel frames (float32 (frames, A): held keys and axis
+        positions on every frame, the pending movement spread evenly over them and consumed:
+        `ActionSpace.axis_values`) and the conditioning."""
         with self._lock:  # one lock: the counter and the actions it claims are read together
             st = self._state
-            dx, dy = self._mouse
-            self._mouse = [0.0, 0.0]
-        held = {k: (k in st.held) for k in self._keys}
-        m = (dx / frames, dy / frames)
-        vecs = np.stack([self.model.encode_action(dict(held), m) for _ in range(frames)])
+            moves, self._moves = self._moves, {}
+        held = {k: (k in st.held) for k in self._space.keys}
+        axes = self._space.axis_values(moves, dict(st.positions), frames)
+        vec = np.asarray(self.model.encode_action(held, axes), dtype=np.float32)
+        vecs = np.repeat(vec[None], frames, axis=0)
         assert st.context is not None
         return ChunkInputs(actions=vecs, context=st.context, action_seq=st.seq, epoch=st.epoch,
                            context_version=st.context_version, input_version=st.input_version)
@@ -157,4 +166,4 @@ class SessionConditioner:
     def conditioner_state(self) -> ConditionerState:
         """The whole state, pending movement included (what a move carries)."""
         with self._lock:
-            return replace(self._state, mouse=(self._mouse[0], self._mouse[1]))
+            return replace(self._state, moves=tuple(sorted(self._moves.items())))

@@ -14,7 +14,7 @@ staged), everything the engine holds for one session:
   frames and chunks done, frames late;
 - its conditioner's state when the conditioner can say it (a session's
   `SessionConditioner`, `engine/conditioner.py`: epoch, wants, the encoded conditioning,
-  held keys, seq, pending mouse movement).
+  held keys, seq, axis positions and pending axis movement).
 
 `restore` writes the same into a fresh slot of another engine's pool and
 rollout. The format is deterministic (a JSON header with sorted keys, then
@@ -42,7 +42,7 @@ from worldcast.engine.step_scheduler import Phase, SessionSchedule
 from worldcast.models.spec import WorldModelSpec
 
 MAGIC = b"WCSS"
-VERSION = 1
+VERSION = 2  #: 2: the conditioner keeps named axes (moves, positions), not a mouse pair
 _PREFIX = struct.Struct("<4sII")
 
 
@@ -86,7 +86,9 @@ class CapturedSession:
         context = {name: np.frombuffer(self.parts[f"context/{name}"], dtype=np.dtype(dt)).reshape(shape).copy()
                    for name, dt, shape in c["context"]}
         return ConditionerState(epoch=c["epoch"], wants_frames=c["wants_frames"], context_version=c["context_version"],
-                                context=context, held=tuple(c["held"]), seq=c["seq"], mouse=tuple(c["mouse"]),
+                                context=context, held=tuple(c["held"]), seq=c["seq"],
+                                moves=tuple((n, v) for n, v in c["moves"]),
+                                positions=tuple((n, v) for n, v in c["positions"]),
                                 input_version=c.get("input_version", 0))
 
 
@@ -114,7 +116,8 @@ def capture(r: ChunkRollout, schedule: SessionSchedule) -> bytes:
         for name in names:
             parts.append((f"context/{name}", np.ascontiguousarray(ctx[name]).tobytes()))
         cond_header = {"epoch": c.epoch, "wants_frames": c.wants_frames, "context_version": c.context_version,
-                       "held": list(c.held), "seq": c.seq, "mouse": [float(c.mouse[0]), float(c.mouse[1])],
+                       "held": list(c.held), "seq": c.seq, "moves": [[n, float(v)] for n, v in c.moves],
+                       "positions": [[n, float(v)] for n, v in c.positions],
                        "input_version": c.input_version,
                        "context": [[n, np.asarray(ctx[n]).dtype.str, list(np.shape(ctx[n]))] for n in names]}
     offset, index = 0, []

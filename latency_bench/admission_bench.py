@@ -91,7 +91,7 @@ def replay(model: WorldModel, trace: dict[str, Any], config: AdmissionConfig, *,
                 for s in trace["sessions"]]
     period = float(model.spec.frame_period)
     keys = model.spec.actions.keys
-    right = model.encode_action({keys[min(3, len(keys) - 1)]: True} if keys else {}, (0.0, 0.0))
+    right = model.encode_action({keys[min(3, len(keys) - 1)]: True} if keys else {}, {})
     prior = DutyCyclePrior(config.min_observation_s, default=config.default_duty_cycle)
     peak, at_once_s, capacities = 0, 0.0, []
     last = time.monotonic()

@@ -63,7 +63,7 @@ def _conditioner(model: WorldModel, offset: int) -> ScriptedConditioner:
     apart)."""
     t0 = time.monotonic()
     keys = model.spec.actions.keys[:4] or ("",)
-    vectors = [model.encode_action({k: True} if k else {}, (0.0, 0.0)) for k in keys]
+    vectors = [model.encode_action({k: True} if k else {}, {}) for k in keys]
     return ScriptedConditioner(model.spec, action=lambda: vectors[(int(time.monotonic() - t0) + offset) % len(vectors)])
 
 

@@ -257,8 +257,14 @@ class WorldModel(abc.ABC):
         self.encode_conditioning(ConditioningRequest())
 
     @abc.abstractmethod
-    def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
-        """Held keys and mouse counts of one pixel frame -> float32 (spec.actions.dim,)."""
+    def encode_action(self, keys: dict[str, bool], axes: dict[str, float]) -> np.ndarray:
+        """One pixel frame's actions -> float32 (spec.actions.dim,).
+
+        Args:
+            keys: every declared key -> whether it is held.
+            axes: every declared axis -> its value for this frame, model units (scaled and clipped:
+                `ActionSpace.axis_values`); an axis left out is at rest.
+        """
 
     def group_actions(self, actions: np.ndarray, *, first_latent: int, latent_frames: int) -> np.ndarray:
         """Per-pixel-frame actions of `latent_frames` latent frames from `first_latent` -> the model's layout.

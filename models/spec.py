@@ -24,8 +24,9 @@ Conditioning (`ConditioningSpec`): which of a text prompt and a starting
 image a model accepts or requires, with limits, and the named tensors its
 `encode_conditioning` returns; a `ConditioningRequest` is what a user asked
 for, passed to the model without being interpreted on the way. Actions
-(`ActionSpace`): the keys, mouse axes and action layout clients build their
-inputs from. Precision (`PrecisionSpec`): the compute dtypes a model can run
+(`ActionSpace`): the named buttons and continuous axes (`Axis`), the mouse and
+gamepad inputs bound to them, and the action layout clients build their inputs
+from. Precision (`PrecisionSpec`): the compute dtypes a model can run
 in and how close to its reference dtype its frames must stay; the engine
 measures them at warm-up and serves the fastest one within that tolerance.
 """
@@ -33,6 +34,7 @@ measures them at warm-up and serves the fastest one within that tolerance.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -179,50 +181,94 @@ class PromptCacheSpec(TensorStateSpec):
     kind = "prompt_cache"
 
 
-@dataclass(frozen=True)
-class MouseAxis:
-    """One mouse axis of a model's action space.
+#: How an axis's wire values accumulate between frames (`Axis.kind`).
+AXIS_KINDS = ("relative", "absolute")
+#: Device inputs a client may bind to a model's controls (`ActionSpace.bindings`): the mouse's two axes (relative
+#: counts) and the W3C Gamepad API's standard mapping (https://w3c.github.io/gamepad/#remapping): axes 0-3 are the
+#: left stick x, y and the right stick x, y in [-1, 1] (y down), buttons 0-16 pressed or, for the triggers 6 and 7,
+#: analog in [0, 1]. Keyboard keys need no binding: a key is bound by its name.
+_INPUT = re.compile(r"^(mouse\.[xy]|gamepad\.axis\.([0-9]|1[0-5])|gamepad\.button\.([0-9]|1[0-9]|2[0-3]))$")
 
-    The wire's `mouse: [dx, dy]` (counts since the previous message) feeds a
-    model's axes in order: dx the first, dy the second.
+
+@dataclass(frozen=True)
+class Axis:
+    """One named continuous control of a model's action space.
+
+    A message's value for an axis is in wire units; the model sees model units (value x `scale`, then clipped to
+    +-`limit`), one value per pixel frame (`ActionSpace.axis_values`):
+
+    - ``"relative"`` (a mouse, a scroll wheel): the value is movement since the client's previous message; messages
+      add up until a chunk samples them, and the sum is spread evenly over the chunk's pixel frames. A lost message
+      loses only its own movement.
+    - ``"absolute"`` (a stick, a trigger, a camera pose): the value is the position now, state like a held key: the
+      newest message wins, an older reordered one is ignored, and an axis a message leaves out is at `rest`.
+
+    Raises:
+        ValueError: an empty name, an unknown kind, an empty or non-finite range, a non-finite scale, a limit that is
+            not positive, or a rest position outside the range.
     """
 
     name: str  #: what it does, e.g. "yaw" (turn) or "pitch" (look up/down)
-    scale: float = 1.0  #: model units per mouse count
-    limit: float | None = None  #: |value| per pixel frame is clipped to this, model units (None: no clip)
+    kind: str = "relative"  #: "relative" or "absolute" (`AXIS_KINDS`)
+    range: tuple[float, float] = (-10_000.0, 10_000.0)  #: wire values a message may carry, inclusive
+    scale: float = 1.0  #: model units per wire unit
+    limit: float | None = None  #: |model value| per pixel frame is clipped to this (None: no clip)
+    rest: float = 0.0  #: absolute: the position when no message gave one, wire units
+    label: str = ""  #: what it does, for user interfaces ("" : the name)
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("MouseAxis.name must be non-empty")
+        lo, hi = self.range
+        if not self.name or len(self.name) > 64:
+            raise ValueError("Axis.name must have 1 to 64 characters")
+        if self.kind not in AXIS_KINDS:
+            raise ValueError(f"Axis.kind must be one of {AXIS_KINDS}, got {self.kind!r}")
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"Axis {self.name!r}: range must be finite with low < high, got {self.range}")
         if not math.isfinite(self.scale) or (self.limit is not None and not self.limit > 0):
-            raise ValueError("MouseAxis.scale must be finite and limit positive")
+            raise ValueError(f"Axis {self.name!r}: scale must be finite and limit positive")
+        if not lo <= self.rest <= hi:
+            raise ValueError(f"Axis {self.name!r}: rest {self.rest} lies outside its range {self.range}")
+
+    def model_value(self, wire: float) -> float:
+        """A per-pixel-frame wire value in model units: x `scale`, clipped to +-`limit`."""
+        v = wire * self.scale
+        return v if self.limit is None else min(max(v, -self.limit), self.limit)
 
 
 @dataclass(frozen=True)
 class ActionSpace:
-    """Keyboard keys and mouse axes a model understands, and how its actions are laid out.
+    """The named buttons and continuous axes a model understands, how clients may drive them, and the layout of its
+    action vectors.
 
-    Clients build their inputs from this (`GET /v1/model`): they send `keys`
-    (names held now, from `keys`) and `mouse: [dx, dy]` counts; a model with no
-    `mouse` axes ignores the movement. `WorldModel.encode_action` turns one pixel
-    frame's held keys and movement into a float32 vector of length `dim`;
-    `WorldModel.group_actions` groups a chunk's per-pixel-frame vectors per
-    latent frame. A model that attends over actions of earlier chunks
-    (`history_pixel_frames`) keeps them in its own declared state.
+    Clients build their inputs from this (`GET /v1/model`). An action message carries `keys` (the buttons held
+    now, by name from `keys`), `axes` ({axis name: value}, see `Axis` for relative and absolute axes), and, for
+    keyboard-and-mouse clients, `mouse: [dx, dy]` counts, which feed the axes bound to "mouse.x" and "mouse.y"
+    (`bindings`; a model with neither ignores the movement). `WorldModel.encode_action` turns one pixel frame's
+    held buttons and axis values (model units, `axis_values`) into a float32 vector of length `dim`;
+    `WorldModel.group_actions` groups a chunk's per-pixel-frame vectors per latent frame. A model that attends over
+    actions of earlier chunks (`history_pixel_frames`) keeps them in its own declared state.
+
+    Raises:
+        ValueError: duplicate names, a label, group or binding naming an unknown control, a binding from an unknown
+            device input or of the wrong kind (mouse inputs feed relative axes; gamepad axes feed absolute axes;
+            gamepad buttons feed buttons or absolute axes), or an input bound twice.
     """
 
-    keys: tuple[str, ...]  #: key names, e.g. ("w", "a", "s", "d", "space", "shift")
-    mouse: tuple[MouseAxis, ...] = ()  #: mouse axes fed by the wire's [dx, dy] in order (() = no mouse)
+    keys: tuple[str, ...]  #: button names (keyboard keys by their name), e.g. ("w", "a", "s", "d", "space")
+    axes: tuple[Axis, ...] = ()  #: continuous controls
     dim: int = 8  #: length of `encode_action`'s vector per pixel frame
     key_labels: tuple[tuple[str, str], ...] = ()  #: (key, what it does), for user interfaces
     exclusive_groups: tuple[tuple[str, ...], ...] = ()  #: keys of which at most one is applied at a time
     history_pixel_frames: int = 0  #: pixel frames of earlier chunks each chunk's actions reach back over
+    #: (device input, control): which mouse or gamepad input drives which button or axis (see `_INPUT`)
+    bindings: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if len(set(self.keys)) != len(self.keys):
             raise ValueError(f"ActionSpace.keys must be unique: {self.keys}")
-        if len(self.mouse) > 2:
-            raise ValueError("ActionSpace.mouse has at most 2 axes (the wire carries dx, dy)")
+        names = [a.name for a in self.axes]
+        if len(set(names)) != len(names) or set(names) & set(self.keys):
+            raise ValueError(f"ActionSpace axis names must be unique and differ from the keys: {names}")
         if self.dim <= 0 or self.history_pixel_frames < 0:
             raise ValueError("ActionSpace.dim must be positive and history_pixel_frames >= 0")
         for key, _ in self.key_labels:
@@ -231,10 +277,60 @@ class ActionSpace:
         for group in self.exclusive_groups:
             if any(k not in self.keys for k in group):
                 raise ValueError(f"ActionSpace.exclusive_groups names unknown keys: {group}")
+        inputs = [i for i, _ in self.bindings]
+        if len(set(inputs)) != len(inputs):
+            raise ValueError(f"ActionSpace.bindings binds an input twice: {inputs}")
+        axes = {a.name: a for a in self.axes}
+        for inp, control in self.bindings:
+            if not _INPUT.match(inp):
+                raise ValueError(f"ActionSpace.bindings: unknown device input {inp!r} (mouse.x, mouse.y, "
+                                 "gamepad.axis.N, gamepad.button.N)")
+            ax = axes.get(control)
+            if ax is None and control not in self.keys:
+                raise ValueError(f"ActionSpace.bindings binds {inp!r} to unknown control {control!r}")
+            if inp.startswith("mouse.") and (ax is None or ax.kind != "relative"):
+                raise ValueError(f"ActionSpace.bindings: {inp!r} moves; it can feed only a relative axis")
+            if inp.startswith("gamepad.axis.") and (ax is None or ax.kind != "absolute"):
+                raise ValueError(f"ActionSpace.bindings: {inp!r} is a position; it can feed only an absolute axis")
+            if inp.startswith("gamepad.button.") and ax is not None and ax.kind != "absolute":
+                raise ValueError(f"ActionSpace.bindings: {inp!r} is a button; it can feed a key or an absolute axis")
 
     def label(self, key: str) -> str:
         """What `key` does (its label, else its name)."""
         return dict(self.key_labels).get(key, key)
+
+    def axis(self, name: str) -> Axis:
+        """The axis called `name` (KeyError: none)."""
+        for a in self.axes:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    @property
+    def mouse(self) -> tuple[Axis | None, Axis | None]:
+        """The axes the wire's `mouse: [dx, dy]` feeds: those bound to "mouse.x" and "mouse.y" (None: unbound)."""
+        bound = dict(self.bindings)
+        return tuple(None if bound.get(i) is None else self.axis(bound[i])  # type: ignore[return-value]
+                     for i in ("mouse.x", "mouse.y"))
+
+    def rest_positions(self) -> dict[str, float]:
+        """Every absolute axis at its rest position, wire units."""
+        return {a.name: a.rest for a in self.axes if a.kind == "absolute"}
+
+    def axis_values(self, moves: dict[str, float], positions: dict[str, float], frames: int) -> dict[str, float]:
+        """Each axis's value for every one of `frames` pixel frames, model units (what `encode_action` is given).
+
+        Args:
+            moves: summed movement of relative axes since the last chunk, wire units (absent: none); spread evenly
+                over the frames.
+            positions: positions of absolute axes, wire units (absent: at rest).
+            frames: pixel frames the chunk has, >= 1.
+        """
+        out = {}
+        for a in self.axes:
+            wire = moves.get(a.name, 0.0) / frames if a.kind == "relative" else positions.get(a.name, a.rest)
+            out[a.name] = a.model_value(wire)
+        return out
 
 
 # -- conditioning -------------------------------------------------------------------------------

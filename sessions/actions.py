@@ -2,7 +2,7 @@
 outbox to the session's engine).
 
 The engine owns a session's inputs (`engine/conditioner.py`: held keys,
-pending mouse movement, the input counter, and the epoch, wants and
+axis positions and pending movement, the input counter, and the epoch, wants and
 conditioning it was last told); the server keeps no copy of them. What the
 server keeps is what it decides: whether an action message is valid and
 newer than the last (this module's gate), and what the user asked of the
@@ -15,22 +15,29 @@ queue while the session moves) as the engine contract's messages
 
 The gate's rules:
 
-Clients send action messages carrying the full set of held keys and the
-mouse movement since their previous message. Messages may arrive out of order
-or be lost (the `actions` data channel may be unordered and unreliable):
+Clients send action messages carrying the full set of held keys and
+positions of absolute axes (a stick, a trigger), and the movement of relative
+axes (the mouse) since their previous message, as the model declares them
+(`ActionSpace`, `models/spec.py`). Messages may arrive out of order or be lost
+(the `actions` data channel may be unordered and unreliable):
 
-- held keys are state, so the message with the highest seq wins and older
-  ones are ignored for keys;
-- mouse movement is a delta, so every message's dx, dy is added up until the
-  next chunk samples it (a lost message loses only its own movement).
+- held keys and positions are state, so the message with the highest seq wins
+  and older ones are ignored for them (an absolute axis a message leaves out is
+  at rest);
+- movement is a delta, so every message's movement is added up per axis until
+  the next chunk samples it (a lost message loses only its own movement). The
+  wire's `mouse: [dx, dy]` is movement of the axes bound to "mouse.x" and
+  "mouse.y".
 
 Seq numbering is per client connection (`new_client` starts it afresh) and
 no single message can freeze the keys: with N the newest seq applied,
 - seq > N is the newest: keys applied (any jump ahead is allowed);
 - N - SEQ_REORDER_WINDOW <= seq <= N is stale (a late, reordered message):
-  keys ignored, mouse kept, and the caller is told so (`SeqOutcome.STALE`);
+  keys and positions ignored, movement kept, and the caller is told so
+  (`SeqOutcome.STALE`);
 - seq < N - SEQ_REORDER_WINDOW restarts the numbering (a client that reset its
-  counter, or a single wild seq before it): keys applied, it becomes N.
+  counter, or a single wild seq before it): keys and positions applied, it
+  becomes N.
 So a wild seq far ahead is overtaken by the client's next message, and one
 just ahead (within the window) holds the keys for at most SEQ_REORDER_WINDOW
 messages.
@@ -41,11 +48,12 @@ Event loop only (every transport pushes from it).
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from typing import Protocol
 
 from worldcast.engine.conditioner import ConditionerState, InputDelta
-from worldcast.models.spec import Conditioning
+from worldcast.models.spec import ActionSpace, Conditioning
 from worldcast.sessions.errors import InvalidAction, SessionClosedError
 
 #: Largest |dx| or |dy| one message may carry, mouse counts.
@@ -58,7 +66,7 @@ class SeqOutcome(enum.Enum):
     """What one pushed message did to the held keys (see the module docstring)."""
 
     NEWEST = "newest"  #: the newest message: its keys are held now
-    STALE = "stale"  #: older than the newest: keys ignored, mouse movement kept
+    STALE = "stale"  #: older than the newest: keys and positions ignored, movement kept
     RESTART = "restart"  #: far behind the newest: taken as a restarted numbering, keys held now
 
     @property
@@ -84,33 +92,40 @@ class EngineLink(Protocol):
 
 
 class ActionGate:
-    """A session's action messages at the server's edge: checked against the model's keys, ordered by seq (see the
-    module docstring), turned into `InputDelta`s. Keeps only the newest seq and the last arrival time.
+    """A session's action messages at the server's edge: checked against the model's declared buttons and axes,
+    ordered by seq (see the module docstring), turned into `InputDelta`s. Keeps only the newest seq and the last
+    arrival time.
 
     Args:
-        key_names: the keys the model understands; other names are refused.
+        space: the model's action space; other key and axis names are refused.
     """
 
-    def __init__(self, key_names: tuple[str, ...]) -> None:
-        self.key_names = key_names
+    def __init__(self, space: ActionSpace) -> None:
+        self.space = space
+        self.key_names = space.keys
+        self._axes = {a.name: a for a in space.axes}
+        self._mouse = tuple(None if a is None else a.name for a in space.mouse)
         self._seq = -1
         self._last_push_s: float | None = None
 
-    def push(self, seq: int, keys: list[str], mouse: tuple[float, float], *,
-             now_s: float) -> tuple[SeqOutcome, InputDelta]:
+    def push(self, seq: int, keys: list[str], mouse: tuple[float, float], *, now_s: float,
+             axes: dict[str, float] | None = None) -> tuple[SeqOutcome, InputDelta]:
         """Check and order one action message.
 
         Args:
             seq: the client's sequence number, >= 0, increasing per message.
             keys: names of the keys held now.
-            mouse: (dx, dy) counts since the client's previous message.
+            mouse: (dx, dy) counts since the client's previous message (movement of the axes bound to "mouse.x"
+                and "mouse.y"; ignored where none is bound).
             now_s: arrival time, s (monotonic).
+            axes: {axis name: value}: movement since the previous message of relative axes, the position now of
+                absolute ones (left out: at rest), wire units within each axis's declared range.
 
         Returns:
-            what it does to the held keys (mouse movement always counts), and the change to send.
+            what it does to the held keys and positions (movement always counts), and the change to send.
 
         Raises:
-            InvalidAction: unknown key or out-of-range values (nothing changes).
+            InvalidAction: unknown key or axis, or out-of-range values (nothing changes).
         """
         bad = [k for k in keys if k not in self.key_names]
         if bad:
@@ -120,6 +135,22 @@ class ActionGate:
         dx, dy = mouse
         if not (abs(dx) <= MAX_MOUSE_DELTA and abs(dy) <= MAX_MOUSE_DELTA):
             raise InvalidAction(f"mouse deltas must lie within +-{MAX_MOUSE_DELTA:g} counts")
+        moves: dict[str, float] = {}
+        positions = self.space.rest_positions()
+        for name, v in (axes or {}).items():
+            ax = self._axes.get(name)
+            if ax is None:
+                raise InvalidAction(f"unknown axis {name!r}; known axes are {list(self._axes)}")
+            lo, hi = ax.range
+            if not (math.isfinite(v) and lo <= v <= hi):
+                raise InvalidAction(f"axis {name!r} must lie within [{lo:g}, {hi:g}], got {v!r}")
+            if ax.kind == "relative":
+                moves[name] = float(v)
+            else:
+                positions[name] = float(v)
+        for name, d in zip(self._mouse, (dx, dy)):
+            if name is not None and d:
+                moves[name] = moves.get(name, 0.0) + float(d)
         self._last_push_s = now_s
         if seq > self._seq:
             outcome = SeqOutcome.NEWEST
@@ -129,17 +160,19 @@ class ActionGate:
             outcome = SeqOutcome.STALE
         if outcome is not SeqOutcome.STALE:
             self._seq = seq
-        held = tuple(sorted(set(keys))) if outcome.applied else None
-        return outcome, InputDelta(held, self._seq, (float(dx), float(dy)))
+        applied = outcome.applied
+        return outcome, InputDelta(tuple(sorted(set(keys))) if applied else None, self._seq,
+                                   moves=tuple(sorted(moves.items())),
+                                   positions=tuple(sorted(positions.items())) if applied else None)
 
     def new_client(self) -> InputDelta:
         """A new client connected: its seq numbering starts afresh, nothing is held, pending movement dropped."""
         self._seq = -1
-        return InputDelta((), -1, clear=True)
+        return InputDelta((), -1, positions=tuple(sorted(self.space.rest_positions().items())), clear=True)
 
     def release_all(self) -> InputDelta:
-        """Release every key and drop pending mouse movement (the client left)."""
-        return InputDelta((), self._seq, clear=True)
+        """Release every key, put every absolute axis at rest and drop pending movement (the client left)."""
+        return InputDelta((), self._seq, positions=tuple(sorted(self.space.rest_positions().items())), clear=True)
 
     @property
     def last_seq(self) -> int:
@@ -158,16 +191,16 @@ class SessionInputs:
 
     Args:
         session_id: the owner's id (error messages).
-        key_names: the model's keys (`spec.actions.keys`).
+        space: the model's action space (`spec.actions`).
         context: the session's encoded conditioning ({name: array}, `spec.conditioning.tensors`).
         clock: monotonic clock, s (each push's arrival time).
     """
 
-    def __init__(self, session_id: str, *, key_names: tuple[str, ...], context: Conditioning,
+    def __init__(self, session_id: str, *, space: ActionSpace, context: Conditioning,
                  clock: Callable[[], float]) -> None:
         self.session_id = session_id
         self.clock = clock
-        self.actions = ActionGate(key_names)
+        self.actions = ActionGate(space)
         #: the owner's listener, called after each accepted push with its seq (before the change is sent)
         self.on_push: Callable[[int], None] | None = None
         #: where changes go (None: nowhere yet; `SessionManager` sets it once the engine has the session)
@@ -188,12 +221,13 @@ class SessionInputs:
             self._sent = key
             self.link.update(self.engine_state())
 
-    def push(self, seq: int, keys: list[str], mouse: tuple[float, float]) -> SeqOutcome:
+    def push(self, seq: int, keys: list[str], mouse: tuple[float, float] = (0.0, 0.0), *,
+             axes: dict[str, float] | None = None) -> SeqOutcome:
         """Check one action message (`ActionGate.push`), tell `on_push`, then send the change (so an engine
         woken by it sees the session ACTIVE first).
 
         Returns:
-            whether its keys were applied or it was stale (mouse movement only).
+            whether its keys and positions were applied or it was stale (movement only).
 
         Raises:
             InvalidAction: the message breaks the schema; nothing changes.
@@ -201,7 +235,7 @@ class SessionInputs:
         """
         if self._closed:
             raise SessionClosedError(f"session {self.session_id} is closed")
-        outcome, delta = self.actions.push(seq, keys, mouse, now_s=self.clock())
+        outcome, delta = self.actions.push(seq, keys, mouse, now_s=self.clock(), axes=axes)
         if self.on_push is not None:
             self.on_push(seq)
         if self.link is not None:

@@ -140,7 +140,7 @@ class Session:
         self.state = SessionState.CREATED
         self.close_reason: CloseReason | None = None
         #: what the engine reads (actions, epoch, conditioning, wants); transports push actions into it
-        self.inputs = SessionInputs(session_id, key_names=model.spec.actions.keys, context=context, clock=clock)
+        self.inputs = SessionInputs(session_id, space=model.spec.actions, context=context, clock=clock)
         self.inputs.on_push = self._pushed
         #: its frames' way from the engine to the sinks: pacing, the stale-epoch decision, PTS, the gate, the sinks
         self.frames = FramePipeline(current_epoch=self.inputs.current_epoch, send_ahead_s=send_ahead_s, clock=clock)

@@ -15,6 +15,7 @@ served without special cases (it is a folder-and-registry-line away: `register_f
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 import torch
@@ -24,19 +25,22 @@ from worldcast.models.base import ChunkConditioning, Replace, StateUpdates, Stat
 from worldcast.models.registry import LoadRequest, ModelFamily, ModelVariant
 from worldcast.models.spec import (
     ActionSpace,
+    Axis,
     Conditioning,
     ConditioningRequest,
     ConditioningSpec,
     ImageConditioning,
-    MouseAxis,
     PromptCacheSpec,
     TensorStateSpec,
     WorldModelSpec,
 )
 
-#: Brighter with "e", darker with "q"; the mouse's first axis ("yaw") adds its counts x 0.01.
-ACTIONS = ActionSpace(keys=("q", "e"), mouse=(MouseAxis("yaw", scale=0.01, limit=0.5),), dim=4,
-                      key_labels=(("q", "darker"), ("e", "brighter")), exclusive_groups=(("q", "e"),))
+#: Brighter with "e", darker with "q"; the mouse's x ("yaw", relative) adds its counts x 0.01; "roll" is a
+#: camera-pose angle (absolute, degrees, in radians to the model) in the action vector's last column.
+ACTIONS = ActionSpace(keys=("q", "e"), axes=(Axis("yaw", scale=0.01, limit=0.5),
+                                             Axis("roll", kind="absolute", range=(-90.0, 90.0), scale=math.pi / 180)),
+                      dim=4, key_labels=(("q", "darker"), ("e", "brighter")), exclusive_groups=(("q", "e"),),
+                      bindings=(("mouse.x", "yaw"),))
 CONDITIONING = ConditioningSpec(
     text=None,
     image=ImageConditioning(required=True, default=None, max_bytes=64 * 1024, max_pixels=128 * 128),
@@ -65,9 +69,9 @@ class PaletteWorld(WorldModel):
         assert request.image is not None and request.text is None
         return {"image": request.image.reshape(-1, 3).mean(0).astype(np.float32) / 255.0}
 
-    def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
-        yaw = float(np.clip(mouse[0] * ACTIONS.mouse[0].scale, -0.5, 0.5))
-        return np.array([keys.get("q", False), keys.get("e", False), yaw, 0.0], np.float32)
+    def encode_action(self, keys: dict[str, bool], axes: dict[str, float]) -> np.ndarray:
+        return np.array([keys.get("q", False), keys.get("e", False), axes.get("yaw", 0.0), axes.get("roll", 0.0)],
+                        np.float32)
 
     def group_actions(self, actions: np.ndarray, *, first_latent: int, latent_frames: int) -> np.ndarray:
         """(F_pix, 4) -> (latent_frames, 2): per latent frame, the brightness change of its last pixel frame's

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,12 @@ def stat(page: Any, name: str) -> Any:
     return page.evaluate(f"window.__worldcast.{name}")
 
 
-def test_demo_connects_plays_and_applies_a_key_press(live_server) -> None:  # type: ignore[no-untyped-def]
-    dist = Path(live_server.config.static_dir or DEFAULT_STATIC_DIR)
-    assert (dist / "index.html").exists(), (
-        f"{dist}/index.html is missing: build the demo first: {BUILD_COMMAND}")
+@contextlib.contextmanager
+def demo_page(server: Any, *, init_script: str | None = None, screenshot: str = SCREENSHOT) -> Iterator[Any]:
+    """The built demo of `server` in a fresh headless Chromium page (its `page.goto` done); on the way out a
+    screenshot of a failure goes to `screenshot`, and an error the page threw fails the test."""
+    dist = Path(server.config.static_dir or DEFAULT_STATIC_DIR)
+    assert (dist / "index.html").exists(), f"{dist}/index.html is missing: build the demo first: {BUILD_COMMAND}"
     _require_chromium()
     from playwright.sync_api import sync_playwright
 
@@ -65,59 +68,110 @@ def test_demo_connects_plays_and_applies_a_key_press(live_server) -> None:  # ty
         page = browser.new_page(viewport={"width": 800, "height": 800})
         try:
             page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(live_server.url + "/")
-            assert page.title() == "worldcast demo"
-            page.click("#connect")
-            session_id = wait_js(page, "window.__worldcast.connected && window.__worldcast.sessionId",
-                                 "connect (session + WebRTC)")
-            assert session_id in live_server.manager.sessions
-            wait_js(page, "window.__worldcast.framesReceived >= 5", "frame events on the control channel")
-
-            # The <video> really plays: its clock advances and it presents new frames.
-            t0, v0 = page.evaluate("[document.getElementById('video').currentTime, window.__worldcast.videoFrames]")
-            wait_js(page, f"document.getElementById('video').currentTime > {t0} + 0.2", "video currentTime advancing")
-            wait_js(page, f"window.__worldcast.videoFrames >= {v0} + 3", "video frames presented")
-            assert page.evaluate("document.getElementById('video').videoWidth") > 0
-
-            # Hold D: the key state goes out at once and then at ~60 Hz; the server applies it.
-            assert stat(page, "lastSentSeq") == -1, "no action should be sent before any input"
-            page.keyboard.down("d")
-            wait_js(page, "window.__worldcast.lastSentSeq >= 9", "action messages repeated while the key is held")
-            sent, keys = page.evaluate("[window.__worldcast.lastSentSeq, window.__worldcast.lastSentKeys]")
-            assert keys == ["d"]
-            applied = wait_js(page, f"window.__worldcast.lastAppliedSeq >= {sent} && window.__worldcast.lastAppliedSeq",
-                              f"a frame applying action seq {sent} (key d held)")
-            assert applied >= sent
-            lag = stat(page, "lagMs")
-            assert lag is not None and 0 < lag < WAIT_S * 1000
-
-            # Release: a message without the key goes out at once, and gets applied too.
-            page.keyboard.up("d")
-            released, keys = page.evaluate("[window.__worldcast.lastSentSeq, window.__worldcast.lastSentKeys]")
-            assert released > sent and keys == []
-            wait_js(page, f"window.__worldcast.lastAppliedSeq >= {released}", "a frame applying the key release")
-
-            # A new prompt: set_prompt then flush; frames of the new epoch arrive.
-            page.fill("#prompt", "a snowy field")
-            page.click("#set-prompt")
-            wait_js(page, "window.__worldcast.epoch >= 1", "frames after set_prompt + flush")
-            page.wait_for_timeout(400)  # let the overlay (refreshed every 250 ms) catch up
-            page.screenshot(path=SCREENSHOT)
-
-            stats = page.evaluate("window.__worldcast")
-            assert stats["rejected"] == 0 and stats["errors"] == [], stats
-
-            # Disconnect deletes the session on the server.
-            page.click("#connect")
-            wait_js(page, "!window.__worldcast.connected", "disconnect")
-            deadline = time.monotonic() + WAIT_S
-            while session_id in live_server.manager.sessions and time.monotonic() < deadline:
-                page.wait_for_timeout(100)
-            assert session_id not in live_server.manager.sessions, "Disconnect did not delete the session"
+            if init_script is not None:
+                page.add_init_script(init_script)
+            page.goto(server.url + "/")
+            yield page
         except BaseException:
             with contextlib.suppress(Exception):
-                page.screenshot(path=SCREENSHOT)  # what the page looked like when it failed
+                page.screenshot(path=screenshot)  # what the page looked like when it failed
             raise
         finally:
             browser.close()
     assert page_errors == []
+
+
+def test_demo_connects_plays_and_applies_a_key_press(live_server) -> None:  # type: ignore[no-untyped-def]
+    with demo_page(live_server) as page:
+        assert page.title() == "worldcast demo"
+        page.click("#connect")
+        session_id = wait_js(page, "window.__worldcast.connected && window.__worldcast.sessionId",
+                             "connect (session + WebRTC)")
+        assert session_id in live_server.manager.sessions
+        wait_js(page, "window.__worldcast.framesReceived >= 5", "frame events on the control channel")
+
+        # The <video> really plays: its clock advances and it presents new frames.
+        t0, v0 = page.evaluate("[document.getElementById('video').currentTime, window.__worldcast.videoFrames]")
+        wait_js(page, f"document.getElementById('video').currentTime > {t0} + 0.2", "video currentTime advancing")
+        wait_js(page, f"window.__worldcast.videoFrames >= {v0} + 3", "video frames presented")
+        assert page.evaluate("document.getElementById('video').videoWidth") > 0
+
+        # Hold D: the key state goes out at once and then at ~60 Hz; the server applies it.
+        assert stat(page, "lastSentSeq") == -1, "no action should be sent before any input"
+        page.keyboard.down("d")
+        wait_js(page, "window.__worldcast.lastSentSeq >= 9", "action messages repeated while the key is held")
+        sent, keys = page.evaluate("[window.__worldcast.lastSentSeq, window.__worldcast.lastSentKeys]")
+        assert keys == ["d"]
+        applied = wait_js(page, f"window.__worldcast.lastAppliedSeq >= {sent} && window.__worldcast.lastAppliedSeq",
+                          f"a frame applying action seq {sent} (key d held)")
+        assert applied >= sent
+        lag = stat(page, "lagMs")
+        assert lag is not None and 0 < lag < WAIT_S * 1000
+
+        # Release: a message without the key goes out at once, and gets applied too.
+        page.keyboard.up("d")
+        released, keys = page.evaluate("[window.__worldcast.lastSentSeq, window.__worldcast.lastSentKeys]")
+        assert released > sent and keys == []
+        wait_js(page, f"window.__worldcast.lastAppliedSeq >= {released}", "a frame applying the key release")
+
+        # A new prompt: set_prompt then flush; frames of the new epoch arrive.
+        page.fill("#prompt", "a snowy field")
+        page.click("#set-prompt")
+        wait_js(page, "window.__worldcast.epoch >= 1", "frames after set_prompt + flush")
+        page.wait_for_timeout(400)  # let the overlay (refreshed every 250 ms) catch up
+        page.screenshot(path=SCREENSHOT)
+
+        stats = page.evaluate("window.__worldcast")
+        assert stats["rejected"] == 0 and stats["errors"] == [], stats
+
+        # Disconnect deletes the session on the server.
+        page.click("#connect")
+        wait_js(page, "!window.__worldcast.connected", "disconnect")
+        deadline = time.monotonic() + WAIT_S
+        while session_id in live_server.manager.sessions and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert session_id not in live_server.manager.sessions, "Disconnect did not delete the session"
+
+
+#: A standard-mapping gamepad the page reads through `navigator.getGamepads` (FAKE: a CI machine has no gamepad;
+#: the Gamepad API only reads pads, so replacing the reader is the whole device). The test moves its sticks.
+FAKE_GAMEPAD = """
+window.__pad = {id: "fake standard gamepad", index: 0, connected: true, mapping: "standard", timestamp: 0,
+                axes: [0, 0, 0, 0],
+                buttons: Array.from({length: 17}, () => ({pressed: false, touched: false, value: 0}))};
+navigator.getGamepads = () => [window.__pad, null, null, null];
+"""
+
+
+def test_demo_drives_the_model_s_declared_axes_from_a_gamepad(live_server) -> None:  # type: ignore[no-untyped-def]
+    """The page binds a gamepad as the model declares (GET /v1/model: axes, bindings): the left stick's position
+    and the d-pad reach the session's engine as TinyWorld's move_x axis and key d; back at rest, the engine's
+    positions return to rest."""
+    with demo_page(live_server, init_script=FAKE_GAMEPAD) as page:
+        page.click("#connect")
+        sid = wait_js(page, "window.__worldcast.connected && window.__worldcast.sessionId", "connect")
+        wait_js(page, "window.__worldcast.framesReceived >= 2", "frames")
+        assert "left stick" in page.text_content("#keys-help"), "the help names the bound gamepad inputs"
+        assert stat(page, "lastSentSeq") == -1, "a pad at rest sends nothing"
+
+        session = live_server.manager.sessions[sid]
+        engine = live_server.manager.engines[session.engine_id]
+
+        def positions() -> dict[str, float]:
+            cond = engine.core.conditioner(sid)
+            return {} if cond is None else dict(cond.conditioner_state().positions)
+
+        page.evaluate("window.__pad.axes[0] = 0.9; window.__pad.buttons[15].pressed = true")
+        wait_js(page, "window.__worldcast.lastSentAxes.move_x === 0.9", "the stick's position sent")
+        assert stat(page, "lastSentKeys") == ["d"], "the d-pad's right holds d"
+        sent = stat(page, "lastSentSeq")
+        wait_js(page, f"window.__worldcast.lastAppliedSeq >= {sent}", "a frame applying the stick")
+        assert positions()["move_x"] == 0.9 and positions()["look_x"] == 0.0
+
+        page.evaluate("window.__pad.axes[0] = 0.05; window.__pad.buttons[15].pressed = false")  # in the deadzone
+        wait_js(page, "window.__worldcast.lastSentSeq > 0 && Object.keys(window.__worldcast.lastSentAxes).length "
+                "=== 0 && window.__worldcast.lastSentKeys.length === 0", "the pad at rest sent")
+        rest = stat(page, "lastSentSeq")
+        wait_js(page, f"window.__worldcast.lastAppliedSeq >= {rest}", "a frame applying the release")
+        assert set(positions().values()) == {0.0}
+        assert stat(page, "rejected") == 0

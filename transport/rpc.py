@@ -312,7 +312,7 @@ class ActionHandler:
                 a = ActionMessage.model_validate(msg)
             except ValidationError as e:
                 raise RpcError(errors.INVALID_PARAMS, _validation_message(e)) from None
-            outcome = self.inputs.push(a.seq, a.keys, (float(a.mouse[0]), float(a.mouse[1])))
+            outcome = self.inputs.push(a.seq, a.keys, (float(a.mouse[0]), float(a.mouse[1])), axes=a.axes)
         except RpcError as e:
             self.rejected += 1
             return g.rejected_action(e.code, e.message, seq=_seq_of(msg), now_s=now_s, coalesce=c)
@@ -325,7 +325,7 @@ class ActionHandler:
         if outcome is SeqOutcome.STALE:
             self.ignored += 1
             return g.ignored_action(a.seq, f"seq {a.seq} is not newer than {self.inputs.actions.last_seq}: "
-                                    "keys ignored, mouse movement kept", now_s, coalesce=c)
+                                    "keys and positions ignored, movement kept", now_s, coalesce=c)
         self.accepted += 1
         g.accepted("actions", now_s)
         return []

@@ -113,13 +113,31 @@ class MouseAxisInfo(BaseModel):
     limit: float | None = Field(None, description="per-pixel-frame clip of the axis, model units (null: none)")
 
 
+class AxisInfo(BaseModel):
+    """One continuous control (`models/spec.py` `Axis`)."""
+
+    name: str
+    label: str = Field(description="what it does")
+    kind: Literal["relative", "absolute"] = Field(
+        description="relative: an action's value is movement since the previous message, summed until a chunk "
+        "samples it; absolute: the position now (newest message wins; left out: at rest)")
+    range: tuple[float, float] = Field(description="values an action message may carry, inclusive")
+    rest: float = Field(description="absolute: the position when none is given")
+    scale: float = Field(description="model units per wire unit")
+    limit: float | None = Field(None, description="per-pixel-frame clip, model units (null: none)")
+
+
 class ActionSpaceInfo(BaseModel):
     """The actions a model understands; clients build their inputs from it."""
 
     keys: list[str] = Field(description="key names an action message may hold")
     key_labels: dict[str, str] = Field(description="what each key does")
-    mouse: list[MouseAxisInfo] = Field(description="axes fed by an action's mouse [dx, dy] in order; empty: the "
-                                       "model ignores the mouse")
+    mouse: list[MouseAxisInfo] = Field(description="axes fed by an action's mouse [dx, dy] in order (those bound "
+                                       "to mouse.x, mouse.y); empty: the model ignores the mouse")
+    axes: list[AxisInfo] = Field(default_factory=list, description="continuous controls an action's `axes` may set")
+    bindings: dict[str, str] = Field(
+        default_factory=dict, description="device input -> the key or axis it drives: mouse.x, mouse.y, "
+        "gamepad.axis.N, gamepad.button.N (the W3C Gamepad API's standard mapping); keyboard keys by their name")
     exclusive_groups: list[list[str]] = Field(description="keys of which at most one is applied at a time")
     dim: int = Field(description="length of the model's action vector per pixel frame")
     history_pixel_frames: int = Field(description="pixel frames of earlier chunks each chunk's actions reach back over")
@@ -217,7 +235,8 @@ class SdpAnswer(BaseModel):
 class ActionMessage(_Strict):
     """One message on the `actions` data channel.
 
-    Example: {"seq": 42, "t": 1234.5, "keys": ["w", "shift"], "mouse": [3, -1]}
+    Example: {"seq": 42, "t": 1234.5, "keys": ["w", "shift"], "mouse": [3, -1]}, or with a gamepad
+    {"seq": 43, "t": 1250.0, "keys": [], "axes": {"move_x": 0.8, "look_y": -0.25}}
     """
 
     seq: StrictInt = Field(ge=0, le=2**53, description="increasing per message")
@@ -226,6 +245,10 @@ class ActionMessage(_Strict):
     mouse: tuple[StrictFloat | StrictInt, StrictFloat | StrictInt] = Field(  # NaN/inf: rejected by ActionGate
         (0, 0), description="mouse movement since the previous message, counts (dx, dy)"
     )
+    axes: dict[Annotated[str, Field(min_length=1, max_length=64)], StrictFloat | StrictInt] = Field(
+        default_factory=dict, max_length=32, description="the model's axes (GET /v1/model: actions.axes) by name: "
+        "movement since the previous message for a relative axis, the position now for an absolute one (left out: "
+        "at rest); range-checked by ActionGate")
 
 
 class RpcRequest(_Strict):

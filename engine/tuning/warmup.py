@@ -186,7 +186,7 @@ class ChunkRunner:
         self.model = model
         self.pool = StatePool(spec.states, budget_bytes=spec.state_bytes_per_session() * batch, device=model.device)
         keys = spec.actions.keys[:1]
-        action = model.encode_action({keys[0]: True} if keys else {}, (0.0, 0.0))
+        action = model.encode_action({keys[0]: True} if keys else {}, {})
         self.rollouts = [ChunkRollout(f"__warmup{i}", model, self.pool,
                                       ScriptedConditioner(spec, action=action, context=context), seed=i)
                          for i in range(batch)]

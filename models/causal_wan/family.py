@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 #: Keys every worldcast client may send; a text-to-video model accepts and ignores them (and has no mouse).
 KEYS = ("w", "a", "s", "d", "space", "shift")
-ACTIONS = ActionSpace(keys=KEYS, mouse=(), dim=1, key_labels=tuple((k, "ignored (text-to-video)") for k in KEYS))
+ACTIONS = ActionSpace(keys=KEYS, dim=1, key_labels=tuple((k, "ignored (text-to-video)") for k in KEYS))
 
 #: Text-to-video: a prompt through umT5; no image.
 CONDITIONING = ConditioningSpec(text=TextConditioning(), image=None)

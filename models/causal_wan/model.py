@@ -151,7 +151,7 @@ class CausalWanModel(WorldModel):
         """{"text": float32 (text_len, text_dim)}: the prompt (or the default one) through umT5."""
         return {"text": self.encode_prompt(request.text or self.spec.default_prompt)}
 
-    def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
+    def encode_action(self, keys: dict[str, bool], axes: dict[str, float]) -> np.ndarray:
         return np.zeros(1, np.float32)  # text-to-video: actions do not condition the picture
 
     def initial_frames(self, *, seed: int, context: Conditioning) -> np.ndarray:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worldcast.models.spec import ActionSpace, MouseAxis
+from worldcast.models.spec import ActionSpace, Axis
 
 CAM_VALUE = 0.1  #: the release's camera step per pixel frame (`CAM_VALUE`)
 MOUSE_SCALE = CAM_VALUE / 20  #: ours: model units per mouse count (20 counts in a frame = one camera key)
@@ -38,7 +38,8 @@ class Controls:
             keyboard key is held, templerun's "still").
         mouse_columns: names of the mouse columns after the keyboard ones, e.g. ("pitch", "yaw").
         camera_keys: (key, column name, value) added to a mouse column while the key is held.
-        mouse: wire mouse [dx, dy] -> these axes (name = a mouse column), scale per count, clip.
+        mouse: the relative axes the wire mouse [dx, dy] feeds, in order (name = a mouse column; scale per count).
+            They declare no limit: `encode` clips each column's sum of camera keys and mouse to `CAM_VALUE`.
         labels: (key, what it does).
         exclusive: groups of keys of which only the first held (in group order) is applied.
     """
@@ -46,7 +47,7 @@ class Controls:
     keyboard: tuple[str | None, ...]
     mouse_columns: tuple[str, ...] = ()
     camera_keys: tuple[tuple[str, str, float], ...] = ()
-    mouse: tuple[MouseAxis, ...] = ()
+    mouse: tuple[Axis, ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
     exclusive: tuple[tuple[str, ...], ...] = ()
 
@@ -73,22 +74,23 @@ class Controls:
 
     def action_space(self, *, history_pixel_frames: int) -> ActionSpace:
         """The declared action space (CONTRACT.md `ActionSpace`)."""
-        return ActionSpace(keys=self.keys, mouse=self.mouse, dim=self.dim, key_labels=self.labels,
-                           exclusive_groups=self.exclusive, history_pixel_frames=history_pixel_frames)
+        return ActionSpace(keys=self.keys, axes=self.mouse, dim=self.dim, key_labels=self.labels,
+                           exclusive_groups=self.exclusive, history_pixel_frames=history_pixel_frames,
+                           bindings=tuple(zip(("mouse.x", "mouse.y"), (ax.name for ax in self.mouse))))
 
-    def encode(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
-        """Held keys and mouse counts of one pixel frame -> float32 (dim,) [keyboard | mouse].
+    def encode(self, keys: dict[str, bool], axes: dict[str, float]) -> np.ndarray:
+        """Held keys and the mouse axes' values (model units: counts x scale) of one pixel frame -> float32 (dim,)
+        [keyboard | mouse].
 
         Unknown keys are ignored. In an exclusive group only the first held key counts. Each mouse
         column is the sum of its camera keys and scaled mouse counts, clipped to its limit
         (`CAM_VALUE` where only keys feed it).
 
         Raises:
-            ValueError: a non-finite mouse count.
+            ValueError: a non-finite axis value.
         """
-        dx, dy = float(mouse[0]), float(mouse[1])
-        if not (math.isfinite(dx) and math.isfinite(dy)):
-            raise ValueError(f"mouse counts must be finite, got {mouse!r}")
+        if not all(math.isfinite(v) for v in axes.values()):
+            raise ValueError(f"axis values must be finite, got {axes!r}")
         held = {k for k, down in keys.items() if down}
         for group in self.exclusive:
             first = next((k for k in group if k in held), None)
@@ -99,16 +101,12 @@ class Controls:
         if None in self.keyboard and not out[: self.keyboard_dim].any():
             out[self.keyboard.index(None)] = 1.0
         kd = self.keyboard_dim
-        limits = {c: CAM_VALUE for c in self.mouse_columns}
         for key, col, value in self.camera_keys:
             if key in held:
                 out[kd + self.mouse_columns.index(col)] += value
-        for ax, count in zip(self.mouse, (dx, dy)):
-            out[kd + self.mouse_columns.index(ax.name)] += count * ax.scale
-            if ax.limit is not None:
-                limits[ax.name] = ax.limit
-        for j, col in enumerate(self.mouse_columns):
-            out[kd + j] = np.clip(out[kd + j], -limits[col], limits[col])
+        for ax in self.mouse:
+            out[kd + self.mouse_columns.index(ax.name)] += axes.get(ax.name, 0.0)
+        out[kd:] = np.clip(out[kd:], -CAM_VALUE, CAM_VALUE)
         return out
 
 
@@ -117,7 +115,8 @@ UNIVERSAL = Controls(
     mouse_columns=("pitch", "yaw"),
     camera_keys=(("i", "pitch", CAM_VALUE), ("k", "pitch", -CAM_VALUE), ("j", "yaw", -CAM_VALUE),
                  ("l", "yaw", CAM_VALUE)),
-    mouse=(MouseAxis("yaw", MOUSE_SCALE, CAM_VALUE), MouseAxis("pitch", -MOUSE_SCALE, CAM_VALUE)),  # dy > 0: down
+    mouse=(Axis("yaw", scale=MOUSE_SCALE, label="turn"),
+           Axis("pitch", scale=-MOUSE_SCALE, label="look up and down")),  # dy > 0: down
     labels=(("w", "forward"), ("s", "back"), ("a", "left"), ("d", "right"), ("i", "look up"),
             ("k", "look down"), ("j", "look left"), ("l", "look right")),
     exclusive=(("w", "s"), ("a", "d"), ("i", "k"), ("j", "l")),

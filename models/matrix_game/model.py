@@ -160,9 +160,9 @@ class MatrixGameModel(WorldModel):
     def _default_image(self) -> np.ndarray:
         return default_image(height=self.spec.frame_height, width=self.spec.frame_width)
 
-    def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
+    def encode_action(self, keys: dict[str, bool], axes: dict[str, float]) -> np.ndarray:
         """float32 (dim,) [keyboard | mouse] of one pixel frame (`controls.Controls.encode`)."""
-        return self.controls.encode(keys, mouse)
+        return self.controls.encode(keys, axes)
 
     def group_actions(self, actions: np.ndarray, *, first_latent: int, latent_frames: int) -> np.ndarray:
         """A chunk's per-pixel-frame actions (F_pix, A) -> the 4 * F rows its windows are cut from.

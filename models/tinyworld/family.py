@@ -5,21 +5,40 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from worldcast.models.registry import LoadRequest, ModelFamily, ModelVariant
-from worldcast.models.spec import ActionSpace, ConditioningSpec, MouseAxis, TextConditioning
+from worldcast.models.spec import ActionSpace, Axis, ConditioningSpec, TextConditioning
 from worldcast.models.tinyworld import world
 
 if TYPE_CHECKING:
     from worldcast.models.tinyworld.model import TinyWorldModel
 
+#: Stick deflection past which a stick holds the key of its direction (`TinyWorldModel.encode_action`).
+STICK_PRESS = 0.5
+
 #: TinyWorld's actions: the camera moves with W/A/S/D (2 px a frame, doubled with shift) and pans with the
-#: mouse (`world.action_vector`: MOUSE_COUNTS_PER_PX counts per pixel, clipped to MAX_PAN_PX per frame).
+#: mouse (`world.action_vector`: MOUSE_COUNTS_PER_PX counts per pixel, clipped to MAX_PAN_PX per frame). A gamepad
+#: (the W3C standard mapping) drives the same: the left stick or the d-pad walks (a stick past STICK_PRESS holds
+#: the key of its direction: the model was trained on keys held or not), the right stick pans up to MAX_PAN_PX a
+#: frame, the right trigger runs (shift), button A (0) lights the marker (space).
 ACTIONS = ActionSpace(
     keys=world.KEYS,
-    mouse=(MouseAxis("pan_x", scale=1 / world.MOUSE_COUNTS_PER_PX, limit=world.MAX_PAN_PX),
-           MouseAxis("pan_y", scale=1 / world.MOUSE_COUNTS_PER_PX, limit=world.MAX_PAN_PX)),
+    axes=(Axis("pan_x", scale=1 / world.MOUSE_COUNTS_PER_PX, limit=world.MAX_PAN_PX, label="pan right"),
+          Axis("pan_y", scale=1 / world.MOUSE_COUNTS_PER_PX, limit=world.MAX_PAN_PX, label="pan down"),
+          Axis("move_x", kind="absolute", range=(-1.0, 1.0), label="walk right (stick)"),
+          Axis("move_y", kind="absolute", range=(-1.0, 1.0), label="walk down (stick)"),
+          Axis("look_x", kind="absolute", range=(-1.0, 1.0), scale=world.MAX_PAN_PX, limit=world.MAX_PAN_PX,
+               label="pan right (stick)"),
+          Axis("look_y", kind="absolute", range=(-1.0, 1.0), scale=world.MAX_PAN_PX, limit=world.MAX_PAN_PX,
+               label="pan down (stick)"),
+          Axis("run", kind="absolute", range=(0.0, 1.0), label="faster (trigger)")),
     dim=world.ACTION_DIM,
     key_labels=(("w", "up"), ("a", "left"), ("s", "down"), ("d", "right"), ("space", "light the marker"),
                 ("shift", "faster")),
+    bindings=(("mouse.x", "pan_x"), ("mouse.y", "pan_y"),
+              ("gamepad.axis.0", "move_x"), ("gamepad.axis.1", "move_y"),
+              ("gamepad.axis.2", "look_x"), ("gamepad.axis.3", "look_y"),
+              ("gamepad.button.7", "run"), ("gamepad.button.0", "space"),
+              ("gamepad.button.12", "w"), ("gamepad.button.13", "s"), ("gamepad.button.14", "a"),
+              ("gamepad.button.15", "d")),
 )
 
 #: A text prompt (its sentence embedding picks the world's theme); no image.
@@ -35,7 +54,8 @@ def load(req: LoadRequest) -> TinyWorldModel:
 
 FAMILY = ModelFamily(
     name="tinyworld",
-    description="the embedded TinyWorld: a top-down world at 64x64, 20 fps; W/A/S/D and the mouse move the camera",
+    description="the embedded TinyWorld: a top-down world at 64x64, 20 fps; W/A/S/D and the mouse (or a gamepad) "
+                "move the camera",
     variants=(ModelVariant("default", "the shipped weights (models/tinyworld/weights), or --weights FILE from "
                            "train.py", frame_height=64, frame_width=64, fps=20, conditioning=CONDITIONING,
                            actions=ACTIONS),),

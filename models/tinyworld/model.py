@@ -43,7 +43,7 @@ from worldcast.models.spec import (
     WorldModelSpec,
 )
 from worldcast.models.tinyworld import world
-from worldcast.models.tinyworld.family import ACTIONS, CONDITIONING
+from worldcast.models.tinyworld.family import ACTIONS, CONDITIONING, STICK_PRESS
 from worldcast.models.tinyworld.network import (
     DRAW_PLANES,
     ChunkRingAttention,
@@ -315,8 +315,21 @@ class TinyWorldModel(WorldModel):
         self.prompts.load()
         self.encode_conditioning(ConditioningRequest())
 
-    def encode_action(self, keys: dict[str, bool], mouse: tuple[float, float]) -> np.ndarray:
-        return world.action_vector(keys, mouse)
+    def encode_action(self, keys: dict[str, bool], axes: dict[str, float]) -> np.ndarray:
+        """float32 (ACTION_DIM,) `world.action_vector` of one pixel frame (`family.ACTIONS` says what drives what).
+
+        A stick past `family.STICK_PRESS` holds the key of its direction and the trigger past it holds shift (the
+        network was trained on keys held or not); the right stick's pan (pixels, model units) adds to the mouse's.
+        """
+        press = STICK_PRESS
+        mx, my = axes.get("move_x", 0.0), axes.get("move_y", 0.0)
+        held = dict(keys)
+        for key, on in (("d", mx > press), ("a", mx < -press), ("s", my > press), ("w", my < -press),
+                        ("shift", axes.get("run", 0.0) > press)):
+            held[key] = held.get(key, False) or on
+        pan_x = axes.get("pan_x", 0.0) + axes.get("look_x", 0.0)
+        pan_y = axes.get("pan_y", 0.0) + axes.get("look_y", 0.0)
+        return world.action_vector(held, (pan_x * world.MOUSE_COUNTS_PER_PX, pan_y * world.MOUSE_COUNTS_PER_PX))
 
     def theme_for(self, prompt_embedding: np.ndarray) -> str:
         """The simulator theme whose captions lie nearest to `prompt_embedding` (cosine)."""

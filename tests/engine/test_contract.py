@@ -24,7 +24,7 @@ def rollout(model: PaletteWorld, keys_at: list[dict[str, bool]], *, rgb: tuple[i
     image = np.zeros((8, 8, 3), np.uint8) + np.array(rgb, np.uint8)
     ctx = model.encode_conditioning(ConditioningRequest(image=image))
     held: list[dict[str, bool]] = [{}]  # the keys held now (set before each chunk)
-    cond = ScriptedConditioner(model.spec, context=ctx, action=lambda: model.encode_action(held[0], (0, 0)))
+    cond = ScriptedConditioner(model.spec, context=ctx, action=lambda: model.encode_action(held[0], {}))
     pool = StatePool(model.spec.states, budget_bytes=model.spec.state_bytes_per_session())
     return ChunkRollout("s", model, pool, cond, seed=seed), held
 

@@ -190,10 +190,10 @@ def test_a_session_conditioner_counts_the_inputs_it_is_pushed(model) -> None:  #
     cond = SessionConditioner(model, dataclasses.replace(state(model, held=()), input_version=5))
     assert cond.input_version() == 5
     cond.push(InputDelta(held=("d",), seq=0))
-    cond.push(InputDelta(held=None, seq=0, mouse=(2.0, 0.0)))  # reordered: movement only
-    assert cond.conditioner_state().held == ("d",) and cond.conditioner_state().mouse == (2.0, 0.0)
+    cond.push(InputDelta(held=None, seq=0, moves=(("pan_x", 2.0),)))  # reordered: movement only
+    assert cond.conditioner_state().held == ("d",) and cond.conditioner_state().moves == (("pan_x", 2.0),)
     cond.push(InputDelta(held=(), seq=1, clear=True))  # the client left: keys released, not an input
-    assert cond.input_version() == 7 and cond.conditioner_state().mouse == (0.0, 0.0)
+    assert cond.input_version() == 7 and cond.conditioner_state().moves == ()
     assert cond.sample_chunk(model.spec.frames_per_chunk).input_version == 7
     cond.update(dataclasses.replace(state(model), epoch=1, context=None))
     assert cond.input_version() == 7 and cond.current_epoch() == 1

@@ -104,7 +104,9 @@ def test_start_up_objects_frozen_out_of_collection_are_not_scanned_again() -> No
     old = Node()
     try:
         frozen = freeze_startup_objects()
-        assert frozen == gc.get_freeze_count() and frozen > 1000
+        # Not an equality: a frozen object another thread of this process frees meanwhile (an earlier test's engine
+        # winding down) leaves the permanent generation, which made the count differ by 2, both ways, in two runs.
+        assert frozen > 1000 and abs(gc.get_freeze_count() - frozen) < frozen // 100
         assert not any(o is old for o in gc.get_objects()), "a frozen object is no longer tracked for collection"
         new = Node()
         new.self = new  # a cycle: only the collector frees it

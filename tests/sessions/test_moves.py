@@ -183,8 +183,8 @@ async def test_inputs_during_a_move_reach_the_target_and_a_cancelled_caller_does
         with pytest.raises(asyncio.CancelledError):
             await move
         await until(lambda: s.id not in m.moving and s.engine_id == 1)
-        want = [(s.id, ("d",), 0, (3.0, 0.0))]
-        assert [(sid, d.held, d.seq, d.mouse) for sid, d in pushed] == want
+        want = [(s.id, ("d",), 0, (("pan_x", 3.0),))]
+        assert [(sid, d.held, d.seq, d.moves) for sid, d in pushed] == want
         n = len(sink.frames)
         await until(lambda: len(sink.frames) >= n + 3)  # it generates on the target
         await until(lambda: any(f.action_seq == 0 for f in sink.frames[n:]))  # with the action pushed mid-move

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from worldcast.transport.clients.errors import UnknownKey
-from worldcast.transport.clients.session_api import action_cycle, check_keys, check_mouse
+from worldcast.transport.clients.session_api import action_cycle, action_message, check_keys, check_mouse
 
 MODEL = {"name": "m", "actions": {"keys": ["q", "e"]}, "keys": ["q", "e"]}
 
@@ -28,3 +28,14 @@ def test_mouse_must_be_two_finite_numbers(bad: tuple) -> None:  # type: ignore[t
 def test_benchmarks_cycle_through_the_model_s_own_keys() -> None:
     assert action_cycle(MODEL) == [["q"], ["e"]]
     assert action_cycle({"keys": []}) == [[]]
+
+
+def test_axes_are_checked_against_the_declared_axes_and_left_out_when_empty() -> None:
+    model = {"name": "m", "actions": {"keys": ["q"], "axes": [{"name": "roll", "range": [-90, 90]}]}}
+    assert action_message(model, 3, 1.5, ["q"], (1, 0)) == {"seq": 3, "t": 1500.0, "keys": ["q"], "mouse": [1, 0]}
+    assert action_message(model, 4, 2.0, [], axes={"roll": 45})["axes"] == {"roll": 45}
+    with pytest.raises(UnknownKey, match="axis 'yaw' is not in m's axes"):
+        action_message(model, 5, 2.0, [], axes={"yaw": 1})
+    for bad in (91, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="roll"):
+            action_message(model, 5, 2.0, [], axes={"roll": bad})

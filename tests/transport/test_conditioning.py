@@ -42,6 +42,9 @@ def test_the_model_declares_its_actions_and_conditioning(http: httpx.Client) -> 
     assert m["actions"]["key_labels"] == {"q": "darker", "e": "brighter"}
     assert [a["name"] for a in m["actions"]["mouse"]] == ["yaw"] and m["actions"]["mouse"][0]["scale"] == 0.01
     assert m["actions"]["exclusive_groups"] == [["q", "e"]]
+    roll = next(a for a in m["actions"]["axes"] if a["name"] == "roll")
+    assert roll["kind"] == "absolute" and roll["range"] == [-90, 90] and roll["rest"] == 0
+    assert m["actions"]["bindings"] == {"mouse.x": "yaw"}
     assert m["conditioning"]["text"] is None and m["default_prompt"] is None
     img = m["conditioning"]["image"]
     assert img["required"] and img["default"] is None and img["formats"] == ["png", "jpeg"]
@@ -152,7 +155,12 @@ async def test_the_image_reaches_the_pixels_and_the_model_s_own_keys_and_mouse_s
             c.send_raw_action(json.dumps({"seq": 1, "t": 0, "keys": ["w"], "mouse": [0, 0]}))
             ev = await c.wait_event(lambda e: e.get("event") == "action_rejected", timeout_s=10)
             assert "unknown key 'w'" in ev["message"]
-            c.send_action(keys=["q"])  # darker: each latent frame takes 10 % of the image's brightness
+            with pytest.raises(ValueError, match="roll"):
+                c.send_action(keys=[], axes={"roll": 100.0})  # refused locally: outside the declared range
+            c.send_raw_action(json.dumps({"seq": 2, "t": 0, "keys": [], "axes": {"roll": 100}}))
+            ev = await c.wait_event(lambda e: e.get("event") == "action_rejected" and e.get("seq") == 2, timeout_s=10)
+            assert "axis 'roll' must lie within [-90, 90]" in ev["message"]
+            c.send_action(keys=["q"], axes={"roll": 30.0})  # darker: each latent frame takes 10 % of the image's brightness
             darker = await asyncio.wait_for(video.after(12), 60)
             assert darker[2] < start[2] - 30, (start, darker)
             c.send_action(keys=[], mouse=(50.0, 0.0))  # yaw +0.5 (clipped) once: brighter again

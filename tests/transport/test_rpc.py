@@ -132,7 +132,7 @@ def test_an_action_passes_the_session_side_once_handler_inputs_chunk(session: Se
     got = r.staged.inputs
     assert got.action_seq == 4 and got.input_version == 1 and got.epoch == 0
     assert got.actions.shape[0] == model.spec.chunk_pixel_frames(1) and (got.actions[:, 3] == 1).all()  # d held
-    assert engine.cond.conditioner_state().mouse == (0.0, 0.0), "the chunk consumed the movement"
+    assert engine.cond.conditioner_state().moves == (), "the chunk consumed the movement"
     r.abort_chunk()
 
     session.close(CloseReason.CLIENT)
@@ -140,6 +140,27 @@ def test_an_action_passes_the_session_side_once_handler_inputs_chunk(session: Se
     (ev,) = h.receive(json.dumps({"seq": 5, "t": 0, "keys": ["w"], "mouse": [3, 0]}), 0.1, coalesce=False)
     assert ev["event"] == "action_rejected" and "closed" in ev["message"]
     assert engine.cond.conditioner_state() == before and len(engine.log) == sent and not session.inputs.wants_frames()
+
+
+def test_axes_on_the_wire_follow_the_declaration_and_keyboard_messages_stay_as_they_were(session: Session) -> None:
+    """An action's `axes` reach the engine as the model declares them (absolute: positions, relative: movement
+    added to the mouse's); a message without `axes` is read as before (every absolute axis at rest); a bad axis
+    is refused with its name and leaves the engine's inputs as they were."""
+    engine = EngineSide(session)
+    h = ActionHandler(session.inputs)
+    assert h.receive(json.dumps({"seq": 0, "t": 0, "keys": ["w"], "mouse": [4, 0],
+                                 "axes": {"move_x": 0.75, "pan_x": 8}}), 0.0, coalesce=False) == []
+    st = engine.cond.conditioner_state()
+    assert dict(st.positions)["move_x"] == 0.75 and dict(st.moves) == {"pan_x": 12.0} and st.held == ("w",)
+    assert h.receive(json.dumps({"seq": 1, "t": 0, "keys": [], "mouse": [0, 2]}), 0.0, coalesce=False) == []
+    st = engine.cond.conditioner_state()
+    assert set(dict(st.positions).values()) == {0.0} and dict(st.moves) == {"pan_x": 12.0, "pan_y": 2.0}
+    before, sent = engine.cond.conditioner_state(), len(engine.log)
+    for bad, said in [({"move_x": 2}, "within [-1, 1]"), ({"warp": 1}, "unknown axis 'warp'"),
+                      ({"move_x": "1"}, "axes"), ({"": 1}, "axes"), ({f"a{i}": 0 for i in range(33)}, "axes")]:
+        (ev,) = h.receive(json.dumps({"seq": 2, "t": 0, "axes": bad}), 0.0, coalesce=False)
+        assert ev["event"] == "action_rejected" and said in ev["message"], (bad, ev)
+    assert engine.cond.conditioner_state() == before and len(engine.log) == sent
 
 
 def test_deep_nesting_is_refused_whatever_the_callers_stack_depth() -> None:

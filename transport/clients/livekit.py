@@ -28,7 +28,13 @@ import numpy as np
 from livekit import rtc
 
 from worldcast.sessions.clock import VIDEO_CLOCK_RATE
-from worldcast.transport.clients.session_api import EventWaiters, create_session, next_seq, remember_sent
+from worldcast.transport.clients.session_api import (
+    EventWaiters,
+    action_message,
+    create_session,
+    next_seq,
+    remember_sent,
+)
 from worldcast.transport.livekit.tokens import WORLD_PREFIX
 from worldcast.transport.livekit.world import ACTIONS_TOPIC, EVENTS_TOPIC, FRAMES_TOPIC, USER_ATTRIBUTE
 
@@ -201,13 +207,15 @@ class LiveKitUser:
         self._sends.add(t)
         t.add_done_callback(self._sends.discard)
 
-    def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0)) -> int:
-        """Send one action message on topic `actions`; returns its seq."""
-        self.seq = next_seq(self.seq)  # restarts at 0 before the server's limit (2**53)
+    def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0),
+                    axes: dict[str, float] | None = None) -> int:
+        """Send one action message on topic `actions` (`session_api.action_message`, types checked: this client
+        keeps no model); returns its seq."""
         now = time.monotonic()
+        msg = action_message({}, next_seq(self.seq), now, keys, mouse, axes)
+        self.seq = msg["seq"]  # restarts at 0 before the server's limit (2**53)
         remember_sent(self.sent_at, self.seq, now)
-        self._publish(json.dumps({"seq": self.seq, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)}),
-                      topic=ACTIONS_TOPIC)
+        self._publish(json.dumps(msg), topic=ACTIONS_TOPIC)
         return self.seq
 
     def send_raw(self, payload: bytes | str, *, topic: str = ACTIONS_TOPIC) -> None:

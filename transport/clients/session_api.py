@@ -46,6 +46,42 @@ def check_mouse(mouse: tuple[float, float]) -> None:
         raise ValueError(f"mouse must be two finite numbers (dx, dy counts), not {mouse!r}")
 
 
+def action_message(model: Mapping[str, Any], seq: int, now_s: float, keys: list[str] | None,
+                   mouse: tuple[float, float] = (0, 0), axes: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """One action message (`schemas.ActionMessage`), checked before it is sent against the model's declared
+    action space (`ModelInfo.actions`; an empty `model` checks only the types).
+
+    Args:
+        seq: its sequence number; now_s: send time, s (the message's `t` is ms).
+        keys: keys held now; mouse: (dx, dy) counts since the previous message.
+        axes: the model's axes by name (`ModelInfo.actions.axes`): movement of a relative axis, the position of
+            an absolute one; left out of the message when empty, so keyboard-and-mouse messages stay as they were.
+
+    Raises:
+        UnknownKey: a key or axis the model does not declare.
+        TypeError, ValueError: keys not a list of names, a mouse movement or axis value not finite, an axis value
+            outside its declared range.
+    """
+    keys = keys or []
+    check_keys(model, keys)
+    check_mouse(mouse)
+    msg: dict[str, Any] = {"seq": seq, "t": now_s * 1000, "keys": keys, "mouse": list(mouse)}
+    if axes:
+        declared = (model.get("actions") or {}).get("axes")
+        ranges = None if declared is None else {a["name"]: a["range"] for a in declared}
+        import math
+
+        for name, v in axes.items():
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                raise ValueError(f"axis {name!r} must be a finite number, not {v!r}")
+            if ranges is not None and name not in ranges:
+                raise UnknownKey(f"axis {name!r} is not in {model.get('name', 'the model')}'s axes {list(ranges)}")
+            if ranges is not None and not ranges[name][0] <= v <= ranges[name][1]:
+                raise ValueError(f"axis {name!r} must lie within {ranges[name]}, not {v!r}")
+        msg["axes"] = dict(axes)
+    return msg
+
+
 def action_cycle(model: Mapping[str, Any], n: int = 4) -> list[list[str]]:
     """Single-key actions a benchmark cycles through, from the model's declared keys (its first `n`)."""
     keys = list((model.get("actions") or {}).get("keys", model.get("keys", [])))[:n]

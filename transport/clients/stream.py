@@ -33,8 +33,7 @@ from websockets.exceptions import ConnectionClosed
 from worldcast.transport.clients.errors import StreamError
 from worldcast.transport.clients.session_api import (
     EventWaiters,
-    check_keys,
-    check_mouse,
+    action_message,
     check_rpc_payload,
     create_session,
     delete_session,
@@ -295,18 +294,18 @@ class StreamClient:
         """Send a message as is (for error tests)."""
         await self.ws.send(payload)
 
-    async def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0)) -> int:
-        """Send one action message (the data channel's schema); returns its seq.
+    async def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0),
+                          axes: dict[str, float] | None = None) -> int:
+        """Send one action message (the data channel's schema, `session_api.action_message`); returns its seq.
 
         Raises:
-            UnknownKey: a key outside the model's declared action space (nothing sent).
+            UnknownKey: a key or axis outside the model's declared action space (nothing sent).
         """
-        check_keys(self.model or {}, keys or [])
-        check_mouse(mouse)
-        self.seq = next_seq(self.seq)  # restarts at 0 before the server's limit (2**53)
         now = time.monotonic()
+        msg = action_message(self.model or {}, next_seq(self.seq), now, keys, mouse, axes)
+        self.seq = msg["seq"]  # restarts at 0 before the server's limit (2**53)
         remember_sent(self.sent_at, self.seq, now)
-        await self.ws.send(json.dumps({"seq": self.seq, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)}))
+        await self.ws.send(json.dumps(msg))
         return self.seq
 
     async def rpc(self, method: str, params: dict[str, Any] | None = None, *,

@@ -44,8 +44,7 @@ from aiortc.utils import uint16_add
 from worldcast.transport.clients.errors import MessageTooLarge, RpcFailed
 from worldcast.transport.clients.session_api import (
     EventWaiters,
-    check_keys,
-    check_mouse,
+    action_message,
     check_rpc_payload,
     create_session,
     next_seq,
@@ -265,23 +264,24 @@ class WebRTCClient:
 
     # -- actions and frames -------------------------------------------------------------
 
-    def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0)) -> int:
+    def send_action(self, keys: list[str] | None = None, mouse: tuple[float, float] = (0, 0),
+                    axes: dict[str, float] | None = None) -> int:
         """Send one action message; returns its seq.
 
         Args:
             keys: keys held now, from the model's declared action space (`model["actions"]["keys"]`).
             mouse: (dx, dy) mouse counts since the previous message (ignored by a model without mouse axes).
+            axes: the model's axes by name (`model["actions"]["axes"]`; see `session_api.action_message`).
 
         Raises:
-            UnknownKey: a key the model does not declare (not sent, seq not used).
-            TypeError, ValueError: keys not a list of names, a mouse movement not two finite numbers.
+            UnknownKey: a key or axis the model does not declare (not sent, seq not used).
+            TypeError, ValueError: keys not a list of names, a mouse movement or axis value not finite or out of
+                range.
             MessageTooLarge: over the server's action message limit (not sent, seq not used).
         """
-        check_keys(self.model, keys or [])
-        check_mouse(mouse)
         now = time.monotonic()
         seq = next_seq(self.seq)  # restarts at 0 before the server's limit (2**53)
-        text = encode_message({"seq": seq, "t": now * 1000, "keys": keys or [], "mouse": list(mouse)},
+        text = encode_message(action_message(self.model, seq, now, keys, mouse, axes),
                               what="action", limit_bytes=MAX_MESSAGE_BYTES)
         self.seq = seq
         remember_sent(self.sent_at, seq, now)

@@ -29,6 +29,7 @@ from worldcast.transport.http import images
 from worldcast.transport.schemas import (
     MAX_IMAGE_BYTES,
     ActionSpaceInfo,
+    AxisInfo,
     ConditioningInfo,
     CreateSessionRequest,
     ImageConditioningInfo,
@@ -49,7 +50,10 @@ _FORM_FIELDS = ("prompt", "seed", "stamp_frames", "mode", "transport", "room")
 def action_space_info(a: ActionSpace) -> ActionSpaceInfo:
     return ActionSpaceInfo(
         keys=list(a.keys), key_labels={k: a.label(k) for k in a.keys},
-        mouse=[MouseAxisInfo(name=m.name, scale=m.scale, limit=m.limit) for m in a.mouse],
+        mouse=[MouseAxisInfo(name=m.name, scale=m.scale, limit=m.limit) for m in a.mouse if m is not None],
+        axes=[AxisInfo(name=x.name, label=x.label or x.name, kind=x.kind, range=x.range, rest=x.rest, scale=x.scale,
+                       limit=x.limit) for x in a.axes],
+        bindings=dict(a.bindings),
         exclusive_groups=[list(g) for g in a.exclusive_groups], dim=a.dim, history_pixel_frames=a.history_pixel_frames)
 
 

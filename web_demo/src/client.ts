@@ -121,11 +121,13 @@ export class WorldcastClient {
     }
   }
 
-  /** Send the held keys and the mouse movement since the last message; returns its seq (-1: not open). */
-  sendAction(keys: string[], mouse: [number, number]): number {
+  /** Send the held keys, the mouse movement since the last message and the axes (left out when empty); returns
+   * its seq (-1: not open). */
+  sendAction(keys: string[], mouse: [number, number], axes: Record<string, number> = {}): number {
     if (this.actions.readyState !== "open") return -1;
     this.seq += 1;
     const msg: ActionMessage = { seq: this.seq, t: performance.now(), keys, mouse };
+    if (Object.keys(axes).length > 0) msg.axes = axes;
     this.actions.send(JSON.stringify(msg));
     return this.seq;
   }

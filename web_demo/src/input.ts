@@ -1,5 +1,7 @@
-// Keyboard and pointer-locked mouse -> held-key set and accumulated mouse movement.
-// The keys and whether the mouse counts come from the model's declared action space (GET /v1/model).
+// Keyboard, pointer-locked mouse and gamepad -> held-key set, accumulated mouse movement and axis positions.
+// What each drives comes from the model's declared action space (GET /v1/model: keys, axes, bindings).
+
+import type { AxisInfo } from "./protocol";
 
 /** Browser key codes with names of their own; letters and digits map to themselves ("KeyQ" -> "q"). */
 const NAMED_KEYS: Record<string, string> = {
@@ -23,6 +25,62 @@ export function modelKey(code: string, allowed: Set<string>): string | undefined
 function isTyping(target: EventTarget | null): boolean {
   const el = target as HTMLElement | null;
   return !!el && (el.tagName === "INPUT" || el.tagName === "TEXTAREA" || el.isContentEditable);
+}
+
+/** Stick positions nearer the centre than this count as the centre (worn sticks rest a little off it). */
+const STICK_DEADZONE = 0.15;
+/** A gamepad button bound to a key holds it past this pressure (analog triggers report 0..1). */
+const BUTTON_PRESS = 0.5;
+
+/** A model's gamepad bindings (ModelInfo.actions.bindings) read from the Gamepad API's standard mapping
+ * (https://w3c.github.io/gamepad/#remapping). The API has no events for sticks: `poll` reads the pads. */
+export class GamepadInput {
+  private axisOf = new Map<number, AxisInfo>(); // gamepad axis index -> model axis
+  private buttonAxis = new Map<number, AxisInfo>(); // gamepad button index -> model axis (analog triggers)
+  private buttonKey = new Map<number, string>(); // gamepad button index -> model key
+  /** Whether the model binds any gamepad input. */
+  bound = false;
+
+  configure(axes: AxisInfo[], keys: string[], bindings: Record<string, string>): void {
+    this.axisOf.clear();
+    this.buttonAxis.clear();
+    this.buttonKey.clear();
+    const byName = new Map(axes.map((a) => [a.name, a]));
+    for (const [input, control] of Object.entries(bindings)) {
+      const m = /^gamepad\.(axis|button)\.(\d+)$/.exec(input);
+      if (!m) continue;
+      const i = Number(m[2]);
+      const ax = byName.get(control);
+      if (m[1] === "axis" && ax?.kind === "absolute") this.axisOf.set(i, ax);
+      else if (m[1] === "button" && ax?.kind === "absolute") this.buttonAxis.set(i, ax);
+      else if (m[1] === "button" && keys.includes(control)) this.buttonKey.set(i, control);
+    }
+    this.bound = this.axisOf.size + this.buttonAxis.size + this.buttonKey.size > 0;
+  }
+
+  /** Keys held and absolute axes off their rest position on the connected pads now. */
+  poll(): { keys: Set<string>; axes: Record<string, number> } {
+    const keys = new Set<string>();
+    const axes: Record<string, number> = {};
+    if (!this.bound || typeof navigator.getGamepads !== "function") return { keys, axes };
+    const clamp = (a: AxisInfo, v: number) => Math.min(a.range[1], Math.max(a.range[0], v));
+    for (const pad of navigator.getGamepads()) {
+      if (!pad || !pad.connected) continue;
+      for (const [i, ax] of this.axisOf) {
+        const v = pad.axes[i] ?? 0;
+        if (Math.abs(v) > STICK_DEADZONE && v !== ax.rest) axes[ax.name] = clamp(ax, v);
+      }
+      for (const [i, ax] of this.buttonAxis) {
+        const v = pad.buttons[i]?.value ?? 0;
+        if (v > 0 && v !== ax.rest) axes[ax.name] = clamp(ax, v);
+      }
+      for (const [i, key] of this.buttonKey) {
+        const b = pad.buttons[i];
+        if (b && (b.pressed || b.value > BUTTON_PRESS)) keys.add(key);
+      }
+    }
+    return { keys, axes };
+  }
 }
 
 export class InputState {
@@ -75,14 +133,24 @@ export class InputState {
     if (any) this.onChange();
   }
 
-  /** Names of the keys held now. */
+  /** The gamepad's part (configured from the model's bindings); polled on every `keys`/`axes`. */
+  readonly gamepad = new GamepadInput();
+
+  /** Names of the keys held now, on the keyboard or a gamepad. */
   keys(): string[] {
-    return [...this.held.entries()].filter(([, c]) => c.size > 0).map(([k]) => k);
+    const keys = new Set([...this.held.entries()].filter(([, c]) => c.size > 0).map(([k]) => k));
+    if (this.enabled()) for (const k of this.gamepad.poll().keys) keys.add(k);
+    return [...keys];
   }
 
-  /** Whether anything is held or the mouse moved since the last `takeMouse`. */
+  /** The model's absolute axes a gamepad holds off their rest now (left out: at rest). */
+  axes(): Record<string, number> {
+    return this.enabled() ? this.gamepad.poll().axes : {};
+  }
+
+  /** Whether anything is held, a stick is off centre, or the mouse moved since the last `takeMouse`. */
   get busy(): boolean {
-    return this.keys().length > 0 || this.dx !== 0 || this.dy !== 0;
+    return this.keys().length > 0 || Object.keys(this.axes()).length > 0 || this.dx !== 0 || this.dy !== 0;
   }
 
   /** The mouse movement since the previous call (dx, dy), counts. */

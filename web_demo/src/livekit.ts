@@ -36,7 +36,7 @@ export interface SessionClient {
   onTrack: (stream: MediaStream) => void;
   onClosed: (why: string) => void;
   connect(start?: StartRequest): Promise<CreateSessionResponse>;
-  sendAction(keys: string[], mouse: [number, number]): number;
+  sendAction(keys: string[], mouse: [number, number], axes?: Record<string, number>): number;
   readonly lastSentSeq: number;
   rpc(method: RpcMethod, params?: Record<string, unknown>): Promise<Record<string, unknown>>;
   close(): void;
@@ -98,11 +98,13 @@ export class LiveKitWorldClient implements SessionClient {
     return this.session;
   }
 
-  /** Send the held keys and the mouse movement since the last message; returns its seq (-1: not joined). */
-  sendAction(keys: string[], mouse: [number, number]): number {
+  /** Send the held keys, the mouse movement since the last message and the axes (left out when empty); returns
+   * its seq (-1: not joined). */
+  sendAction(keys: string[], mouse: [number, number], axes: Record<string, number> = {}): number {
     if (this.closed || !this.world || this.room.state !== "connected") return -1;
     this.seq += 1;
     const msg: ActionMessage = { seq: this.seq, t: performance.now(), keys, mouse };
+    if (Object.keys(axes).length > 0) msg.axes = axes;
     this.room.localParticipant
       .publishData(this.encoder.encode(JSON.stringify(msg)), {
         reliable: false, topic: "actions", destinationIdentities: [this.world],

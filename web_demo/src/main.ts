@@ -1,4 +1,4 @@
-// The demo page: connect, show the video, drive it with keys and mouse, change the prompt.
+// The demo page: connect, show the video, drive it with keys, mouse or a gamepad, change the prompt.
 
 import { WorldcastClient } from "./client";
 import { InputState } from "./input";
@@ -6,7 +6,7 @@ import type { SessionClient } from "./livekit";
 import type { ModelInfo, ServerEvent, StartRequest } from "./protocol";
 import { StatsTracker, type Stats } from "./stats";
 
-/** Action messages per second while a key is held or the mouse moves. */
+/** Action messages per second while a key is held, a stick is off centre or the mouse moves. */
 const ACTION_HZ = 60;
 /** Keep repeating the held-key state this long after the last input, ms: the actions channel
  * drops lost messages, and a lost key-up would otherwise leave the key held on the server. */
@@ -59,7 +59,8 @@ function setConnected(on: boolean): void {
 function sendAction(): void {
   if (!client) return;
   const keys = input.keys();
-  stats.sent(client.sendAction(keys, input.takeMouse()), keys);
+  const axes = input.axes();
+  stats.sent(client.sendAction(keys, input.takeMouse(), axes), keys, axes);
 }
 
 input.onChange = () => {
@@ -112,18 +113,43 @@ function keyCaps(key: string): string {
   return `<kbd>${key === "space" ? "Space" : key === "shift" ? "Shift" : key.toUpperCase()}</kbd>`;
 }
 
+/** Names of the standard mapping's inputs (https://w3c.github.io/gamepad/#remapping) for the help line. */
+const PAD_NAMES: Record<string, string> = {
+  "gamepad.axis.0": "left stick", "gamepad.axis.1": "left stick", "gamepad.axis.2": "right stick",
+  "gamepad.axis.3": "right stick", "gamepad.button.0": "A", "gamepad.button.1": "B", "gamepad.button.2": "X",
+  "gamepad.button.3": "Y", "gamepad.button.6": "left trigger", "gamepad.button.7": "right trigger",
+  "gamepad.button.12": "d-pad", "gamepad.button.13": "d-pad", "gamepad.button.14": "d-pad", "gamepad.button.15": "d-pad",
+};
+
+/** "left stick: walk right (stick), walk down (stick); ..." from the model's gamepad bindings. */
+function gamepadHelp(a: ModelInfo["actions"]): string {
+  const labels = new Map<string, string>(a.axes.map((x) => [x.name, x.label]));
+  const parts = new Map<string, string[]>();
+  for (const [input, control] of Object.entries(a.bindings)) {
+    if (!input.startsWith("gamepad.")) continue;
+    const name = PAD_NAMES[input] ?? input.slice("gamepad.".length);
+    const what = labels.get(control) ?? a.key_labels[control] ?? control;
+    const list = parts.get(name) ?? [];
+    if (!list.includes(what)) list.push(what);
+    parts.set(name, list);
+  }
+  return [...parts].map(([n, w]) => `${n}: ${w.join(", ")}`).join("; ");
+}
+
 /** Build the page's inputs from the model's declared action space and conditioning (GET /v1/model). */
 function applyModel(m: ModelInfo): void {
   model = m;
   const a = m.actions;
   input.allowed = new Set(a.keys);
   input.mouse = a.mouse.length > 0;
+  input.gamepad.configure(a.axes ?? [], a.keys, a.bindings ?? {});
   const keys = a.keys.map((k) => `${keyCaps(k)} ${a.key_labels[k] ?? k}`).join(", ");
   const mouse = input.mouse
     ? `; click the video to steer with the mouse (${a.mouse.map((x) => x.name).join(", ")}; <kbd>Esc</kbd> releases it)`
     : "";
+  const pad = input.gamepad.bound ? `; or plug in a gamepad (${gamepadHelp(a)})` : "";
   const text = m.conditioning.text !== null ? " A new prompt is applied with <em>Set prompt</em> (set_prompt, then flush)." : "";
-  keysHelp.innerHTML = `${m.name}: ${keys}${mouse}.${text}`;
+  keysHelp.innerHTML = `${m.name}: ${keys}${mouse}${pad}.${text}`;
   const img = m.conditioning.image;
   imageInput.hidden = img === null;
   if (img !== null) {

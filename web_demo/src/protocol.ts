@@ -8,11 +8,24 @@ export interface MouseAxisInfo {
   limit: number | null;
 }
 
+/** One continuous control of a model's action space (schemas.AxisInfo). */
+export interface AxisInfo {
+  name: string;
+  label: string;
+  kind: "relative" | "absolute"; // relative: movement since the previous message; absolute: the position now
+  range: [number, number]; // values a message may carry, inclusive
+  rest: number; // absolute: the position when none is given
+  scale: number;
+  limit: number | null;
+}
+
 /** The actions a model understands (schemas.ActionSpaceInfo): the demo builds its inputs from this. */
 export interface ActionSpaceInfo {
   keys: string[]; // key names an action may hold
   key_labels: Record<string, string>; // what each key does
   mouse: MouseAxisInfo[]; // axes fed by an action's mouse [dx, dy]; empty: the mouse is ignored
+  axes: AxisInfo[]; // continuous controls an action's `axes` may set
+  bindings: Record<string, string>; // "mouse.x" | "gamepad.axis.N" | "gamepad.button.N" -> key or axis name
   exclusive_groups: string[][];
   dim: number;
   history_pixel_frames: number;
@@ -89,6 +102,7 @@ export interface ActionMessage {
   t: number; // client send time, ms (performance.now())
   keys: string[]; // keys held now (names from ModelInfo.keys)
   mouse: [number, number]; // movement since the previous message (dx, dy), counts
+  axes?: Record<string, number>; // the model's axes by name: movement (relative) or position now (absolute)
 }
 
 // -- control channel: RPCs ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ export interface Stats {
   lastAppliedSeq: number; // highest action_seq seen in a frame event (-1: none)
   lastSentSeq: number; // seq of the last action message sent (-1: none)
   lastSentKeys: string[]; // keys held in that message
+  lastSentAxes: Record<string, number>; // axes off their rest in that message
   fps: number; // frame events in the last second
   lagMs: number | null; // action->frame: mean over the seqs N a frame newly covers of (frame event
   //                       arrival - send time of seq N), i.e. first frame with action_seq >= N
@@ -30,7 +31,7 @@ const FPS_WINDOW_MS = 1000;
 function initial(): Stats {
   return {
     state: "disconnected", connected: false, sessionId: null, framesReceived: 0, lastFrameIndex: -1,
-    epoch: 0, lastAppliedSeq: -1, lastSentSeq: -1, lastSentKeys: [], fps: 0, lagMs: null, lagMaxMs: null,
+    epoch: 0, lastAppliedSeq: -1, lastSentSeq: -1, lastSentKeys: [], lastSentAxes: {}, fps: 0, lagMs: null, lagMaxMs: null,
     timingsMs: null, videoFrames: 0, rejected: 0, errors: [],
   };
 }
@@ -47,10 +48,11 @@ export class StatsTracker {
     this.arrivals = [];
   }
 
-  sent(seq: number, keys: string[]): void {
+  sent(seq: number, keys: string[], axes: Record<string, number> = {}): void {
     if (seq < 0) return;
     this.s.lastSentSeq = seq;
     this.s.lastSentKeys = keys;
+    this.s.lastSentAxes = axes;
     this.sentAt.set(seq, performance.now());
     if (this.sentAt.size > MAX_PENDING_SEQS) this.sentAt.delete(this.sentAt.keys().next().value as number);
   }

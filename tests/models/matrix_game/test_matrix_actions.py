@@ -8,31 +8,39 @@ import torch
 
 from worldcast.models.matrix_game.action import action_windows, pad_first_chunk
 from worldcast.models.matrix_game.config import tiny
-from worldcast.models.matrix_game.controls import CAM_VALUE, GTA_DRIVE, MOUSE_SCALE, TEMPLERUN, UNIVERSAL
+from worldcast.models.matrix_game.controls import CAM_VALUE, GTA_DRIVE, MOUSE_SCALE, TEMPLERUN, UNIVERSAL, Controls
+
+
+def _mouse(c: Controls, dx: float, dy: float) -> dict[str, float]:
+    """The axis values the engine gives a model for wire mouse counts (dx, dy) in one pixel frame."""
+    space = c.action_space(history_pixel_frames=0)
+    return space.axis_values({a.name: v for a, v in zip(space.mouse, (dx, dy)) if a is not None}, {}, 1)
 
 
 def test_matrix_universal_controls_keys_camera_keys_and_mouse() -> None:
-    v = UNIVERSAL.encode({"w": True, "a": True}, (0.0, 0.0))
+    v = UNIVERSAL.encode({"w": True, "a": True}, {})
     assert v.dtype == np.float32 and v.tolist() == [1, 0, 1, 0, 0, 0]
-    assert UNIVERSAL.encode({"w": True, "s": True}, (0, 0))[:4].tolist() == [1, 0, 0, 0], "w wins over s"
-    look = UNIVERSAL.encode({"i": True, "l": True}, (0, 0))
+    assert UNIVERSAL.encode({"w": True, "s": True}, {})[:4].tolist() == [1, 0, 0, 0], "w wins over s"
+    look = UNIVERSAL.encode({"i": True, "l": True}, {})
     assert look[4:].tolist() == pytest.approx([CAM_VALUE, CAM_VALUE]), "i: pitch up, l: yaw right (0.1 each)"
-    m = UNIVERSAL.encode({}, (8.0, 4.0))  # right and down
+    m = UNIVERSAL.encode({}, _mouse(UNIVERSAL, 8.0, 4.0))  # right and down
     assert m[4:].tolist() == pytest.approx([-4 * MOUSE_SCALE, 8 * MOUSE_SCALE])
-    assert UNIVERSAL.encode({}, (1e6, -1e6))[4:].tolist() == pytest.approx([CAM_VALUE, CAM_VALUE]), "clipped"
-    assert UNIVERSAL.encode({"x": True, "space": True}, (0, 0)).tolist() == [0] * 6, "unknown keys ignored"
+    clipped = UNIVERSAL.encode({}, _mouse(UNIVERSAL, 1e6, -1e6))
+    assert clipped[4:].tolist() == pytest.approx([CAM_VALUE, CAM_VALUE]), "clipped"
+    assert UNIVERSAL.encode({"x": True, "space": True}, {}).tolist() == [0] * 6, "unknown keys ignored"
     with pytest.raises(ValueError, match="finite"):
-        UNIVERSAL.encode({}, (float("nan"), 0.0))
+        UNIVERSAL.encode({}, {"yaw": float("nan")})
 
 
 def test_matrix_gta_and_templerun_controls_follow_the_release() -> None:
-    assert GTA_DRIVE.dim == 4 and GTA_DRIVE.mouse == ()
-    assert GTA_DRIVE.encode({"w": True, "a": True}, (50.0, 0.0)).tolist() == pytest.approx([1, 0, 0, -CAM_VALUE]), \
+    assert GTA_DRIVE.dim == 4 and GTA_DRIVE.mouse == () and _mouse(GTA_DRIVE, 50.0, 0.0) == {}
+    gta = GTA_DRIVE.encode({"w": True, "a": True}, _mouse(GTA_DRIVE, 50.0, 0.0))
+    assert gta.tolist() == pytest.approx([1, 0, 0, -CAM_VALUE]), \
         "a steers on the yaw column; GTA takes no wire mouse"
     assert TEMPLERUN.dim == 7
-    assert TEMPLERUN.encode({}, (0, 0)).tolist() == [1, 0, 0, 0, 0, 0, 0], "no key: 'still'"
-    assert TEMPLERUN.encode({"z": True}, (0, 0)).tolist() == [0, 0, 0, 1, 0, 0, 0], "z: turn left"
-    assert TEMPLERUN.encode({"d": True, "w": True}, (0, 0)).tolist() == [0, 1, 0, 0, 0, 0, 0], "one-hot: w first"
+    assert TEMPLERUN.encode({}, {}).tolist() == [1, 0, 0, 0, 0, 0, 0], "no key: 'still'"
+    assert TEMPLERUN.encode({"z": True}, {}).tolist() == [0, 0, 0, 1, 0, 0, 0], "z: turn left"
+    assert TEMPLERUN.encode({"d": True, "w": True}, {}).tolist() == [0, 1, 0, 0, 0, 0, 0], "one-hot: w first"
 
 
 def _reference_windows(rows: torch.Tensor, j: int, W: int = 12) -> torch.Tensor:

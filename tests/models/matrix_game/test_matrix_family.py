@@ -26,7 +26,7 @@ def test_matrix_family_declares_the_release_variants() -> None:
             assert (v.frame_height, v.frame_width) == (352, 640)
     by = {v.name: v for v in FAMILY.variants}
     assert [a.name for a in by["universal"].actions.mouse] == ["yaw", "pitch"]  # type: ignore[union-attr]
-    assert by["gta-drive"].actions.mouse == () and by["templerun"].actions.dim == 7  # type: ignore[union-attr]
+    assert by["gta-drive"].actions.mouse == (None, None) and by["templerun"].actions.dim == 7  # type: ignore[union-attr]
 
 
 def test_matrix_factory_builds_what_the_family_declares() -> None:

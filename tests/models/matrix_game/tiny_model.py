@@ -84,8 +84,11 @@ def script(model: MatrixGameModel, pixel_frames: int, *, seed: int) -> np.ndarra
     """(P, A) random key presses and mouse moves through the model's own encode_action."""
     g = np.random.default_rng(seed)
     keys = model.controls.keys
+    space = model.spec.actions
     rows = []
     for _ in range(pixel_frames):
         held = {k: bool(g.random() < 0.3) for k in keys}
-        rows.append(model.encode_action(held, (float(g.integers(-30, 30)), float(g.integers(-30, 30)))))
+        counts = (float(g.integers(-30, 30)), float(g.integers(-30, 30)))
+        moves = {ax.name: c for ax, c in zip(space.mouse, counts) if ax is not None}
+        rows.append(model.encode_action(held, space.axis_values(moves, {}, 1)))
     return np.stack(rows)
