@@ -22,6 +22,8 @@ from worldcast.sessions.errors import (
     MoveFailed,
     SessionClosedError,
     SessionNotFound,
+    SpectatorRefused,
+    ViewerRefused,
 )
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -83,6 +85,8 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 SESSION_CLOSED = -32000
 RATE_LIMITED = -32001
+#: The caller's credential may not do this (a viewer token asking to act, direct or control; `sessions/viewers.py`).
+FORBIDDEN = -32003
 
 HTTP_STATUS: dict[type[Exception], int] = {
     SessionNotFound: 404,
@@ -92,6 +96,7 @@ HTTP_STATUS: dict[type[Exception], int] = {
     CapacityExhausted: 503,
     EngineNotFound: 404,
     MoveFailed: 409,
+    ViewerRefused: 429,
 }
 
 RPC_CODE: dict[type[Exception], int] = {
@@ -103,6 +108,8 @@ RPC_CODE: dict[type[Exception], int] = {
 
 
 def http_status(exc: Exception) -> int:
+    if isinstance(exc, SpectatorRefused):  # the session's cap is the caller's to wait out; the server's is ours
+        return 503 if exc.scope == "server" else 429
     for t, code in HTTP_STATUS.items():
         if isinstance(exc, t):
             return code
@@ -132,6 +139,7 @@ LIVEKIT_RPC_CODE: dict[int, int] = {
     METHOD_NOT_FOUND: 1513,
     SESSION_CLOSED: 1520,
     RATE_LIMITED: 1521,
+    FORBIDDEN: LIVEKIT_FORBIDDEN,
 }
 
 

@@ -8,6 +8,8 @@ Routes (`transport/http/routes/`):
     GET    /v1/sessions/{id}            session summary    (Bearer token of that session)                  sessions.py
     DELETE /v1/sessions/{id}            close it           -> 204                                          sessions.py
     POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}; 204 for a notification sessions.py
+    POST   /v1/sessions/{id}/viewers    mint a viewer token -> 201 {viewer_id, viewer_token, whep_url, ...} viewers.py
+    DELETE /v1/sessions/{id}/viewers/{v} revoke it (its streams are closed) -> 204                          viewers.py
     POST   /v1/sessions/{id}/webrtc     SDP offer -> answer (400 with the reason for a bad offer)          webrtc.py
     WS     /v1/sessions/{id}/stream     fMP4 video + events out; actions, RPCs, directions in              streams.py
     WS     /ws                          the Dreamverse-compatible directing protocol                       streams.py
@@ -38,7 +40,7 @@ from fastapi.staticfiles import StaticFiles
 
 from worldcast.engine.memory import freeze_startup_objects
 from worldcast.models.base import WorldModel
-from worldcast.sessions.errors import CapacityExhausted, SessionError
+from worldcast.sessions.errors import CapacityExhausted, SessionError, SpectatorRefused
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
@@ -47,7 +49,7 @@ from worldcast.transport.http.body import BodyPolicy, RoutePolicy
 from worldcast.transport.http.engine_api import build_engines
 from worldcast.transport.http.metrics import Metrics
 from worldcast.transport.http.model_api import MAX_BODY_BYTES, create_body_limit
-from worldcast.transport.http.routes import admin, health, sessions, streams, webrtc
+from worldcast.transport.http.routes import admin, health, sessions, streams, viewers, webrtc
 from worldcast.transport.http.routes.deps import printable
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.memory import HeapTrimmer, configure_malloc
@@ -158,7 +160,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     @app.exception_handler(SessionError)
     async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
         headers = {}
-        if isinstance(exc, CapacityExhausted):
+        if isinstance(exc, CapacityExhausted | SpectatorRefused):
             headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))  # never earlier than true
         return JSONResponse({"detail": str(exc)}, status_code=errors.http_status(exc), headers=headers)
 
@@ -171,7 +173,8 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         loc = ".".join(first["loc"])
         return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=422)
 
-    for r in (sessions.router, webrtc.router, streams.router, admin.router, health.router):
+    for r in (sessions.router, viewers.router, webrtc.router, streams.router, admin.router,
+              health.router):
         app.include_router(r)
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():
