@@ -258,6 +258,8 @@ async def test_spectator_caps_count_whep_and_fmp4_and_say_why(server: LiveServer
             assert r.status_code == 503 and "the server has 3 spectators" in r.json()["detail"]
             assert int(r.headers["retry-after"]) >= 1
             assert len(server.app.state.whep.peers) == 2
+            text = (await http.get("/metrics")).text
+            assert 'worldcast_spectators{kind="whep"} 2.0' in text and 'worldcast_spectators{kind="fmp4"} 1.0' in text
             await fmp4.aclose(delete=False)
             await until(lambda: len(server.manager.sessions[c.session_id].viewers.spectators) == 1,
                         "the fMP4 spectator released")
