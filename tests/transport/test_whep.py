@@ -270,3 +270,25 @@ async def test_spectator_caps_count_whep_and_fmp4_and_say_why(server: LiveServer
             for p in players:
                 await p.close()
             await http.delete(f"/v1/sessions/{b['session_id']}", headers=auth(b["token"]))
+
+
+async def test_a_burst_of_offers_admits_the_cap_and_refuses_the_rest_holding_nothing(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=16)) as http, \
+            await StreamClient.connect(server.url, seed=6) as c:
+        v = await viewer(http, c.session_id, c.token)
+        p = Player()
+        offer = await p.offer()
+        await p.close()
+        headers = SDP | auth(v["viewer_token"])
+        replies = await asyncio.gather(*(http.post(v["whep_url"], content=offer, headers=headers) for _ in range(100)))
+        statuses = sorted(r.status_code for r in replies)
+        assert statuses.count(201) == VIEWERS.max_spectators_per_session and statuses.count(429) == 98, statuses
+        session = server.manager.sessions[c.session_id]
+        assert len(session.viewers.spectators) == 2 and len(server.app.state.whep.peers) == 2
+        for r in replies:
+            if r.status_code == 201:
+                assert (await http.delete(r.headers["location"], headers=auth(v["viewer_token"]))).status_code == 200
+        assert not session.viewers.spectators and not server.app.state.whep.peers
+        assert len(session.frames.sinks) == 1
+        await c.next_frame()
+        assert c.closed_code is None
