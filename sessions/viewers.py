@@ -7,8 +7,7 @@ opened with it is closed. A *spectator* is one live view-only stream of the sess
 read-only fMP4 stream), whatever token opened it; spectators are admitted against caps per session and
 per server (`Viewers.admit`) and released when they leave (`Spectator.leave`).
 
-`authorize` is the one place a token is checked against a session: every route and every stream asks it,
-and a caller's role (`Access.viewer` None: the controller) decides what it may do.
+`sessions/access.py` (`authorize`) is the one place a token is checked against a session.
 
 Event loop only (expiry timers run on the running loop, when there is one).
 """
@@ -18,19 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from worldcast.sessions.errors import SpectatorRefused, ViewerRefused
 
-if TYPE_CHECKING:
-    from worldcast.sessions.session import Session
-
 logger = logging.getLogger(__name__)
-
-#: Compared against when the id is unknown or closed, so that every refusal takes the same time.
-_NO_TOKEN = secrets.token_urlsafe(24)
 
 #: What a spectator watches through.
 SpectatorKind = Literal["whep", "fmp4"]
@@ -101,25 +94,15 @@ class Viewer:
         viewer_id: public id (for `DELETE /v1/sessions/{id}/viewers/{viewer_id}`).
         token: the bearer secret.
         expires_at_s: when it runs out, on the session's clock (monotonic), s.
+        on_revoke: called with the reason ("revoked", "expired", "session_closed") once it is revoked, after its
+            streams are closed (what else it opened: a LiveKit viewer's place in the room); must not block.
     """
 
     viewer_id: str
     token: str
     expires_at_s: float
+    on_revoke: list[Callable[[str], None]] = field(default_factory=list, repr=False)
     _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class Access:
-    """What a token opens: its session, and the viewer it belongs to (None: the session's controller)."""
-
-    session: Session
-    viewer: Viewer | None = None
-
-    @property
-    def controller(self) -> bool:
-        """Whether the token is the session's own (it may act, direct, flush, cancel, create viewers)."""
-        return self.viewer is None
 
 
 class Viewers:
@@ -183,6 +166,11 @@ class Viewers:
                 sp.close(reason)
             except Exception:  # noqa: BLE001 - one stream's bug must not keep the others open
                 logger.exception("Session(%s): closing a spectator of viewer %s failed", self.session_id, viewer_id)
+        for cb in v.on_revoke:
+            try:
+                cb(reason)
+            except Exception:  # noqa: BLE001
+                logger.exception("Session(%s): a revocation listener of viewer %s failed", self.session_id, viewer_id)
         logger.info("Session(%s): viewer %s %s", self.session_id, viewer_id, reason)
         return True
 
@@ -236,39 +224,3 @@ class Viewers:
                 sp.close("session_closed")
             except Exception:  # noqa: BLE001
                 logger.exception("Session(%s): closing a spectator failed", self.session_id)
-
-
-def count_spectators(sessions: Iterable[Session]) -> int:
-    """Live spectator streams over `sessions` (derived each time: the sessions' own records are the fact)."""
-    return sum(len(s.viewers.spectators) for s in sessions)
-
-
-def authorize(sessions: Mapping[str, Session], session_id: str, token: str) -> Access | None:
-    """What `token` opens on session `session_id`: the controller's access, a viewer's, or nothing.
-
-    The one check of a session's bearer token (HTTP routes, the worldcast stream, WHEP). An unknown or
-    closed id is compared against a throwaway token, so every refusal takes the same path.
-
-    Returns:
-        None for an unknown or closed id, or a token that is neither the session's nor one of its live
-        viewers'.
-    """
-    from worldcast.sessions.session import SessionState
-
-    session = sessions.get(session_id)
-    open_ = session is not None and session.state != SessionState.CLOSED
-    expected = session.token if open_ else _NO_TOKEN  # type: ignore[union-attr]
-    is_controller = secrets.compare_digest(token.encode(), expected.encode())
-    if not open_:
-        return None
-    assert session is not None
-    if is_controller:
-        return Access(session)
-    viewer = session.viewers.find(token)
-    return None if viewer is None else Access(session, viewer)
-
-
-def token_opens_any(sessions: Mapping[str, Session], token: str) -> bool:
-    """Whether `token` opens some open session (its own or one of its live viewers'): WHEP tells such a
-    caller 404 for an id its token does not open, and anyone else 401 (draft-ietf-wish-whep-04 4.1)."""
-    return any(authorize(sessions, sid, token) is not None for sid in list(sessions))

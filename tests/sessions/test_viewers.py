@@ -1,4 +1,5 @@
-"""Viewer tokens, spectators and the one token check (`sessions/viewers.py`), no network, a fake clock."""
+"""Viewer tokens, spectators (`sessions/viewers.py`) and the one token check (`sessions/access.py`), no network,
+a fake clock."""
 
 import asyncio
 
@@ -6,9 +7,10 @@ import pytest
 
 from tests.fakes import FakeClock
 from tests.sessions.test_session import ListSink, frame, make
+from worldcast.sessions.access import authorize, count_spectators, token_opens_any
 from worldcast.sessions.errors import SessionClosedError, SpectatorRefused, ViewerRefused
 from worldcast.sessions.session import CloseReason, SessionState
-from worldcast.sessions.viewers import ViewerConfig, Viewers, authorize, count_spectators, token_opens_any
+from worldcast.sessions.viewers import ViewerConfig, Viewers
 
 CONFIG = ViewerConfig(min_ttl_s=10.0, default_ttl_s=60.0, max_ttl_s=600.0, max_tokens_per_session=2,
                       max_spectators_per_session=2, max_spectators=3)

@@ -59,7 +59,8 @@ from worldcast.sessions.directing import Segment, SegmentEnd
 from worldcast.sessions.errors import SessionError, SpectatorRefused
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState
-from worldcast.sessions.viewers import Access, Spectator, ViewerConfig, authorize, count_spectators
+from worldcast.sessions.access import Access, authorize, count_spectators
+from worldcast.sessions.viewers import Spectator, ViewerConfig
 from worldcast.transport.connection import Connection
 from worldcast.transport.errors import FORBIDDEN, RpcError
 from worldcast.transport.limits import InputGuard, Rejection
@@ -160,7 +161,7 @@ async def reject(ws: WebSocket, code: str, message: str, close_code: int) -> Non
 
 
 async def authenticate(ws: WebSocket, manager: SessionManager, session_id: str) -> Access | None:
-    """Accept the socket and check its token (`sessions/viewers.authorize`); on failure send an error event,
+    """Accept the socket and check its token (`sessions/access.authorize`); on failure send an error event,
     close and return None.
 
     The token is read (header, or the first message within `AUTH_TIMEOUT_S`) before the id is looked up,

@@ -1,5 +1,5 @@
 """Dependencies the routers share: the session manager, and a session opened by its Bearer token (the check
-itself is `sessions/viewers.authorize`, the one owner of it)."""
+itself is `sessions/access.authorize`, the one owner of it)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fastapi import Header, HTTPException, Request
 
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session
-from worldcast.sessions.viewers import Access, authorize
+from worldcast.sessions.access import Access, authorize
 
 #: What an unknown id and a token that does not open the session both answer (the same for both).
 NOT_FOUND_DETAIL = "no such session for this token"
@@ -61,7 +61,7 @@ def access_dep(
     authorization: Annotated[str | None, Header()] = None,
 ) -> Access:
     """What `Authorization: Bearer <token>` opens on session `session_id`: its controller's or a viewer's access
-    (`sessions/viewers.authorize`).
+    (`sessions/access.authorize`).
 
     Raises:
         HTTPException: 401 without a Bearer token; 404 (`NOT_FOUND_DETAIL`) for an unknown or closed id or a

@@ -19,7 +19,7 @@ Refusals, each with a `{"detail": ...}` body saying why:
   too), with the first rule it breaks (`transport/webrtc/sdp.py`);
 - 429: the session has as many spectators as it takes; 503 (with Retry-After): the server has.
 
-The peers are `transport/webrtc/whep.py`'s; the token check is `sessions/viewers.authorize`.
+The peers are `transport/webrtc/whep.py`'s; the token check is `sessions/access.authorize`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Request, Response
 
-from worldcast.sessions.viewers import Access, authorize, token_opens_any
+from worldcast.sessions.access import Access, authorize, token_opens_any
 from worldcast.transport.errors import InvalidOffer
 from worldcast.transport.http.body import media_type
 from worldcast.transport.http.routes.deps import NOT_FOUND_DETAIL, bearer_token, printable
