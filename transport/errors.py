@@ -85,7 +85,9 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 SESSION_CLOSED = -32000
 RATE_LIMITED = -32001
-#: The caller's credential may not do this (a viewer token asking to act, direct or control; `sessions/viewers.py`).
+#: The caller's credential may not do this (a viewer token asking to act, direct or control on the worldcast stream;
+#: `sessions/viewers.py`). Never sent over LiveKit, where a viewer cannot send data at all (`LIVEKIT_FORBIDDEN` is
+#: the world's answer to a stranger).
 FORBIDDEN = -32003
 
 HTTP_STATUS: dict[type[Exception], int] = {
@@ -139,7 +141,6 @@ LIVEKIT_RPC_CODE: dict[int, int] = {
     METHOD_NOT_FOUND: 1513,
     SESSION_CLOSED: 1520,
     RATE_LIMITED: 1521,
-    FORBIDDEN: LIVEKIT_FORBIDDEN,
 }
 
 

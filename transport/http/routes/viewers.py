@@ -1,4 +1,5 @@
-"""Viewer tokens over HTTP: POST /v1/sessions/{id}/viewers (mint one) and DELETE
+"""Viewer tokens over HTTP: POST /v1/sessions/{id}/viewers (mint one; for a session served in a LiveKit room,
+with a subscribe-only LiveKit token too) and DELETE
 /v1/sessions/{id}/viewers/{viewer_id} (revoke it and close its streams). Both need the session's own token
 (a viewer token is answered 404 as a wrong one: it cannot create or revoke viewers). The records and the
 token check are `sessions/viewers.py`'s."""
@@ -6,7 +7,7 @@ token check are `sessions/viewers.py`'s."""
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from worldcast.sessions.session import Session
 from worldcast.sessions.viewers import ViewerConfig
 from worldcast.transport.http.routes.deps import session_dep
+from worldcast.transport.schemas import LiveKitAccess
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,8 @@ class ViewerResponse(BaseModel):
     whep_url: str = Field(description="the session's WHEP endpoint (POST an SDP offer, application/sdp)")
     stream_url: str = Field(description="the session's worldcast stream (WebSocket, fMP4; read-only for a viewer)")
     expires_in_s: float = Field(description="the token runs out after this, s; its streams are closed then")
-    livekit: dict[str, Any] | None = Field(None, description="LiveKit subscribe-only access (not served yet: null)")
+    livekit: LiveKitAccess | None = Field(None, description="a session served in a LiveKit room: subscribe-only "
+                                          "access to it (join hidden, subscribe; no media, no data); else null")
 
 
 def viewer_config(request: Request) -> ViewerConfig:
@@ -59,10 +62,12 @@ async def create_viewer(
     except ValueError as e:
         raise HTTPException(422, f"ttl_s: {e}") from None
     base = str(request.base_url).rstrip("/")
+    worlds = request.app.state.livekit
+    livekit = None if worlds is None else worlds.viewer_access(session, v)
     return ViewerResponse(viewer_id=v.viewer_id, viewer_token=v.token,
                           whep_url=f"{base}/v1/sessions/{session.id}/whep",
                           stream_url="ws" + base.removeprefix("http") + f"/v1/sessions/{session.id}/stream",
-                          expires_in_s=round(v.expires_at_s - session.clock(), 3), livekit=None)
+                          expires_in_s=round(v.expires_at_s - session.clock(), 3), livekit=livekit)
 
 
 @router.delete("/v1/sessions/{session_id}/viewers/{viewer_id}", status_code=204)
