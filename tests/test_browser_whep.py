@@ -1,6 +1,6 @@
 """A WHEP player that is not ours plays a session in headless Chromium: Eyevinn's `@eyevinn/webrtc-player`
 (npm, its WHEP adapter, unchanged) with a viewer token, while the controller acts over the worldcast stream; its
-`unload` DELETEs the resource.
+`unload` DELETEs the resource. The page is served from the server's own origin, and from another one (CORS).
 
 Needs the player's bundle (`npm --prefix tests/whep_player ci && npm --prefix tests/whep_player run build`;
 `make test` does it): a missing bundle fails the test. A missing Chromium skips it, except in CI.
@@ -9,6 +9,9 @@ Needs the player's bundle (`npm --prefix tests/whep_player ci && npm --prefix te
 from __future__ import annotations
 
 import asyncio
+import functools
+import http.server
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +36,23 @@ def whep_server(model) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
     yield from _serve(server_config(static_dir=PLAYER_DIR), model)
 
 
+@pytest.fixture(scope="module")
+def other_origin() -> Iterator[str]:
+    """The player's page served from another origin (another port): its WHEP requests are cross-origin."""
+    from tests.conftest import free_port
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(PLAYER_DIR))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        thread.join(5)
+
+
 async def wait_js(page: Any, expr: str, what: str, timeout_s: float = WAIT_S) -> Any:
     try:
         await page.wait_for_function(expr, timeout=timeout_s * 1000)
@@ -42,8 +62,11 @@ async def wait_js(page: Any, expr: str, what: str, timeout_s: float = WAIT_S) ->
     return await page.evaluate(expr)
 
 
-async def test_eyevinns_whep_player_plays_a_session_and_leaves(whep_server: LiveServer) -> None:
+@pytest.mark.parametrize("origin", ["same", "other"])
+async def test_eyevinns_whep_player_plays_a_session_and_leaves(whep_server: LiveServer, other_origin: str,
+                                                               origin: str) -> None:
     server = whep_server
+    page_url = (server.url if origin == "same" else other_origin) + "/index.html"
     assert (PLAYER_DIR / "dist" / "player.js").exists(), f"the WHEP player is not built: {BUILD_COMMAND}"
     _require_chromium()
     from playwright.async_api import async_playwright
@@ -58,7 +81,7 @@ async def test_eyevinns_whep_player_plays_a_session_and_leaves(whep_server: Live
         try:
             page = await browser.new_page()
             page.on("console", lambda m: console.append(m.text))
-            await page.goto(server.url + "/index.html")
+            await page.goto(page_url)
             await page.evaluate("([url, token]) => window.play(url, token)", [v["whep_url"], v["viewer_token"]])
             await wait_js(page, "document.getElementById('video').videoWidth > 0", "the player's video has a size")
             width = await page.evaluate("document.getElementById('video').videoWidth")

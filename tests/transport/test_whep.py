@@ -292,3 +292,20 @@ async def test_a_burst_of_offers_admits_the_cap_and_refuses_the_rest_holding_not
         assert len(session.frames.sinks) == 1
         await c.next_frame()
         assert c.closed_code is None
+
+
+async def test_whep_answers_carry_cors_for_players_on_other_origins(server: LiveServer) -> None:
+    origin = {"Origin": "http://player.example"}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        url = "/v1/sessions/0123456789abcdef/whep"
+        r = await http.options(url, headers=origin | {"Access-Control-Request-Method": "POST",
+                                                      "Access-Control-Request-Headers": "authorization,content-type"})
+        assert r.status_code == 204 and r.headers["access-control-allow-origin"] == "*"
+        assert "POST" in r.headers["access-control-allow-methods"]
+        assert {"authorization", "content-type"} <= {h.strip().lower() for h in
+                                                     r.headers["access-control-allow-headers"].split(",")}
+        for resp in (await http.post(url, content="v=0", headers=origin | SDP),  # 401, from the route
+                     await http.post(url, content="{}", headers=origin | {"Content-Type": "application/json"})):  # 415
+            assert resp.status_code in (401, 415) and resp.headers["access-control-allow-origin"] == "*"
+            assert "Location" in resp.headers["access-control-expose-headers"]
+        assert "access-control-allow-origin" not in (await http.get("/healthz", headers=origin)).headers

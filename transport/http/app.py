@@ -164,6 +164,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     app.state.admin_token = config.admin_token  # the operator routes' (`engine_api.py`)
 
     app.add_middleware(BodyPolicy, max_bytes=MAX_BODY_BYTES, route_policy=_create_policy)  # 413 / 415
+    app.add_middleware(whep.WhepCors)  # outside BodyPolicy: its refusals of WHEP requests carry CORS too
     app.add_middleware(StreamSocketTuning)  # outermost: it needs the server's own send
 
     @app.exception_handler(SessionError)

@@ -19,13 +19,19 @@ Refusals, each with a `{"detail": ...}` body saying why:
   too), with the first rule it breaks (`transport/webrtc/sdp.py`);
 - 429: the session has as many spectators as it takes; 503 (with Retry-After): the server has.
 
+Cross-origin players (a web page on another origin, Fetch's CORS): `WhepCors` answers every WHEP request,
+refusals included, with `Access-Control-Allow-Origin: *` and exposes `Location`; a preflight (OPTIONS with
+`Access-Control-Request-Method`) is allowed `Authorization` and `Content-Type`. `*` is safe here: the
+credential is a bearer token the page sends explicitly (never a cookie), so another origin gets nothing
+without it.
+
 The peers are `transport/webrtc/whep.py`'s; the token check is `sessions/access.authorize`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Request, Response
 
@@ -48,6 +54,38 @@ TRICKLE_TYPE = "application/trickle-ice-sdpfrag"
 MAX_OFFER_BYTES = MAX_SDP_CHARS
 ENDPOINT_METHODS = "OPTIONS, POST"
 RESOURCE_METHODS = "DELETE, OPTIONS"
+
+
+#: The CORS headers of every WHEP response (Fetch standard, "CORS protocol"): any origin, `Location` (and the
+#: refusals' `WWW-Authenticate`, `Retry-After`, `Allow`) readable by the page.
+CORS_HEADERS = [(b"access-control-allow-origin", b"*"),
+                (b"access-control-expose-headers", b"Location, WWW-Authenticate, Retry-After, Allow, Accept-Post")]
+#: What a preflight is also told: the request headers a player sends, for how long to cache the answer (s).
+PREFLIGHT_HEADERS = [(b"access-control-allow-methods", b"POST, DELETE, OPTIONS, PATCH"),
+                     (b"access-control-allow-headers", b"Authorization, Content-Type, If-Match"),
+                     (b"access-control-max-age", b"600")]
+
+
+class WhepCors:
+    """ASGI middleware: CORS headers on every WHEP response (see the module docstring); other paths untouched.
+    Added outside `BodyPolicy`, so its 413 and 415 carry them too."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not is_whep_path(scope.get("path", "")):
+            return await self.app(scope, receive, send)
+        preflight = scope["method"] == "OPTIONS" and any(
+            k == b"access-control-request-method" for k, _ in scope["headers"])
+        extra = CORS_HEADERS + (PREFLIGHT_HEADERS if preflight else [])
+
+        async def send_with_cors(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
 
 
 def is_whep_path(path: str) -> bool:
