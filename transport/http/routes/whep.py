@@ -133,7 +133,8 @@ async def whep_offer(
     """Answer a WHEP player's SDP offer (draft-ietf-wish-whep 4.2): 201 with the SDP answer and `Location`, the
     resource to DELETE to leave. See the module docstring for every refusal."""
     if bearer_token(authorization) is None:
-        whep_access(request, session_id, authorization)  # 401, before anything else is looked at
+        whep_access(request, session_id, authorization)  # 401 before the route looks at anything else
+        # (a body that is not SDP was already refused 415 by the body rule, `BodyPolicy`)
     mtype = media_type(content_type.encode("latin-1") if content_type is not None else None)
     if mtype != SDP_TYPE:
         what = "no Content-Type" if mtype is None else f"content type {mtype!r}"
