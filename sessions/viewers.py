@@ -55,8 +55,12 @@ class ViewerConfig:
     stall_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.min_ttl_s <= self.default_ttl_s <= self.max_ttl_s < float("inf"):
-            raise ValueError("ViewerConfig: need 0 < min_ttl_s <= default_ttl_s <= max_ttl_s < inf")
+        if not 0 < self.min_ttl_s <= self.max_ttl_s < float("inf"):
+            raise ValueError(f"ViewerConfig: need 0 < min_ttl_s <= max_ttl_s < inf, got {self.min_ttl_s:g} and "
+                             f"{self.max_ttl_s:g}")
+        if not self.min_ttl_s <= self.default_ttl_s <= self.max_ttl_s:
+            raise ValueError(f"a viewer token's default TTL (default_ttl_s, --viewer-ttl) must lie in "
+                             f"[{self.min_ttl_s:g}, {self.max_ttl_s:g}] s, got {self.default_ttl_s:g}")
         for name in ("max_tokens_per_session", "max_spectators_per_session", "max_spectators"):
             if not 0 <= getattr(self, name) <= 100_000:
                 raise ValueError(f"ViewerConfig.{name} must lie in [0, 100000]")
