@@ -28,6 +28,11 @@ web_demo/dist/index.html: web_demo/package.json web_demo/package-lock.json web_d
 	npm --prefix web_demo ci --no-audit --no-fund
 	npm --prefix web_demo run build
 
+# A WHEP player that is not ours (Eyevinn's), bundled for tests/test_browser_whep.py.
+tests/whep_player/dist/player.js: tests/whep_player/package.json tests/whep_player/package-lock.json tests/whep_player/entry.js
+	npm --prefix tests/whep_player ci --no-audit --no-fund
+	npm --prefix tests/whep_player run build
+
 /usr/bin/chromium:
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
@@ -47,7 +52,7 @@ serve: $(VENV)/.installed web_demo/dist/index.html
 precompile: $(VENV)/.installed
 	$(PY) -m worldcast.engine.tuning.precompile
 
-test: $(VENV)/.installed web_demo/dist/index.html /usr/bin/chromium $(LIVEKIT_SERVER)
+test: $(VENV)/.installed web_demo/dist/index.html tests/whep_player/dist/player.js /usr/bin/chromium $(LIVEKIT_SERVER)
 	$(PY) -m pytest
 
 # Reproduce the shipped weights (about 45 min on 2 CPU cores) and their evaluation report.

@@ -59,3 +59,23 @@ class DirectingRefusal(SessionError):
     """A request a directed session refuses (a control RPC whose job a direction does, a resume before the
     first direction); its `str` says why and what to send instead (`directing.DirectingSession`). The
     transport answers it as an invalid request (`rpc.RpcHandler`), never as the session's failure."""
+
+
+class ViewerRefused(SessionError):
+    """A viewer token is refused: the session has as many live viewer tokens as it may, or is closed (the
+    message says which). Answered 429."""
+
+
+class SpectatorRefused(SessionError):
+    """A spectator stream is refused (`viewers.Viewers.admit`).
+
+    Attributes:
+        scope: "session" (the session's cap, or the viewer's token revoked meanwhile: 429) or "server" (the
+            server's cap: 503).
+        retry_after_s: suggested wait before retrying, s.
+    """
+
+    def __init__(self, message: str, *, scope: str, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.scope = scope
+        self.retry_after_s = retry_after_s

@@ -38,6 +38,7 @@ from worldcast.sessions.actions import SessionInputs
 from worldcast.sessions.duty_cycle import DutyCycleMeter
 from worldcast.sessions.errors import InvalidConditioning, SessionClosedError
 from worldcast.sessions.frames import FramePipeline, FrameSink
+from worldcast.sessions.viewers import Viewers
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +154,10 @@ class Session:
         self.last_viewer_s: float | None = None  #: when the last connected viewer left, s (None: none has)
         self._listeners: dict[str, list[Callable[[Session, object], None]]] = {}
         self.duty = DutyCycleMeter(self.created_s)
+        #: its viewer tokens and spectators (`sessions/viewers.py`); spectators' sinks, by id, are not viewers:
+        #: they neither hold the session open nor wake it (`attach_spectator`)
+        self.viewers = Viewers(session_id, clock=clock)
+        self._spectator_sinks: set[int] = set()
 
     def __repr__(self) -> str:
         return f"Session({self.id}, {self.state.name})"
@@ -353,12 +358,29 @@ class Session:
         if self._unconnected.pop(id(sink), None) is not None and sink in self.frames.sinks:
             self.had_viewer = True
 
+    def attach_spectator(self, sink: FrameSink) -> None:
+        """Start delivering frames to a spectator's `sink` (view only): it gets the latest frame at once, like any
+        sink, but it does not count as a viewer: it neither wakes the session nor holds it open, and the session
+        goes idle when its last viewer leaves whatever spectators remain (`detach_sink` detaches it).
+
+        Raises:
+            SessionClosedError: the session is closed.
+        """
+        self._check_open()
+        self._spectator_sinks.add(id(sink))
+        self.frames.add_sink(sink)
+
     def detach_sink(self, sink: FrameSink) -> None:
+        """Stop delivering frames to `sink` (a viewer's or a spectator's; no-op if not attached). When the last
+        viewer's sink leaves, held inputs are released and the session goes IDLE."""
         if not self.frames.remove_sink(sink):
+            return
+        if id(sink) in self._spectator_sinks:
+            self._spectator_sinks.discard(id(sink))
             return
         if self._unconnected.pop(id(sink), None) is None:
             self.last_viewer_s = self.clock()
-        if not self.frames.sinks:
+        if len(self.frames.sinks) == len(self._spectator_sinks):
             # the last viewer left (closed tab, failed connection): stop costing compute
             self.inputs.release_all()
             if self.state == SessionState.ACTIVE:
@@ -367,7 +389,7 @@ class Session:
     @property
     def viewer_count(self) -> int:
         """Sinks whose viewer is connected (attached without `connect_by_s`, or `sink_connected` since)."""
-        return len(self.frames.sinks) - len(self._unconnected)
+        return len(self.frames.sinks) - len(self._unconnected) - len(self._spectator_sinks)
 
     @property
     def connect_deadline_s(self) -> float | None:
@@ -376,7 +398,8 @@ class Session:
 
     @property
     def sink_count(self) -> int:
-        return len(self.frames.sinks)
+        """Sinks of viewers, connected or connecting (spectators' not counted)."""
+        return len(self.frames.sinks) - len(self._spectator_sinks)
 
     def _admitted(self, frame: object) -> None:
         """The frame gate admitted a frame: it was generated at its layer's request (a direction): activity."""
@@ -409,6 +432,8 @@ class Session:
         self.frames.clear()
         self.frames.sinks.clear()
         self._unconnected.clear()
+        self._spectator_sinks.clear()
+        self.viewers.close()  # every viewer token revoked, every spectator stream closed
 
     def info(self) -> dict[str, object]:
         """A JSON-able summary (prompt length, not contents, goes to logs; the owner sees the prompt)."""
@@ -429,6 +454,8 @@ class Session:
             "last_action_seq": self.inputs.actions.last_seq,
             "sinks": len(self.frames.sinks),
             "viewers": self.viewer_count,
+            "viewer_tokens": len(self.viewers),
+            "spectators": len(self.viewers.spectators),
             "duty_cycle": round(self.duty_cycle(), 4),
             "engine": self.engine_id,
         }

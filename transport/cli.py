@@ -18,6 +18,7 @@ from worldcast.engine.process.client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.spec import dtype_from_name
 from worldcast.sessions.manager import SessionConfig
+from worldcast.sessions.viewers import ViewerConfig
 from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
 from worldcast.transport.http.conn_limits import ConnectionLimits
 from worldcast.transport.http.metrics import MetricsConfig
@@ -123,6 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ice-consent-timeout", type=float, default=None,
                    help="seconds a peer may stay silent to ICE consent checks before it is closed (default 30, "
                         "RFC 7675)")
+    s.add_argument("--max-spectators", type=int, default=ViewerConfig.max_spectators, metavar="N",
+                   help="live spectator streams (WHEP, read-only fMP4) on the server, at most "
+                        f"(default {ViewerConfig.max_spectators}; docs/sharing.md)")
+    s.add_argument("--max-spectators-per-session", type=int, default=ViewerConfig.max_spectators_per_session,
+                   metavar="N", help="live spectator streams of one session, at most "
+                                     f"(default {ViewerConfig.max_spectators_per_session})")
+    s.add_argument("--viewer-ttl", type=float, default=ViewerConfig.default_ttl_s, metavar="S",
+                   help=f"a viewer token's lifetime when none is asked for, s (default {ViewerConfig.default_ttl_s:g}; "
+                        f"at most {ViewerConfig.max_ttl_s:g})")
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
@@ -382,6 +392,9 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
         memory=memory_config_from(args),
         connections=ConnectionLimits(head_timeout_s=args.head_timeout,
                                      max_per_client=args.max_connections_per_client),
+        viewers=ViewerConfig(max_spectators=args.max_spectators,
+                             max_spectators_per_session=args.max_spectators_per_session,
+                             default_ttl_s=args.viewer_ttl),
         metrics=MetricsConfig(port=args.metrics_port, host=args.metrics_host,
                               per_session=args.metrics_per_session, max_sessions=args.metrics_max_sessions),
         engine=EngineConfig(state_budget_bytes=state_budget_bytes(args), memory_fraction=args.memory_fraction,

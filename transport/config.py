@@ -11,6 +11,7 @@ from worldcast.engine.process.client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
+from worldcast.sessions.viewers import ViewerConfig
 from worldcast.transport.http.conn_limits import ConnectionLimits
 from worldcast.transport.http.metrics import MetricsConfig
 from worldcast.transport.limits import InputLimits
@@ -56,6 +57,7 @@ class ServerConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  #: the metrics listener and per-session series
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)  #: request-head timeout, per-client cap
     memory: MemoryConfig = field(default_factory=MemoryConfig)  #: malloc arenas, heap trim after closes
+    viewers: ViewerConfig = field(default_factory=ViewerConfig)  #: viewer tokens' lifetimes, spectators' caps
 
     def __post_init__(self) -> None:
         if self.engines < 1:

@@ -22,6 +22,8 @@ from worldcast.sessions.errors import (
     MoveFailed,
     SessionClosedError,
     SessionNotFound,
+    SpectatorRefused,
+    ViewerRefused,
 )
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -83,6 +85,10 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 SESSION_CLOSED = -32000
 RATE_LIMITED = -32001
+#: The caller's credential may not do this (a viewer token asking to act, direct or control on the worldcast stream;
+#: `sessions/viewers.py`). Never sent over LiveKit, where a viewer cannot send data at all (`LIVEKIT_FORBIDDEN` is
+#: the world's answer to a stranger).
+FORBIDDEN = -32003
 
 HTTP_STATUS: dict[type[Exception], int] = {
     SessionNotFound: 404,
@@ -92,6 +98,7 @@ HTTP_STATUS: dict[type[Exception], int] = {
     CapacityExhausted: 503,
     EngineNotFound: 404,
     MoveFailed: 409,
+    ViewerRefused: 429,
 }
 
 RPC_CODE: dict[type[Exception], int] = {
@@ -103,6 +110,8 @@ RPC_CODE: dict[type[Exception], int] = {
 
 
 def http_status(exc: Exception) -> int:
+    if isinstance(exc, SpectatorRefused):  # the session's cap is the caller's to wait out; the server's is ours
+        return 503 if exc.scope == "server" else 429
     for t, code in HTTP_STATUS.items():
         if isinstance(exc, t):
             return code

@@ -362,6 +362,7 @@ def http_cases(openapi: dict[str, Any], cases: int, seed: int = 0) -> list[tuple
     cases of every operation (about `cases` in all), each with a flag: send it on the real session."""
     import schemathesis
 
+    schemathesis.serializer.alias("application/sdp", "text/plain")  # WHEP's offers: SDP is text (RFC 8866 5)
     schema = schemathesis.openapi.from_dict(openapi)
     ops = [r.ok() for r in schema.get_all_operations()]
     per_op = max(1, cases // (2 * len(ops)))

@@ -77,7 +77,17 @@ def test_engine_flags_become_the_engine_layout(tmp_path) -> None:  # type: ignor
     assert forced.isolated and forced.engine_devices == ["cpu"]
 
 
+def test_spectator_flags_become_the_viewer_config() -> None:
+    from worldcast.transport.cli import _server_config
+
+    cfg = _server_config(build_parser().parse_args(["serve", "--max-spectators", "5", "--max-spectators-per-session",
+                                                    "2", "--viewer-ttl", "60"]), None, None)
+    assert (cfg.viewers.max_spectators, cfg.viewers.max_spectators_per_session, cfg.viewers.default_ttl_s) == (5, 2, 60)
+    assert _server_config(build_parser().parse_args(["serve"]), None, None).viewers.max_spectators == 64
+
+
 @pytest.mark.parametrize("argv,message", [
+    (["--viewer-ttl", "1"], "default_ttl_s"),
     (["--engines", "0"], "--engines must be >= 1"),
     (["--devices", "cuda:0,cuda:1", "--engines", "3"], "disagrees"),
     (["--restart-backoff", "0"], "--restart-backoff must be positive"),

@@ -8,7 +8,10 @@ Routes (`transport/http/routes/`):
     GET    /v1/sessions/{id}            session summary    (Bearer token of that session)                  sessions.py
     DELETE /v1/sessions/{id}            close it           -> 204                                          sessions.py
     POST   /v1/sessions/{id}/rpc        one control RPC    -> {id, result | error}; 204 for a notification sessions.py
+    POST   /v1/sessions/{id}/viewers    mint a viewer token -> 201 {viewer_id, viewer_token, whep_url, ...} viewers.py
+    DELETE /v1/sessions/{id}/viewers/{v} revoke it (its streams are closed) -> 204                          viewers.py
     POST   /v1/sessions/{id}/webrtc     SDP offer -> answer (400 with the reason for a bad offer)          webrtc.py
+    POST   /v1/sessions/{id}/whep       WHEP: SDP offer -> 201 answer, Location; DELETE/OPTIONS the resource whep.py
     WS     /v1/sessions/{id}/stream     fMP4 video + events out; actions, RPCs, directions in              streams.py
     WS     /ws                          the Dreamverse-compatible directing protocol                       streams.py
     GET    /status, /prompt-system-config, /curated-presets   Dreamverse's client's HTTP reads           streams.py
@@ -38,7 +41,7 @@ from fastapi.staticfiles import StaticFiles
 
 from worldcast.engine.memory import freeze_startup_objects
 from worldcast.models.base import WorldModel
-from worldcast.sessions.errors import CapacityExhausted, SessionError
+from worldcast.sessions.errors import CapacityExhausted, SessionError, SpectatorRefused
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
@@ -47,13 +50,14 @@ from worldcast.transport.http.body import BodyPolicy, RoutePolicy
 from worldcast.transport.http.engine_api import build_engines
 from worldcast.transport.http.metrics import Metrics
 from worldcast.transport.http.model_api import MAX_BODY_BYTES, create_body_limit
-from worldcast.transport.http.routes import admin, health, sessions, streams, webrtc
+from worldcast.transport.http.routes import admin, health, sessions, streams, viewers, webrtc, whep
 from worldcast.transport.http.routes.deps import printable
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.memory import HeapTrimmer, configure_malloc
 from worldcast.transport.stream.connection import StreamSocketTuning
 from worldcast.transport.webrtc.peer import WebRTCPeer, configure_ice, quiet_closed_transport_errors
 from worldcast.transport.webrtc.registry import PeerRegistry
+from worldcast.transport.webrtc.whep import WhepResources
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +67,15 @@ _NO_DEMO = """<!doctype html><title>worldcast</title><h1>worldcast</h1>
 
 
 def _create_policy(scope: Any) -> RoutePolicy | None:
-    """A create's body rule: JSON or multipart, up to the served model's largest starting image in base64."""
+    """The routes' own body rules: a create takes JSON or multipart, up to the served model's largest starting
+    image in base64; WHEP takes SDP (a PATCH also a trickle-ICE fragment, to be answered 405), not JSON."""
     if scope.get("method") == "POST" and scope.get("path") == "/v1/sessions":
         app = scope.get("app")
         return RoutePolicy(create_body_limit(getattr(getattr(app, "state", None), "model", None)),
                            frozenset({"multipart/form-data"}))
+    if whep.is_whep_path(scope.get("path", "")):
+        types = {whep.SDP_TYPE} | ({whep.TRICKLE_TYPE} if scope.get("method") == "PATCH" else set())
+        return RoutePolicy(whep.MAX_OFFER_BYTES, frozenset(types), json=False)
     return None
 
 
@@ -112,6 +120,8 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             return InputGuard(config.input_limits, on_count=metrics.on_input)
 
         peers = PeerRegistry(make_peer, on_close=metrics.on_peer_close)
+        app.state.whep = WhepResources(manager.sessions, config=config.viewers, video_scale=config.scale_for(m),
+                                       negotiation_timeout_s=config.negotiation_timeout_s)
         metrics.peer_count = lambda: len(peers)
         app.state.model, app.state.manager, app.state.peers, app.state.metrics = m, manager, peers, metrics
         app.state.streams = {}  # session id -> its WebSocket stream (stream/connection.StreamConnection)
@@ -139,6 +149,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
             yield
         finally:
             await peers.aclose()
+            await app.state.whep.aclose()
             if app.state.agent_worker is not None:
                 await app.state.agent_worker.aclose()
             if app.state.livekit is not None:
@@ -153,12 +164,13 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
     app.state.admin_token = config.admin_token  # the operator routes' (`engine_api.py`)
 
     app.add_middleware(BodyPolicy, max_bytes=MAX_BODY_BYTES, route_policy=_create_policy)  # 413 / 415
+    app.add_middleware(whep.WhepCors)  # outside BodyPolicy: its refusals of WHEP requests carry CORS too
     app.add_middleware(StreamSocketTuning)  # outermost: it needs the server's own send
 
     @app.exception_handler(SessionError)
     async def _session_error(request: Request, exc: SessionError) -> JSONResponse:
         headers = {}
-        if isinstance(exc, CapacityExhausted):
+        if isinstance(exc, CapacityExhausted | SpectatorRefused):
             headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))  # never earlier than true
         return JSONResponse({"detail": str(exc)}, status_code=errors.http_status(exc), headers=headers)
 
@@ -171,7 +183,8 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         loc = ".".join(first["loc"])
         return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=422)
 
-    for r in (sessions.router, webrtc.router, streams.router, admin.router, health.router):
+    for r in (sessions.router, viewers.router, webrtc.router, whep.router, streams.router, admin.router,
+              health.router):
         app.include_router(r)
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():

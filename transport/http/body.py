@@ -18,7 +18,9 @@ one rule to every POST, PUT and PATCH, whatever the route:
 
 A route may widen both (`route_policy`): `POST /v1/sessions` also takes
 `multipart/form-data` (a starting image as a file part), up to the served
-model's largest image in base64.
+model's largest image in base64; WHEP (`/v1/sessions/{id}/whep...`) takes
+`application/sdp` (and, so that its PATCH is answered 405, trickle-ICE
+fragments) instead of JSON.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ class RoutePolicy:
 
     max_bytes: int  #: largest body, bytes
     extra_types: frozenset[str] = frozenset()  #: media types accepted besides application/json
+    json: bool = True  #: whether application/json is accepted too
+
+    @property
+    def accepted(self) -> list[str]:
+        """The media types accepted, JSON first."""
+        return ([JSON_TYPE] if self.json else []) + sorted(self.extra_types)
 
 
 class BodyPolicy:
@@ -71,9 +79,9 @@ class BodyPolicy:
         await self._refuse(send, 413, f"request body over {limit} bytes")
 
     @staticmethod
-    async def _not_json(send: Any, mtype: str | None) -> None:
+    async def _not_json(send: Any, mtype: str | None, accepted: list[str] | None = None) -> None:
         what = "a body without a Content-Type" if mtype is None else f"content type {mtype!r}"
-        await BodyPolicy._refuse(send, 415, f"{what} is not supported; send {JSON_TYPE}")
+        await BodyPolicy._refuse(send, 415, f"{what} is not supported; send {' or '.join(accepted or [JSON_TYPE])}")
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -82,17 +90,19 @@ class BodyPolicy:
         route = self.route_policy(scope) if self.route_policy is not None else None
         limit = route.max_bytes if route is not None else self.max_bytes
         extra = route.extra_types if route is not None else frozenset()
+        json_ok = route.json if route is not None else True
+        accepted = route.accepted if route is not None else [JSON_TYPE]
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             return await self._too_large(send, limit)
         if scope["method"] not in BODY_METHODS:
             return await self.app(scope, receive, send)
         mtype = media_type(headers.get(b"content-type"))
-        if mtype is not None and mtype != JSON_TYPE and mtype not in extra:
-            return await self._not_json(send, mtype)
+        if mtype is not None and not (mtype == JSON_TYPE and json_ok) and mtype not in extra:
+            return await self._not_json(send, mtype, accepted)
         if length is not None:
             if mtype is None and int(length) > 0:
-                return await self._not_json(send, None)
+                return await self._not_json(send, None, accepted)
             return await self.app(scope, receive, send)
         buf, more = bytearray(), True  # no Content-Length: read it (bounded) to know its size
         while more:
@@ -105,7 +115,7 @@ class BodyPolicy:
                 return await self._too_large(send, limit)
         body = bytes(buf)
         if mtype is None and body:
-            return await self._not_json(send, None)
+            return await self._not_json(send, None, accepted)
         replayed = False
 
         async def replay() -> Any:

@@ -73,6 +73,18 @@ class _LiveCollector(Collector):
         for k, v in counts.items():
             states.add_metric([k], v)
         yield states
+        spectators = GaugeMetricFamily("worldcast_spectators", "Live spectator streams (view-only: WHEP peers, "
+                                       "read-only fMP4 streams), all sessions", labels=["kind"])
+        kinds = {"whep": 0, "fmp4": 0}
+        tokens = 0
+        for s in list(m.sessions.values()):  # derived from each session's own record (sessions/viewers.py)
+            tokens += len(s.viewers)
+            for sp in list(s.viewers.spectators):
+                kinds[sp.kind] = kinds.get(sp.kind, 0) + 1
+        for k, v in kinds.items():
+            spectators.add_metric([k], v)
+        yield spectators
+        yield GaugeMetricFamily("worldcast_viewer_tokens", "Live viewer tokens, all sessions", value=tokens)
         engines = m.engines
         snaps = [e.snapshot for e in engines]  # each published whole by its engine: consistent, never mutated
         kv = GaugeMetricFamily("worldcast_kv_pool_bytes", "State pool bytes (KV rings and all other declared "

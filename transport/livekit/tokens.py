@@ -3,8 +3,10 @@
 Grants follow LiveKit's VideoGrants (livekit/protocol `auth/grants.go`):
 the user may join one room, subscribe, publish data (actions) but no
 media, and set its own attributes (setting one on joining makes LiveKit
-announce the user to the world at once; see `world.py`); the world may publish its video and data; an agent
-worker token carries only `agent` (it may register for dispatch). Every token holds `nbf <= now < exp`, `exp`
+announce the user to the world at once; see `world.py`); a viewer (a spectator, `sessions/viewers.py`) may
+join one room hidden and subscribe, nothing else (no media, no data, no attributes: it can never act, and
+the world never sees it, so it can never be taken for the user); the world may publish its video and data;
+an agent worker token carries only `agent` (it may register for dispatch). Every token holds `nbf <= now < exp`, `exp`
 the TTL asked for after issue; a user who joins in the server's leeway past it is removed by the world.
 """
 
@@ -18,7 +20,7 @@ from livekit import api
 from worldcast.transport.livekit.config import LiveKitConfig
 
 #: Prefixes of the participant identities a session uses.
-WORLD_PREFIX, USER_PREFIX = "worldcast-", "user-"
+WORLD_PREFIX, USER_PREFIX, VIEWER_PREFIX = "worldcast-", "user-", "viewer-"
 
 
 def world_identity(session_id: str) -> str:
@@ -29,6 +31,11 @@ def world_identity(session_id: str) -> str:
 def user_identity(session_id: str) -> str:
     """The identity a session's user joins with, when the server mints the user's token."""
     return f"{USER_PREFIX}{session_id}"
+
+
+def viewer_identity(session_id: str, viewer_id: str) -> str:
+    """The identity a viewer of a session joins with (one per viewer token)."""
+    return f"{VIEWER_PREFIX}{session_id}-{viewer_id}"
 
 
 #: How long past its `exp` livekit-server still accepts a token, s. Measured against livekit-server v1.13.5
@@ -63,6 +70,24 @@ def user_token(config: LiveKitConfig, *, room: str, identity: str, issued_at_s: 
                          "run out; mint a new one")
     return (api.AccessToken(config.api_key, config.api_secret).with_identity(identity)
             .with_ttl(datetime.timedelta(seconds=left_s)).with_grants(grants).to_jwt())
+
+
+def viewer_token(config: LiveKitConfig, *, room: str, identity: str, ttl_s: float) -> str:
+    """A subscribe-only token for a viewer: join `room` hidden and subscribe; no media, no data, no attributes.
+
+    Args:
+        ttl_s: its lifetime, s (only joining needs it valid; the caller bounds it by the viewer token's own and
+            by `user_token_ttl_s`, and removes the participant when the viewer token is revoked or runs out).
+
+    Raises:
+        ValueError: `ttl_s` under 1 s.
+    """
+    if ttl_s < 1.0:
+        raise ValueError(f"a viewer's LiveKit token needs at least 1 s to live, got {ttl_s:g}")
+    grants = api.VideoGrants(room_join=True, room=room, can_subscribe=True, can_publish=False,
+                             can_publish_data=False, can_update_own_metadata=False, hidden=True)
+    return (api.AccessToken(config.api_key, config.api_secret).with_identity(identity)
+            .with_ttl(datetime.timedelta(seconds=ttl_s)).with_grants(grants).to_jwt())
 
 
 def world_token(config: LiveKitConfig, *, room: str, identity: str, name: str = "worldcast") -> str:

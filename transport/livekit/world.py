@@ -49,13 +49,21 @@ from livekit.rtc._proto import participant_pb2
 from worldcast.sessions.frames import VideoFrame
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session, SessionState
+from worldcast.sessions.viewers import Viewer
 from worldcast.transport.connection import Connection, frame_event
 from worldcast.transport.errors import LiveKitJoinError, LiveKitRoomTaken
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.livekit.config import LiveKitConfig
 from worldcast.transport.livekit.rpc import LiveKitRpc
 from worldcast.transport.livekit.source import LiveKitVideoSink, make_publisher
-from worldcast.transport.livekit.tokens import user_identity, user_token, world_identity, world_token
+from worldcast.transport.livekit.tokens import (
+    user_identity,
+    user_token,
+    viewer_identity,
+    viewer_token,
+    world_identity,
+    world_token,
+)
 from worldcast.transport.schemas import LiveKitAccess
 
 logger = logging.getLogger(__name__)
@@ -263,6 +271,11 @@ class LiveKitWorld:
         logger.info("%r: removed %s from the room (%s)", self, identity, why)
         return True
 
+    def remove_viewer(self, identity: str, reason: str) -> None:
+        """A viewer's token was revoked or ran out: remove its participant from the room (if it joined)."""
+        if not self.conn.closing:
+            self._spawn(self.remove_participant(identity, f"viewer {reason}"))
+
     def _drop(self, reason: str, what: str) -> None:
         self.dropped[reason] += 1
         n = self.dropped[reason]
@@ -421,6 +434,24 @@ class LiveKitWorlds:
         return LiveKitAccess(url=self.config.ws_url, room=room, identity=identity,
                              token=user_token(self.config, room=room, identity=identity, issued_at_s=issued),
                              token_ttl_s=self.config.user_token_ttl_s, world_identity=world.identity)
+
+    def viewer_access(self, session: Session, viewer: Viewer) -> LiveKitAccess | None:
+        """Subscribe-only access to the session's room for one of its viewers (None: the session is not served in
+        a room). Its token lets the viewer join hidden and subscribe, for at most `user_token_ttl_s` and never past
+        the viewer token's own end; when the viewer token is revoked or runs out, its participant is removed.
+
+        Raises:
+            ValueError: the viewer token has under a second left.
+        """
+        world = self.worlds.get(session.id)
+        if world is None:
+            return None
+        identity = viewer_identity(session.id, viewer.viewer_id)
+        ttl_s = min(self.config.user_token_ttl_s, viewer.expires_at_s - session.clock())
+        token = viewer_token(self.config, room=world.room_name, identity=identity, ttl_s=ttl_s)
+        viewer.on_revoke.append(lambda reason: world.remove_viewer(identity, reason))
+        return LiveKitAccess(url=self.config.ws_url, room=world.room_name, identity=identity, token=token,
+                             token_ttl_s=round(ttl_s, 3), world_identity=world.identity)
 
     def _user_left(self, world: LiveKitWorld) -> None:
         self.manager.close(world.session.id, CloseReason.CLIENT)

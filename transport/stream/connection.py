@@ -25,11 +25,21 @@ on the `actions` data channel (`ActionHandler`), an RPC exactly as on the
 actions and RPCs, the data channel's own `action_rejected` / RPC error) and
 changes nothing; the socket stays open.
 
+Spectators: a viewer token (`POST /v1/sessions/{id}/viewers`, `sessions/viewers.py`) opens the stream
+read-only. A spectator's stream gets the same fMP4 from the session's one encode (`SessionEncode`) beside the
+controller's (any number of spectators, within the caps, besides the controller's one stream); every action,
+RPC and direction it sends is refused (an action: `action_rejected` with code -32003 `FORBIDDEN`; an RPC: its
+JSON-RPC error -32003; a direction: an `error` event `view_only`) and changes nothing; pings are answered. It
+neither wakes the session nor holds it open, and a spectator whose reader takes nothing for
+`ViewerConfig.stall_s` while media waits is dropped (1008); revoking its token, or the token running out,
+closes it (4403).
+
 Close codes (RFC 6455 7.4.2 leaves 4000-4999 to applications): 4400 token in
 the URL, 4401 no token, 4404 no such session for this token (an unknown id and
 a wrong token alike, decided only once the token is in), 4408 no auth message
-in time, 4409 the session already has a stream, 1008 a flooding client or a
-reader that stopped reading, 1000 the session closed.
+in time, 4409 the session already has a stream, 4403 the viewer token was revoked or ran out, 4429 the
+session has as many spectators as it takes, 4503 the server has as many spectators as it takes, 1008 a
+flooding client or a reader that stopped reading, 1000 the session closed.
 """
 
 from __future__ import annotations
@@ -37,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -47,12 +56,14 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldcast.sessions.directing import Segment, SegmentEnd
-from worldcast.sessions.errors import SessionError
+from worldcast.sessions.errors import SessionError, SpectatorRefused
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState
+from worldcast.sessions.access import Access, authorize, count_spectators
+from worldcast.sessions.viewers import Spectator, ViewerConfig
 from worldcast.transport.connection import Connection
-from worldcast.transport.errors import RpcError
-from worldcast.transport.limits import InputGuard
+from worldcast.transport.errors import FORBIDDEN, RpcError
+from worldcast.transport.limits import InputGuard, Rejection
 from worldcast.transport.rpc import parse_json
 from worldcast.transport.schemas import MAX_CONTROL_BYTES, AuthMessage, DirectionMessage
 from worldcast.transport.stream.fmp4 import Fmp4Encoder, Fmp4Fragmenter
@@ -89,8 +100,9 @@ PROTOCOL_VERSION = 1
 
 CLOSE_TOKEN_IN_URL, CLOSE_UNAUTHORIZED = 4400, 4401
 CLOSE_NOT_FOUND, CLOSE_AUTH_TIMEOUT, CLOSE_BUSY = 4404, 4408, 4409
-#: Compared against when the id is unknown, so that an unknown id and a wrong token take the same time.
-_NO_TOKEN = secrets.token_urlsafe(24)
+CLOSE_REVOKED, CLOSE_SPECTATORS_SESSION, CLOSE_SPECTATORS_SERVER = 4403, 4429, 4503
+#: What a spectator is told when it sends an action, an RPC or a direction.
+VIEW_ONLY_MESSAGE = ("a viewer token can only watch: actions, RPCs and directions need the session's token")
 
 #: Typed client messages of this protocol.
 MESSAGE_TYPES = ("auth", "direction", "ping")
@@ -148,12 +160,16 @@ async def reject(ws: WebSocket, code: str, message: str, close_code: int) -> Non
         pass
 
 
-async def authenticate(ws: WebSocket, manager: SessionManager, session_id: str) -> Session | None:
-    """Accept the socket and check its token; on failure send an error event, close and return None.
+async def authenticate(ws: WebSocket, manager: SessionManager, session_id: str) -> Access | None:
+    """Accept the socket and check its token (`sessions/access.authorize`); on failure send an error event,
+    close and return None.
 
     The token is read (header, or the first message within `AUTH_TIMEOUT_S`) before the id is looked up,
     and an unknown id and a token that does not open the session are one answer (4404), so a caller
     without the session's token learns nothing about which ids exist.
+
+    Returns:
+        what the token opens: the session as its controller, or as a viewer (`Access.viewer`).
     """
     await ws.accept()
     if any(k.lower() in ("token", "access_token", "authorization") for k in ws.query_params):
@@ -178,13 +194,11 @@ async def authenticate(ws: WebSocket, manager: SessionManager, session_id: str) 
             await reject(ws, "unauthorized", "send 'Authorization: Bearer <token>' or a first message "
                          f'{{"type": "auth", "token": ...}} ({why})', CLOSE_UNAUTHORIZED)
             return None
-    session = manager.sessions.get(session_id)
-    open_ = session is not None and session.state != SessionState.CLOSED
-    expected = session.token if open_ else _NO_TOKEN  # type: ignore[union-attr]
-    if not secrets.compare_digest(token.encode(), expected.encode()) or not open_:
+    access = authorize(manager.sessions, session_id, token)
+    if access is None:
         await reject(ws, "session_not_found", "no such session for this token", CLOSE_NOT_FOUND)
         return None
-    return session
+    return access
 
 
 class StreamConnection:
@@ -199,20 +213,27 @@ class StreamConnection:
         video_scale: integer upscale of the video.
         guard: the connection's limits and counters (`InputGuard`; default limits, uncounted, if None).
         on_frames: called with (outcome, frames) for every frame handed to the stream (`StreamSocket`).
+        spectator: a viewer's read-only stream (see the module docstring; None: the controller's); its
+            `close` is set here.
+        stall_s: a spectator whose reader takes nothing for this long while media waits is dropped, s.
 
     Attributes:
         frames: what became of every frame handed to the stream (`FrameAccount`).
     """
 
     def __init__(self, ws: WebSocket, session: Session, *, video_scale: int = 1,
-                 guard: InputGuard | None = None, on_frames: Callable[[str, int], None] | None = None) -> None:
+                 guard: InputGuard | None = None, on_frames: Callable[[str, int], None] | None = None,
+                 spectator: Spectator | None = None, stall_s: float | None = None) -> None:
         self.session = session
+        self.spectator = spectator
         #: the connection core; rejected and stale actions are answered with coalesced summaries, a flooder
         #: is told and closed
         self.conn = Connection(session, send=self.send_feedback, on_flood=lambda v: self.out.close(CLOSE_POLICY),
                                guard=guard, name="ws")
         self.out = StreamSocket(ws, session, self, self.conn, video_scale=video_scale, max_text_bytes=MAX_TEXT_BYTES,
-                                on_frames=on_frames)
+                                on_frames=on_frames, spectator=spectator is not None, stall_s=stall_s)
+        if spectator is not None:
+            spectator.close = self._revoked
         self.director, self.guard = self.out.director, self.conn.guard
         #: the socket's video pipeline (`out`: also `transport`, `write_buffer_bytes`, `bytes_out`, `messages_in`)
         self.sink, self.queue, self.frames = self.out.sink, self.out.queue, self.out.frames
@@ -221,7 +242,16 @@ class StreamConnection:
         self.errors_sent = 0
 
     def __repr__(self) -> str:
-        return f"StreamConnection({self.session.id})"
+        return f"StreamConnection({self.session.id}{'' if self.spectator is None else ', spectator'})"
+
+    def _revoked(self, reason: str) -> None:
+        """`Spectator.close`: the viewer's token was revoked or ran out (4403), or the session closed (1000)."""
+        if reason == "session_closed":
+            self.out.close(CLOSE_NORMAL)
+            return
+        self.error("viewer_" + reason, f"the viewer token was {reason}" if reason == "revoked"
+                   else f"the viewer token has {reason}")
+        self.out.close(CLOSE_REVOKED)
 
     async def run(self) -> None:
         """Serve the stream until the client leaves, the session closes or the reader stalls for good."""
@@ -281,7 +311,9 @@ class StreamConnection:
         if not isinstance(obj, dict):
             refuse("bad_message", f"expected a JSON object, got {type(obj).__name__}", "invalid", now)
             return
-        if "method" in obj:
+        if self.spectator is not None and ("method" in obj or "seq" in obj or obj.get("type") == "direction"):
+            self._refuse_view_only(obj, now)
+        elif "method" in obj:
             self.out.queue_control(obj)
         elif "type" in obj:
             kind = obj["type"]
@@ -303,6 +335,20 @@ class StreamConnection:
         else:
             refuse("bad_message", "expected an action {seq, t, keys, mouse}, an RPC {id, method, params} "
                    f"or a typed message {{type, ...}} with type in {list(MESSAGE_TYPES)}", "invalid", now)
+
+    def _refuse_view_only(self, obj: dict[str, Any], now_s: float) -> None:
+        """A spectator's action, RPC or direction: refused in the shape its kind is refused in, counted by the
+        guard (a spectator flooding them is closed like any flooder); nothing reaches the session."""
+        g, feedback = self.guard, self.conn.feedback
+        if "method" in obj:
+            feedback.send_all(g.rejected_control(request_ref(obj), Rejection(FORBIDDEN, VIEW_ONLY_MESSAGE,
+                                                                             "forbidden"), now_s))
+        elif obj.get("type") == "direction":
+            ref = request_ref(obj)
+            self.out.refuse("view_only", VIEW_ONLY_MESSAGE, "forbidden", now_s, rid=ref, id=ref)
+        else:
+            feedback.send_all(g.rejected_action(FORBIDDEN, VIEW_ONLY_MESSAGE, seq=obj.get("seq"), now_s=now_s,
+                                                outcome="forbidden"))
 
     async def handle_control(self, obj: dict[str, Any]) -> None:
         """Run one queued request (RPCs and directions here), one at a time, in arrival order."""
@@ -382,16 +428,27 @@ class StreamConnection:
         """The stream's first messages (`stream_start`)."""
         s, m = self.session, self.session.model.spec
         self.event("stream_start", protocol=PROTOCOL_VERSION, session_id=s.id, mode=s.mode, fps=m.fps,
-                   frames_per_chunk=m.frames_per_chunk, model=m.name, prompt=s.prompt)
+                   frames_per_chunk=m.frames_per_chunk, model=m.name,
+                   prompt=s.prompt if self.spectator is None else None, view_only=self.spectator is not None)
 
 
 async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManager,
                        streams: dict[str, StreamConnection], video_scale: int,
                        make_guard: Callable[[], InputGuard] = InputGuard,
-                       on_frames: Callable[[str, int], None] | None = None) -> None:
-    """Serve GET /v1/sessions/{id}/stream: authenticate, refuse a second stream, run the connection."""
-    session = await authenticate(ws, manager, session_id)
-    if session is None:
+                       on_frames: Callable[[str, int], None] | None = None,
+                       viewers: ViewerConfig | None = None) -> None:
+    """Serve GET /v1/sessions/{id}/stream: authenticate, refuse a second controller stream (a viewer's is a
+    spectator, admitted against `viewers`' caps), run the connection."""
+    access = await authenticate(ws, manager, session_id)
+    if access is None:
+        return
+    session = access.session
+    if "worldcast.transport" not in (ws.scope.get("extensions") or {}):
+        logger.info("Session(%s): no unsent-bytes limit on the stream's socket (StreamSocketTuning); slow "
+                    "readers are noticed only once the kernel's send buffer fills", session.id)
+    if not access.controller:
+        await _serve_spectator(ws, access, manager=manager, video_scale=video_scale, make_guard=make_guard,
+                               on_frames=on_frames, config=viewers or ViewerConfig())
         return
     deadline = time.monotonic() + BUSY_GRACE_S
     while session.id in streams and time.monotonic() < deadline:  # a stream just closed may still be ending
@@ -399,9 +456,6 @@ async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManage
     if session.id in streams:
         await reject(ws, "stream_busy", "this session already has a stream; close it first", CLOSE_BUSY)
         return
-    if "worldcast.transport" not in (ws.scope.get("extensions") or {}):
-        logger.info("Session(%s): no unsent-bytes limit on the stream's socket (StreamSocketTuning); slow "
-                    "readers are noticed only once the kernel's send buffer fills", session.id)
     conn = StreamConnection(ws, session, video_scale=video_scale, guard=make_guard(), on_frames=on_frames)
     streams[session.id] = conn
     try:
@@ -409,3 +463,24 @@ async def serve_stream(ws: WebSocket, session_id: str, *, manager: SessionManage
     finally:
         if streams.get(session.id) is conn:
             del streams[session.id]
+
+
+async def _serve_spectator(ws: WebSocket, access: Access, *, manager: SessionManager, video_scale: int,
+                           make_guard: Callable[[], InputGuard], on_frames: Callable[[str, int], None] | None,
+                           config: ViewerConfig) -> None:
+    """A viewer's read-only stream: admitted against the caps (refused with 4429 / 4503 and the reason), run,
+    released whatever ends it."""
+    session = access.session
+    try:
+        spectator = session.viewers.admit(config, kind="fmp4", viewer=access.viewer, close=lambda reason: None,
+                                          server_spectators=count_spectators(list(manager.sessions.values())))
+    except SpectatorRefused as e:
+        code = CLOSE_SPECTATORS_SERVER if e.scope == "server" else CLOSE_SPECTATORS_SESSION
+        await reject(ws, "spectators_full", str(e), code)
+        return
+    try:
+        conn = StreamConnection(ws, session, video_scale=video_scale, guard=make_guard(), on_frames=on_frames,
+                                spectator=spectator, stall_s=config.stall_s)
+        await conn.run()
+    finally:
+        spectator.leave()

@@ -12,7 +12,11 @@ subclass): the worldcast stream (`connection.StreamConnection`, docs/streaming.m
   (`admit`), binary refused, text handed to the protocol; requests queued for one control loop that runs
   them in arrival order (`queue_control`), at most `MAX_PENDING_CONTROL` waiting;
 - the close: `close(code)` closes after what is queued; `aclose` is the core's close (cancel and await
-  every task, detach, unsubscribe), then the encoder's.
+  every task, detach, unsubscribe), then the encoder's;
+- spectators (`spectator=True`, a viewer's read-only stream): attached as the session's spectator
+  (`Session.attach_spectator`: it neither wakes the session nor holds it open, and starts no new client
+  numbering), and dropped when one send has waited `stall_s` (a reader that stopped reading), checked as each
+  encoded frame arrives.
 
 Event-loop only.
 """
@@ -100,6 +104,8 @@ class StreamSocket:
         max_text_bytes: largest client message, bytes.
         on_frames: called with (outcome, frames) for every frame handed to the stream: "sent" or
             "dropped_<reason>" (`FrameAccount`; the metrics' `on_stream_frames`).
+        spectator: a viewer's read-only stream (see the module docstring).
+        stall_s: a spectator whose one send has waited this long is dropped, s (None: never).
 
     Attributes:
         frames: what became of every frame handed to the stream (`FrameAccount`).
@@ -107,8 +113,12 @@ class StreamSocket:
 
     def __init__(self, ws: WebSocket, session: Session, protocol: StreamProtocol, conn: Connection, *,
                  video_scale: int = 1, max_text_bytes: int = MAX_CONTROL_BYTES,
-                 on_frames: Callable[[str, int], None] | None = None) -> None:
+                 on_frames: Callable[[str, int], None] | None = None, spectator: bool = False,
+                 stall_s: float | None = None) -> None:
         self.ws, self.session, self.protocol, self.conn = ws, session, protocol, conn
+        self.spectator, self.stall_s = spectator, stall_s
+        self._sending_since_s: float | None = None  #: when the send in flight began (None: none)
+        self._sender: asyncio.Task[None] | None = None
         self.director = director_of(session)  #: the directing layer over the session (None: interactive)
         self.max_text_bytes = max_text_bytes
         self.frames = FrameAccount(on_count=on_frames)
@@ -188,7 +198,27 @@ class StreamSocket:
     def _count_handed(self, frame: VideoFrame) -> None:
         self.frames.count_handed(self.segment_of(frame))
 
+    def _stalled(self) -> bool:
+        """Whether this spectator's reader has taken nothing for `stall_s` (one send waiting that long)."""
+        since = self._sending_since_s
+        return self.stall_s is not None and since is not None and time.monotonic() - since > self.stall_s
+
+    def drop(self, why: str) -> None:
+        """Drop the connection now, without a close handshake (which would wait behind what is never read)."""
+        if self._aborted:
+            return
+        logger.warning("%r: %s; dropping the connection", self.protocol, why)
+        self._aborted = True
+        self.close(CLOSE_POLICY)
+        if self.transport is not None:
+            self.transport.abort()
+        if self._sender is not None:
+            self._sender.cancel()  # run() then closes: detach, release
+
     def _on_sample(self, frame: VideoFrame, encoder: Fmp4Encoder, sample: EncodedSample) -> None:
+        if self.spectator and self._stalled():
+            self.drop(f"the spectator's reader took nothing for {self.stall_s:g} s")
+            return
         meta = frame_fields(frame, self.session.clock())
         meta["segment"] = self.segment_of(frame)
         meta["encode_ms"] = round(sample.encode_ms, 2)
@@ -213,10 +243,12 @@ class StreamSocket:
             else:
                 msgs = item.fn() if isinstance(item, Render) else [item]
             for m in msgs:
+                self._sending_since_s = time.monotonic()
                 if isinstance(m, bytes):
                     await self.ws.send_bytes(m)
                 else:
                     await self.ws.send_text(m)
+                self._sending_since_s = None
                 self.bytes_out += len(m)
 
     # -- incoming -----------------------------------------------------------------------------------
@@ -306,13 +338,16 @@ class StreamSocket:
                            self.director.on("segment_complete", p.segment_complete))
         p.opening()
         self.sink.start()
-        sender = conn.spawn(self._send_loop(), name=f"ws-send-{s.id}")
+        sender = self._sender = conn.spawn(self._send_loop(), name=f"ws-send-{s.id}")
         receiver = conn.spawn(self._receive_loop(), name=f"ws-recv-{s.id}")
         conn.spawn(self._control_loop(), name=f"ws-control-{s.id}")
         try:
             assert sender is not None and receiver is not None, "run() on a closed stream"
-            s.inputs.new_client()
-            s.attach_sink(self.tap)  # a directed session's gate lets through only its open segment's frames
+            if self.spectator:  # watches only: no client numbering, no wake-up, no hold on the session
+                s.attach_spectator(self.tap)
+            else:
+                s.inputs.new_client()
+                s.attach_sink(self.tap)  # a directed session's gate lets through only its open segment's frames
             await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
             for t in (sender, receiver):
                 if t.done() and not t.cancelled() and t.exception() is not None:

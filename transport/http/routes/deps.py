@@ -1,4 +1,5 @@
-"""Dependencies the routers share: the session manager, and a session opened by its Bearer token."""
+"""Dependencies the routers share: the session manager, and a session opened by its Bearer token (the check
+itself is `sessions/access.authorize`, the one owner of it)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from typing import Annotated
 from fastapi import Header, HTTPException, Request
 
 from worldcast.sessions.manager import SessionManager
-from worldcast.sessions.session import Session, SessionState
+from worldcast.sessions.session import Session
+from worldcast.sessions.access import Access, authorize
 
 #: What an unknown id and a token that does not open the session both answer (the same for both).
 NOT_FOUND_DETAIL = "no such session for this token"
-#: Compared against when the id is unknown, so that both cases take the same time.
-_NO_TOKEN = secrets.token_urlsafe(24)
 
 
 def printable(x: object, limit: int = 200) -> str:
@@ -26,37 +26,61 @@ def manager_dep(request: Request) -> SessionManager:
     return request.app.state.manager
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header value (None: no header, another scheme, or empty;
+    auth schemes are case-insensitive, RFC 7235 2.1)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
 def session_dep(
     session_id: str,
     request: Request,
     authorization: Annotated[str | None, Header()] = None,
 ) -> Session:
-    """The open session `session_id` if `Authorization: Bearer <its token>` opens it.
+    """The open session `session_id` if `Authorization: Bearer <its token>` opens it as its controller.
 
     An unauthenticated caller learns nothing about which ids exist: no token is 401 whatever the id,
-    and an unknown id or a token of another session are the same 404, after the same comparison.
+    and an unknown id, a token of another session and a viewer token of this one are the same 404 (a viewer
+    token can never act, direct, control, read the session or create viewers: `sessions/viewers.py`).
 
     Raises:
-        HTTPException: 401 without a Bearer token (auth schemes are case-insensitive, RFC 7235 2.1);
-            404 (`NOT_FOUND_DETAIL`) for an unknown or closed id or a token that does not open it.
+        HTTPException: 401 without a Bearer token; 404 (`NOT_FOUND_DETAIL`) for an unknown or closed id or a
+            token that does not open it as its controller.
     """
-    scheme, _, token = (authorization or "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise HTTPException(401, "missing 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"})
-    session = request.app.state.manager.sessions.get(session_id)
-    open_ = session is not None and session.state != SessionState.CLOSED
-    expected = session.token if open_ else _NO_TOKEN  # type: ignore[union-attr]
-    if not secrets.compare_digest(token.encode(), expected.encode()) or not open_:
+    access = access_dep(session_id, request, authorization)
+    if not access.controller:
         raise HTTPException(404, NOT_FOUND_DETAIL)
-    return session  # type: ignore[return-value]
+    return access.session
+
+
+def access_dep(
+    session_id: str,
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+) -> Access:
+    """What `Authorization: Bearer <token>` opens on session `session_id`: its controller's or a viewer's access
+    (`sessions/access.authorize`).
+
+    Raises:
+        HTTPException: 401 without a Bearer token; 404 (`NOT_FOUND_DETAIL`) for an unknown or closed id or a
+            token that opens nothing there.
+    """
+    token = bearer_token(authorization)
+    if token is None:
+        raise HTTPException(401, "missing 'Authorization: Bearer <token>'", {"WWW-Authenticate": "Bearer"})
+    access = authorize(request.app.state.manager.sessions, session_id, token)
+    if access is None:
+        raise HTTPException(404, NOT_FOUND_DETAIL)
+    return access
 
 
 def is_operator(request: Request) -> bool:
     """Whether the request carries `Authorization: Bearer <admin token>` (compared in constant time); False
     when the server has no admin token. Any other header is simply not the operator's."""
     expected: str | None = request.app.state.admin_token
-    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    if expected is None or scheme.lower() != "bearer" or not token.strip():
+    token = bearer_token(request.headers.get("authorization"))
+    if expected is None or token is None:
         return False
-    return secrets.compare_digest(token.strip().encode(), expected.encode())
+    return secrets.compare_digest(token.encode(), expected.encode())

@@ -19,7 +19,7 @@ async def stream(websocket: WebSocket, session_id: str) -> None:
     st = websocket.app.state
     await serve_stream(websocket, session_id, manager=st.manager, streams=st.streams,
                        video_scale=st.config.scale_for(st.model),
-                       make_guard=st.make_guard, on_frames=st.metrics.on_stream_frames)
+                       make_guard=st.make_guard, on_frames=st.metrics.on_stream_frames, viewers=st.config.viewers)
 
 
 @router.websocket("/ws")
