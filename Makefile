@@ -12,7 +12,7 @@ LIVEKIT_VERSION := v1.13.5
 LIVEKIT_SERVER := $(HOME)/.cache/worldcast/livekit-server-$(LIVEKIT_VERSION)/server
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: serve test setup demo precompile train evaluate bench gpu-check gpu-wheels gpu-rehearsal fullsize-check livekit-server fuzz cycles flood soak attack rss
+.PHONY: serve test setup demo precompile train evaluate bench gpu-check gpu-wheels gpu-rehearsal fullsize-check livekit-server fuzz cycles flood soak attack rss replay-check
 
 setup: $(VENV)/.installed
 
@@ -156,6 +156,11 @@ soak: $(VENV)/.installed
 # prints one table (case, must, observed); exit status 1 if any case fails.
 attack: $(VENV)/.installed
 	$(PY) -m tests.attack --out attack_report.json
+
+# Recordings (about 4 minutes): two scripted 60 s sessions side by side, one recorded (action-to-frame latency of
+# each), then one recorded alone; both logs replayed here, frame by frame against the recorded frames.
+replay-check: $(VENV)/.installed
+	$(PY) -m worldcast.latency_bench.replay_check --seconds 60 --out bench_results/replay-check
 
 # RSS after repeated peaks of 8 sessions (4 WebRTC, 4 WebSocket stream), each deleted (about 2 minutes).
 rss: $(VENV)/.installed

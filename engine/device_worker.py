@@ -428,6 +428,22 @@ class DeviceWorker:
         served = ServedWay.from_report(report)
         if served is None:
             return
+        self.serve_way(served)
+        self.warmup_report = report
+        self._publish()
+        packaged = self.compiler.package_buckets()
+        logger.info("DeviceWorker: resumed serving %s, steps %s, in %.1f s (the predecessor's choice)", served.dtype,
+                    f"compiled at batch {list(self.compiler.enabled_buckets())}"
+                    f"{f' (packages at {list(packaged)})' if packaged else ''}"
+                    if self.compiler.enabled_buckets() else "eager", time.perf_counter() - t0)
+
+    def serve_way(self, served: ServedWay) -> None:
+        """Serve as `served` says (dtype, compiled buckets, packages) without measuring: the compiled buckets'
+        graphs are built (or loaded from the on-disk cache) now, one chunk each. Used by `resume` and by
+        `worldcast replay` (`sessions/replay.py`), which must compute as the recorded server did.
+
+        Runs on the calling thread; call before `start` and before any session.
+        """
         cache_dir = None
         if self.compiler.mode != "eager" and served.compiled_buckets:
             cache_dir = configure_cache(self.config.compile_cache_dir)
@@ -448,13 +464,6 @@ class DeviceWorker:
                 store = PackageStore.in_cache(cache_dir)
                 found = self.compiler.load_packages(store, self.model.device, served.package_buckets)
                 self.compiler.use_packages(found)
-        self.warmup_report = report
-        self._publish()
-        packaged = self.compiler.package_buckets()
-        logger.info("DeviceWorker: resumed serving %s, steps %s, in %.1f s (the predecessor's choice)", served.dtype,
-                    f"compiled at batch {list(self.compiler.enabled_buckets())}"
-                    f"{f' (packages at {list(packaged)})' if packaged else ''}"
-                    if self.compiler.enabled_buckets() else "eager", time.perf_counter() - t0)
 
     def active_capacity(self, target_utilization: float) -> int:
         """Most sessions that can generate at once with a batched chunk taking at most

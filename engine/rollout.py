@@ -45,7 +45,7 @@ import torch
 
 from worldcast.engine.errors import StepFailed
 from worldcast.engine.state_pool import PoolView, StatePool
-from worldcast.engine.step_output import FrameOut
+from worldcast.engine.step_output import ChunkRecord, FrameOut
 from worldcast.engine.timing import DeviceTimer
 from worldcast.models.base import ChunkConditioning, StateUpdates, WorldModel, select_rows
 from worldcast.models.spec import Conditioning
@@ -117,6 +117,7 @@ class StagedChunk:
     deadline_s: float  #: presentation time of the first pixel frame, s (monotonic)
     began_s: float  #: when the chunk began, s (monotonic)
     needs_prompt_switch: bool = False  #: re-cache for a new conditioning before the first step
+    cached_version: int = -1  #: the conditioning version the session's caches held when the chunk began
     denoise_s: float = 0.0  #: time spent on its denoising steps, s
     frames: list[FrameOut] | None = None  #: decoded frames, once `finalize_batch` has decoded (and emitted) them
     decode_updates: StateUpdates = field(default_factory=dict)  #: the decoder's staged state changes
@@ -137,6 +138,7 @@ class ChunkRollout:
     staged: StagedChunk | None = None
     generator: torch.Generator | None = None
     _serial: int = 0
+    draws: int = 0  #: noise draws since the last committed chunk (`ChunkRecord.draws`)
 
     def __post_init__(self) -> None:
         if self.generator is None:
@@ -177,8 +179,11 @@ class ChunkRollout:
         updates = m.init_state(torch.from_numpy(np.ascontiguousarray(image)).to(dev)[None], cond, view)
         self.pool.apply(view, updates)
         self.next_latent = n_lat
+        record = ChunkRecord(first_latent=0, draws=0, cached_version=self.context_version,
+                             context_version=inputs.context_version, actions=None)
         self.context_version = inputs.context_version
-        return [FrameOut(self.session_id, i, image[i], now_s, -1, inputs.epoch) for i in range(n_pix)]
+        return [FrameOut(self.session_id, i, image[i], now_s, -1, inputs.epoch, chunk=record if i == 0 else None)
+                for i in range(n_pix)]
 
     def begin_chunk(self, now_s: float, deadline_s: float) -> None:
         """Stage a new chunk with the freshest conditioning and fresh noise."""
@@ -190,6 +195,7 @@ class ChunkRollout:
         inputs = self.conditioner.sample_chunk(n_pix)
         acts = m.group_actions(np.asarray(inputs.actions, dtype=np.float32), first_latent=first, latent_frames=F)
         noise = torch.randn((F, *spec.latent_shape), generator=self.generator, device=m.device)
+        self.draws += 1
         switch = inputs.context_version != self.context_version
         context = context_tensors(inputs.context, m.device) if spec.context_in_chunks or switch else {}
         self._serial += 1
@@ -205,6 +211,7 @@ class ChunkRollout:
             deadline_s=deadline_s,
             began_s=now_s,
             needs_prompt_switch=switch,
+            cached_version=self.context_version,
         )
 
     def abort_chunk(self) -> None:
@@ -428,8 +435,12 @@ def finalize_batch(
                 "denoise": s.denoise_s * 1e3,
                 "decode": decode_s * 1e3,
             }
+            record = ChunkRecord(first_latent=s.latent_indices[0], draws=r.draws, cached_version=s.cached_version,
+                                 context_version=s.inputs.context_version,
+                                 actions=np.asarray(s.inputs.actions, dtype=np.float32))
             s.frames = [FrameOut(r.session_id, idx, host[j][f], s.deadline_s + f * period, s.inputs.action_seq,
-                                 s.inputs.epoch, dict(timings)) for f, idx in enumerate(s.pixel_indices)]
+                                 s.inputs.epoch, dict(timings), chunk=record if f == 0 else None)
+                        for f, idx in enumerate(s.pixel_indices)]
             s.decode_updates = select_rows(dec_updates, [j]) if dec_updates else {}
             fresh += s.frames
         if emit is not None and fresh:
@@ -444,6 +455,7 @@ def finalize_batch(
             r.pool.apply(r.view(), s.decode_updates)
         r.next_latent = s.latent_indices[-1] + 1
         r.staged = None
+        r.draws = 0
         frames += s.frames
     return frames
 

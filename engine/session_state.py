@@ -130,6 +130,7 @@ def capture(r: ChunkRollout, schedule: SessionSchedule) -> bytes:
     header = {
         "model": spec.name, "states": fingerprint(spec), "session_id": r.session_id, "seed": r.seed,
         "next_latent": r.next_latent, "context_version": r.context_version, "serial": r._serial,
+        "draws": r.draws,
         "generator_device": r.generator.device.type, "schedule": sched, "conditioner": cond_header, "parts": index,
     }
     head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
@@ -187,3 +188,4 @@ def restore(r: ChunkRollout, captured: CapturedSession) -> None:
     r.next_latent = h["next_latent"]
     r.context_version = h["context_version"]
     r._serial = h["serial"]
+    r.draws = h["draws"]

@@ -47,6 +47,28 @@ class StepSchedulerOutput:
         return not self.session_ids
 
 
+@dataclass(frozen=True)
+class ChunkRecord:
+    """What made a chunk's frames, beyond the session's seed and model: enough to generate them again exactly
+    (`worldcast replay`, `sessions/recording.py`). Carried by the first frame of each committed chunk.
+
+    Attributes:
+        first_latent: absolute index of the chunk's first latent frame (0 with `actions` None: the initial frames).
+        draws: noise draws since the previous committed chunk, this one's included: a chunk begun and then
+            dropped (preempted for a fresher input) drew its noise from the session's generator too.
+        cached_version: the conditioning version the session's caches held when the chunk began (-1: none yet).
+        context_version: the conditioning version the chunk sampled.
+        actions: float32 (F_pix, A): the action vector of each of its pixel frames as sampled (None: initial
+            frames, made by no action).
+    """
+
+    first_latent: int
+    draws: int
+    cached_version: int
+    context_version: int
+    actions: np.ndarray | None
+
+
 @dataclass
 class FrameOut:
     """One generated frame, ready for a session's sinks.
@@ -62,6 +84,8 @@ class FrameOut:
             steps), denoise (its denoising steps), decode (latents to pixels), and ipc (from an engine
             process to the server: pipe and shared-memory copy; absent in-process). The state-applying
             commit forward runs after the frame is published and is not on its path.
+        chunk: on the first frame of each committed chunk (and of the initial frames), what made it
+            (`ChunkRecord`); None on the others.
     """
 
     session_id: str
@@ -71,6 +95,7 @@ class FrameOut:
     action_seq: int
     epoch: int
     timings_ms: dict[str, float] = field(default_factory=dict)
+    chunk: ChunkRecord | None = None
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from worldcast.engine.conditioner import ConditionerState, InputDelta
@@ -72,6 +73,23 @@ class SeqOutcome(enum.Enum):
     @property
     def applied(self) -> bool:
         return self is not SeqOutcome.STALE
+
+
+@dataclass(frozen=True)
+class PushedAction:
+    """An accepted action message, as `SessionInputs.on_push` is told it (what a recording logs).
+
+    Attributes:
+        seq: its seq; keys: the keys it held; mouse: (dx, dy) counts; axes: {axis: value} as sent (None: none).
+        outcome: what it did to the held keys; at_s: its arrival, s (monotonic).
+    """
+
+    seq: int
+    keys: list[str]
+    mouse: tuple[float, float]
+    axes: dict[str, float] | None
+    outcome: SeqOutcome
+    at_s: float
 
 
 class EngineLink(Protocol):
@@ -201,8 +219,8 @@ class SessionInputs:
         self.session_id = session_id
         self.clock = clock
         self.actions = ActionGate(space)
-        #: the owner's listener, called after each accepted push with its seq (before the change is sent)
-        self.on_push: Callable[[int], None] | None = None
+        #: the owner's listener, called after each accepted push (before the change is sent)
+        self.on_push: Callable[[PushedAction], None] | None = None
         #: where changes go (None: nowhere yet; `SessionManager` sets it once the engine has the session)
         self.link: EngineLink | None = None
         self._context = context
@@ -235,9 +253,10 @@ class SessionInputs:
         """
         if self._closed:
             raise SessionClosedError(f"session {self.session_id} is closed")
-        outcome, delta = self.actions.push(seq, keys, mouse, now_s=self.clock(), axes=axes)
+        now = self.clock()
+        outcome, delta = self.actions.push(seq, keys, mouse, now_s=now, axes=axes)
         if self.on_push is not None:
-            self.on_push(seq)
+            self.on_push(PushedAction(seq, keys, mouse, axes, outcome, now))
         if self.link is not None:
             self.link.push_input(delta)
         return outcome
@@ -253,6 +272,11 @@ class SessionInputs:
         delta = self.actions.release_all()
         if self.link is not None:
             self.link.push_input(delta)
+
+    @property
+    def context_version(self) -> int:
+        """The conditioning's version: 0 at creation, bumped by every `set_context`."""
+        return self._context_version
 
     def set_context(self, context: Conditioning) -> None:
         """Condition the next chunks on `context` (bumps `context_version`)."""

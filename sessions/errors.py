@@ -79,3 +79,12 @@ class SpectatorRefused(SessionError):
         super().__init__(message)
         self.scope = scope
         self.retry_after_s = retry_after_s
+
+
+class RecordingRefused(SessionError):
+    """A recording cannot start (this server does not record, the quota is full, the disk refused, or it is
+    recording already); the session itself is not affected. Answered 409."""
+
+
+class RecordingNotFound(SessionError):
+    """No recording of that session for that token (never made, deleted, or past its retention). Answered 404."""

@@ -123,6 +123,8 @@ class FramePipeline:
         self.on_admitted: Callable[[VideoFrame], None] | None = None
         #: called with every frame's outcome and its lateness (now - presentation time, s): metrics
         self.on_outcome: Callable[[Outcome, float], None] | None = None
+        #: called with every frame the engine made, its outcome and its PTS (None unless delivered): a recording
+        self.on_generated: Callable[[FrameOut, Outcome, int | None], None] | None = None
         self.last_frame: VideoFrame | None = None  #: the newest delivered frame (a new sink gets it at once)
         #: stages sinks of this session share, by the key their owner gives (the one encode for encoded video:
         #: `transport/stream/fmp4.py` `SessionEncode`); each owner adds and removes its own
@@ -166,7 +168,7 @@ class FramePipeline:
         self.generated += 1
         if not self.is_current(out):
             self.dropped_stale += 1
-            self._outcome("dropped_stale", out.present_at_s)
+            self._outcome("dropped_stale", out.present_at_s, out)
             return None
         frame = VideoFrame(image=out.image, pts=self.media_clock.pts(out.present_at_s), time_base=VIDEO_TIME_BASE,
                            frame_index=out.frame_index, action_seq=out.action_seq, epoch=out.epoch,
@@ -174,7 +176,7 @@ class FramePipeline:
         if self.gate is not None:
             if not self.gate.admit(frame):
                 self.dropped_gated += 1
-                self._outcome("dropped_gated", out.present_at_s)
+                self._outcome("dropped_gated", out.present_at_s, out)
                 return None
             if self.on_admitted is not None:
                 self.on_admitted(frame)
@@ -187,12 +189,17 @@ class FramePipeline:
                 cb(frame)
             except Exception:  # noqa: BLE001 - a listener's bug must not break delivery
                 logger.exception("FramePipeline: a frame listener failed")
-        self._outcome("delivered", out.present_at_s)
+        self._outcome("delivered", out.present_at_s, out, frame.pts)
         return frame
 
-    def _outcome(self, outcome: Outcome, present_at_s: float) -> None:
+    def _outcome(self, outcome: Outcome, present_at_s: float, out: FrameOut, pts: int | None = None) -> None:
         if self.on_outcome is not None:
             self.on_outcome(outcome, self.clock() - present_at_s)
+        if self.on_generated is not None:
+            try:
+                self.on_generated(out, outcome, pts)
+            except Exception:  # noqa: BLE001 - a recording's bug must not break delivery
+                logger.exception("FramePipeline: the frame recorder failed")
 
     # -- sinks and the gate --------------------------------------------------------------------------
 

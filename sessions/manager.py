@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad
 from worldcast.engine.conditioner import ConditionerState, InputDelta
@@ -42,12 +43,20 @@ from worldcast.engine.engine_handle import EngineHandle
 from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
 from worldcast.engine.local_engine import LocalEngine
 from worldcast.engine.step_output import FrameOut
+from worldcast.engine.tuning.packages import machine_kind
 from worldcast.models.base import WorldModel
 from worldcast.models.errors import ConditioningError
 from worldcast.models.spec import Conditioning, ConditioningRequest
 from worldcast.sessions.directing import DirectingSession
-from worldcast.sessions.errors import CapacityExhausted, EngineNotFound, InvalidConditioning, SessionNotFound
+from worldcast.sessions.errors import (
+    CapacityExhausted,
+    EngineNotFound,
+    InvalidConditioning,
+    RecordingRefused,
+    SessionNotFound,
+)
 from worldcast.sessions.placement import Placement, place
+from worldcast.sessions.recording import EventLog, Recordings
 from worldcast.sessions.session import CloseReason, Session, SessionMode, SessionState
 
 logger = logging.getLogger(__name__)
@@ -88,6 +97,7 @@ class SessionManager:
         clock: monotonic clock, s.
         engines: the engine cores (None: one `LocalEngine` on `model`'s device). Engines in other
             processes keep time on CLOCK_MONOTONIC, so `clock` must then be `time.monotonic`.
+        recordings: where sessions are recorded (`sessions/recording.py`; None: recording is refused).
     """
 
     def __init__(
@@ -98,8 +108,10 @@ class SessionManager:
         config: SessionConfig,
         clock: Callable[[], float] = time.monotonic,
         engines: Sequence[EngineHandle] | None = None,
+        recordings: Recordings | None = None,
     ) -> None:
         self.model = model
+        self.recordings = recordings
         self.config = config
         self.clock = clock
         self.sessions: dict[str, Session] = {}
@@ -216,7 +228,7 @@ class SessionManager:
 
     async def create(
         self, *, prompt: str | None = None, image: np.ndarray | None = None, seed: int | None = None,
-        stamp_frames: bool = False, mode: SessionMode = "interactive",
+        stamp_frames: bool = False, mode: SessionMode = "interactive", record: bool = False,
     ) -> Session:
         """Open a session on the engine with the most headroom; its initial frame is generated at once.
 
@@ -227,13 +239,18 @@ class SessionManager:
             stamp_frames: ask its video sinks to stamp frame index and action seq into the pixels.
             mode: "directing" sessions wait for their first direction (paused) and keep their
                 segments in the directing layer above it (`sessions/directing.py`, `director_of`).
+            record: record it from its first frame (`sessions/recording.py`; replayable).
 
         Raises:
             InvalidConditioning: the prompt, image or mode is refused (checked before admission:
                 nothing is allocated).
             CapacityExhausted: too many sessions, no engine with room or a free state slot (retry later).
+            RecordingRefused: `record` asked of a server that does not record, or one whose quota is full
+                (nothing is allocated).
         """
         request = ConditioningRequest(text=prompt or None, image=image)
+        if record:
+            await self._ready_to_record()
         self.check_conditioning(request, mode=mode)
         placement = self.placement()
         decision = placement.decision
@@ -264,19 +281,70 @@ class SessionManager:
             send_ahead_s=self.config.send_ahead_frames * float(self.model.spec.frame_period),
         )
         session.frames.on_outcome = self._frame_outcome
+        if record:
+            self._record(session, engine, from_start=True)
         if mode == "directing":
             DirectingSession(session)  # the layer above it (`director_of(session)`), gating its frames
             session.pause()  # nothing to generate until the first direction
         try:
             engine.add_session(sid, session.inputs.engine_state(), seed=session.seed)
         except (StatePoolExhausted, EngineUnavailable) as e:
+            self._unrecord(session)
             raise CapacityExhausted(str(e), retry_after_s=self.next_release_in_s()) from e
         self.sessions[sid] = session
         session.inputs.attach(_Link(self, sid))
+        session.recorder = lambda: self.start_recording(sid)
         logger.info("Session(%s): created on engine %d (prompt of %d chars, %s, seed %d)", sid, engine.id,
                     len(prompt or ""), "no image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image",
                     session.seed)
         return session
+
+    # -- recordings ------------------------------------------------------------------------------------------
+
+    async def _ready_to_record(self) -> None:
+        """Refuse at once where nothing can be recorded; compute the weights' digest (once, off the loop)."""
+        if self.recordings is None:
+            raise RecordingRefused("this server does not record sessions (start it with --recordings-dir)")
+        await asyncio.get_running_loop().run_in_executor(None, self.recordings.weights_digest, self.model)
+
+    def _record(self, session: Session, engine: EngineHandle, *, from_start: bool) -> EventLog:
+        assert self.recordings is not None
+        report = engine.snapshot.warmup
+        served = None if report is None else {"dtype": report.precision.dtype,
+                                              "compiled_buckets": list(report.compiled_buckets),
+                                              "package_buckets": list(report.package_buckets)}
+        log = self.recordings.start(session, served=served, device=machine_kind(torch.device(engine.device)),
+                                    from_start=from_start)
+        session.start_recording(log)
+        return log
+
+    def _unrecord(self, session: Session) -> None:
+        session.stop_recording("the session could not start")
+
+    async def start_recording(self, session_id: str) -> EventLog:
+        """Record an open session from now (`record_start`): its log is not replayable (it did not begin with the
+        session: `from_start` false).
+
+        Raises:
+            SessionNotFound: no such open session.
+            RecordingRefused: no recordings here, the quota is full, or it is recording already.
+        """
+        s = self.get(session_id)
+        await self._ready_to_record()
+        if s.recording is not None:
+            raise RecordingRefused(f"session {session_id} is already recording")
+        engine = self.engine_of(session_id)
+        if engine is None:
+            raise RecordingRefused(f"session {session_id} is between engines; try again in a moment")
+        return self._record(s, engine, from_start=False)
+
+    def stop_recording(self, session_id: str) -> bool:
+        """Stop a session's recording (`record_stop`); False if it was not recording.
+
+        Raises:
+            SessionNotFound: no such open session.
+        """
+        return self.get(session_id).stop_recording("asked") is not None
 
     def measured_loads(self, engine: EngineHandle | None = None) -> list[SessionLoad]:
         """Measured duty cycle and observation time of each open session (of one engine, if given)."""
@@ -442,6 +510,8 @@ class SessionManager:
             release = self.release_at_s(s)
             if release is not None and now_s > release:
                 self.close(sid, CloseReason.TIMEOUT)
+        if self.recordings is not None:
+            self.recordings.sweep()
 
     @property
     def engines_up(self) -> int:

@@ -27,17 +27,19 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from worldcast.engine.step_output import FrameOut
 from worldcast.models.base import WorldModel
 from worldcast.models.errors import ConditioningError
 from worldcast.models.spec import Conditioning, ConditioningRequest
-from worldcast.sessions.actions import SessionInputs
+from worldcast.sessions.actions import PushedAction, SessionInputs
 from worldcast.sessions.duty_cycle import DutyCycleMeter
 from worldcast.sessions.errors import InvalidConditioning, SessionClosedError
-from worldcast.sessions.frames import FramePipeline, FrameSink
+from worldcast.sessions.frames import FramePipeline, FrameSink, Outcome
+from worldcast.sessions.recording import EventLog
 from worldcast.sessions.viewers import Viewers
 
 logger = logging.getLogger(__name__)
@@ -78,8 +80,9 @@ SessionEvent = Literal["state", "frame", "error"]
 #: Codes of a session's device-side failure (`SessionFailure.code`), as transports send them in their
 #: `error` event: its own step failed ("session_failed"), the engine it ran on died ("engine_lost"), or that
 #: engine stopped making progress ("engine_stalled": a notice, the session stays open; it is closed with
-#: "engine_lost" if the engine is killed).
-FailureCode = Literal["session_failed", "engine_lost", "engine_stalled"]
+#: "engine_lost" if the engine is killed), or its recording stopped by itself ("recording_stopped": a size cap or a
+#: disk error; a notice, the session goes on).
+FailureCode = Literal["session_failed", "engine_lost", "engine_stalled", "recording_stopped"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,10 @@ class Session:
         #: they neither hold the session open nor wake it (`attach_spectator`)
         self.viewers = Viewers(session_id, clock=clock)
         self._spectator_sinks: set[int] = set()
+        #: its recording's event log while one is written (`start_recording`; `sessions/recording.py`)
+        self.recording: EventLog | None = None
+        #: starts recording it from now (its manager's `start_recording`; None: nothing can record it)
+        self.recorder: Callable[[], Awaitable[EventLog]] | None = None
 
     def __repr__(self) -> str:
         return f"Session({self.id}, {self.state.name})"
@@ -203,6 +210,7 @@ class Session:
         if new not in _ALLOWED[old]:
             raise SessionClosedError(f"session {self.id} is {old.name.lower()}; cannot become {new.name.lower()}")
         self.state = new
+        self._record("state", state=new.name.lower())
         self.inputs.set_lifecycle(active=new == SessionState.ACTIVE, closed=new == SessionState.CLOSED)
         self._touch_duty()
         logger.debug("%r: %s -> %s", self, old.name, new.name)
@@ -230,10 +238,51 @@ class Session:
         self.last_activity_s = self.clock()
         self._set_state(SessionState.ACTIVE)
 
-    def _pushed(self, seq: int) -> None:
+    def _pushed(self, a: PushedAction) -> None:
         """`SessionInputs.on_push`: an action was accepted (and counted): the session is active (its engine is
-        told next, by the inputs themselves)."""
+        told next, by the inputs themselves), and a recording logs it."""
         self.activate()
+        if self.recording is not None:
+            self.recording.write("action", seq=a.seq, keys=a.keys, mouse=[float(a.mouse[0]), float(a.mouse[1])],
+                                 axes=a.axes or None, outcome=a.outcome.value, at=round(a.at_s - self.created_s, 6))
+
+    # -- recording ------------------------------------------------------------------------------------------
+
+    def start_recording(self, log: EventLog) -> None:
+        """Log what happens to the session into `log` from now (`sessions/recording.py`).
+
+        Raises:
+            SessionClosedError: closed.
+            ValueError: it is already recording.
+        """
+        self._check_open()
+        if self.recording is not None:
+            raise ValueError(f"session {self.id} is already recording")
+        self.recording = log
+        self.frames.on_generated = self._record_frame
+        log.on_stop = self._recording_stopped
+
+    def _recording_stopped(self, reason: str) -> None:
+        """The log stopped by itself (its cap, the disk): the session goes on, its clients are told."""
+        self.recording = None
+        self.frames.on_generated = None
+        self._emit("error", SessionFailure("recording_stopped", f"the recording stopped: {reason}"))
+
+    def stop_recording(self, reason: str = "asked") -> EventLog | None:
+        """Stop its recording (no-op without one); returns the log that was written."""
+        log, self.recording = self.recording, None
+        self.frames.on_generated = None
+        if log is not None:
+            log.stop(reason)
+        return log
+
+    def _record_frame(self, out: FrameOut, outcome: Outcome, pts: int | None) -> None:
+        if self.recording is not None:
+            self.recording.frame(out, outcome, pts)
+
+    def _record(self, kind: str, **fields: object) -> None:
+        if self.recording is not None:
+            self.recording.write(kind, **fields)
 
     @property
     def prompt(self) -> str | None:
@@ -284,6 +333,7 @@ class Session:
             raise InvalidConditioning("prompt", f"{self.model.spec.name} takes no text prompt")
         self._conditioning = self._conditioning.with_text(text)
         self.inputs.set_context(context)
+        self._record("prompt", text=text, context_version=self.inputs.context_version)
 
     def flush(self) -> int:
         """Drop queued and in-flight frames under stale conditioning; restart the chunk.
@@ -293,6 +343,7 @@ class Session:
         """
         self._check_open()
         epoch = self.inputs.new_epoch()
+        self._record("flush", epoch=epoch)
         self.frames.clear()
         self.activate()
         return epoch
@@ -305,6 +356,7 @@ class Session:
         """
         self._check_open()
         epoch = self.inputs.new_epoch(cancel=True)
+        self._record("cancel", epoch=epoch)
         self._touch_duty()
         self.frames.clear()
         return epoch
@@ -313,12 +365,14 @@ class Session:
         """Stop generating at the next step boundary; queued frames still play."""
         self._check_open()
         self.inputs.pause()
+        self._record("pause")
         self._touch_duty()
 
     def resume(self) -> None:
         """Undo `pause` and `cancel`; generation restarts with the freshest actions."""
         self._check_open()
         self.inputs.resume()
+        self._record("resume")
         self._touch_duty()
         self.activate()
 
@@ -428,6 +482,10 @@ class Session:
             return
         self.close_reason = reason
         self._set_state(SessionState.CLOSED)
+        if self.recording is not None:
+            log, self.recording = self.recording, None
+            self.frames.on_generated = None
+            log.close(reason.value)
         self.frames.closed = True
         self.frames.clear()
         self.frames.sinks.clear()

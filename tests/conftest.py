@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -90,6 +92,7 @@ def server_config(**overrides) -> ServerConfig:  # type: ignore[no-untyped-def]
     from worldcast.engine.admission import AdmissionConfig, AdmissionPolicy
     from worldcast.engine.device_worker import EngineConfig
     from worldcast.sessions.manager import SessionConfig
+    from worldcast.sessions.recording import RecordingConfig
     from worldcast.transport.config import ServerConfig
 
     base = ServerConfig(
@@ -102,6 +105,8 @@ def server_config(**overrides) -> ServerConfig:  # type: ignore[no-untyped-def]
             idle_after_s=60.0, timeout_s=120.0,
             admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=8),
         ),
+        # each server its own recordings directory, never the user's
+        recordings=RecordingConfig(Path(tempfile.mkdtemp(prefix="worldcast-recordings-"))),
     )
     return replace(base, **overrides)
 

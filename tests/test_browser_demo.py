@@ -7,6 +7,7 @@ a missing build fails the test. A missing Chromium skips it, except in CI (env C
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -146,8 +147,10 @@ navigator.getGamepads = () => [window.__pad, null, null, null];
 def test_demo_drives_the_model_s_declared_axes_from_a_gamepad(live_server) -> None:  # type: ignore[no-untyped-def]
     """The page binds a gamepad as the model declares (GET /v1/model: axes, bindings): the left stick's position
     and the d-pad reach the session's engine as TinyWorld's move_x axis and key d; back at rest, the engine's
-    positions return to rest."""
+    positions return to rest. The session is recorded (Record ticked at Connect) and its log downloads from the
+    page, the stick's axis in it."""
     with demo_page(live_server, init_script=FAKE_GAMEPAD) as page:
+        page.check("#record")
         page.click("#connect")
         sid = wait_js(page, "window.__worldcast.connected && window.__worldcast.sessionId", "connect")
         wait_js(page, "window.__worldcast.framesReceived >= 2", "frames")
@@ -175,3 +178,10 @@ def test_demo_drives_the_model_s_declared_axes_from_a_gamepad(live_server) -> No
         wait_js(page, f"window.__worldcast.lastAppliedSeq >= {rest}", "a frame applying the release")
         assert set(positions().values()) == {0.0}
         assert stat(page, "rejected") == 0
+
+        assert page.is_visible("#download")
+        with page.expect_download() as d:
+            page.click("#download")
+        lines = [json.loads(x) for x in Path(d.value.path()).read_text().splitlines()]
+        assert lines[0]["type"] == "header" and lines[0]["from_start"] and lines[0]["session_id"] == sid
+        assert any(e["type"] == "action" and (e.get("axes") or {}).get("move_x") == 0.9 for e in lines)

@@ -18,8 +18,9 @@ from worldcast.engine.process.client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.spec import dtype_from_name
 from worldcast.sessions.manager import SessionConfig
+from worldcast.sessions.recording import RecordingConfig
 from worldcast.sessions.viewers import ViewerConfig
-from worldcast.transport.config import DEFAULT_STATIC_DIR, ServerConfig
+from worldcast.transport.config import DEFAULT_RECORDINGS_DIR, DEFAULT_STATIC_DIR, ServerConfig
 from worldcast.transport.http.conn_limits import ConnectionLimits
 from worldcast.transport.http.metrics import MetricsConfig
 from worldcast.transport.livekit import config as livekit_config
@@ -133,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--viewer-ttl", type=float, default=ViewerConfig.default_ttl_s, metavar="S",
                    help=f"a viewer token's lifetime when none is asked for, s (default {ViewerConfig.default_ttl_s:g}; "
                         f"at most {ViewerConfig.max_ttl_s:g})")
+    s.add_argument("--recordings-dir", type=Path, default=DEFAULT_RECORDINGS_DIR, metavar="DIR",
+                   help=f"where sessions created with \"record\": true (or record_start) are recorded (default "
+                        f"{DEFAULT_RECORDINGS_DIR}; docs/recordings.md)")
+    s.add_argument("--no-recordings", action="store_true", help="refuse to record sessions")
+    s.add_argument("--recording-max-mib", type=float, default=RecordingConfig.max_session_bytes / 2**20,
+                   metavar="MIB", help="one recording's size cap; reaching it stops the recording, not the session")
+    s.add_argument("--recording-quota-mib", type=float, default=RecordingConfig.max_total_bytes / 2**20,
+                   metavar="MIB", help="all kept recordings together; a recording past it is refused")
+    s.add_argument("--recording-retention", type=float, default=RecordingConfig.retention_s, metavar="S",
+                   help="seconds a finished recording is kept after its session closed (default one day)")
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
@@ -181,7 +192,57 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=None, help="seed of the world")
     d.add_argument("--fragmented", action="store_true", help="write the stream's fragmented MP4 as received")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r = sub.add_parser("replay", help="generate a recorded session again from its event log, frame for frame",
+                       description="Reads a log recorded with \"record\": true (GET /v1/sessions/{id}/recording/"
+                                   "events, or events.jsonl in the recordings directory, with its images/ beside "
+                                   "it), generates every frame again on the recorded model, weights and served way, "
+                                   "and checks each against the recorded one (docs/recordings.md). Exit status 0: "
+                                   "every frame identical; 1: some differ (listed); 2: the log is refused.")
+    r.add_argument("events", type=Path, help="the event log (events.jsonl)")
+    r.add_argument("--out", type=Path, default=None, help="write the delivered frames as an MP4 film")
+    r.add_argument("--frames", type=Path, default=None, metavar="DIR", help="write every frame as a PNG here")
+    r.add_argument("--export", type=Path, default=None, metavar="DIR",
+                   help="write frames.npy, actions.npy and index.npy here (training, analysis)")
+    r.add_argument("--weights", type=Path, default=None, help="the weights (default: the recorded path)")
+    r.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    r.add_argument("--log-level", default="warning")
     return p
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    """`worldcast replay`: see its parser's description."""
+    import sys
+
+    import numpy as np
+
+    from worldcast.engine.step_output import FrameOut
+    from worldcast.sessions.recording import RecordingError, read_log
+    from worldcast.sessions.replay import replay
+    from worldcast.transport.media.h264 import write_film
+
+    try:
+        delivered = {e.fields["index"] for e in read_log(args.events)
+                     if e.type == "frame" and e.fields["outcome"] == "delivered"}
+        film: list[np.ndarray] = []
+
+        def keep(f: FrameOut) -> None:
+            if args.out is not None and f.frame_index in delivered:
+                film.append(f.image)
+
+        report = replay(args.events, weights=args.weights, device=args.device, frames_dir=args.frames,
+                        export_dir=args.export, on_frame=keep)
+    except (RecordingError, OSError, ValueError) as e:
+        print(f"worldcast replay: {e}", file=sys.stderr)
+        return 2
+    for d in report.differences:
+        print(f"differs from the recording: {d}")
+    if args.out is not None and film:
+        write_film(args.out, film, fps=report.fps)
+        print(f"film: {args.out} ({len(film)} frames at {report.fps} frames/s)")
+    print(f"replayed {report.chunks} chunks ({report.dropped_draws} dropped draws), {report.frames} frames: "
+          f"{report.identical} identical to the recording" + (
+              "" if report.exact else f", {len(report.mismatched)} differ (first {report.mismatched[:10]})"))
+    return 0 if report.exact else 1
 
 
 def _devices(text: str) -> tuple[str, ...]:
@@ -297,6 +358,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "direct":
         direct(args)
         return
+    if args.command == "replay":
+        logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+        raise SystemExit(replay_command(args))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("serve", "worker"):
         try:  # first: before any thread allocates (the app repeats it, harmlessly)
@@ -392,6 +456,9 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
         memory=memory_config_from(args),
         connections=ConnectionLimits(head_timeout_s=args.head_timeout,
                                      max_per_client=args.max_connections_per_client),
+        recordings=None if args.no_recordings else RecordingConfig(
+            args.recordings_dir, max_session_bytes=int(args.recording_max_mib * 2**20),
+            max_total_bytes=int(args.recording_quota_mib * 2**20), retention_s=args.recording_retention),
         viewers=ViewerConfig(max_spectators=args.max_spectators,
                              max_spectators_per_session=args.max_spectators_per_session,
                              default_ttl_s=args.viewer_ttl),

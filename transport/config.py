@@ -11,6 +11,7 @@ from worldcast.engine.process.client import RestartPolicy
 from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
+from worldcast.sessions.recording import RecordingConfig
 from worldcast.sessions.viewers import ViewerConfig
 from worldcast.transport.http.conn_limits import ConnectionLimits
 from worldcast.transport.http.metrics import MetricsConfig
@@ -20,6 +21,10 @@ from worldcast.transport.memory import MemoryConfig
 
 #: The built browser demo, beside the package folders in a source checkout.
 DEFAULT_STATIC_DIR = Path(__file__).resolve().parents[1] / "web_demo" / "dist"
+
+
+#: The recordings directory unless `--recordings-dir` says another.
+DEFAULT_RECORDINGS_DIR = Path.home() / ".cache" / "worldcast" / "recordings"
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class ServerConfig:
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)  #: request-head timeout, per-client cap
     memory: MemoryConfig = field(default_factory=MemoryConfig)  #: malloc arenas, heap trim after closes
     viewers: ViewerConfig = field(default_factory=ViewerConfig)  #: viewer tokens' lifetimes, spectators' caps
+    #: where sessions asked to record are recorded and how much they may take (None: recording is refused)
+    recordings: RecordingConfig | None = field(default_factory=lambda: RecordingConfig(DEFAULT_RECORDINGS_DIR))
 
     def __post_init__(self) -> None:
         if self.engines < 1:

@@ -20,6 +20,8 @@ from worldcast.sessions.errors import (
     InvalidAction,
     InvalidConditioning,
     MoveFailed,
+    RecordingNotFound,
+    RecordingRefused,
     SessionClosedError,
     SessionNotFound,
     SpectatorRefused,
@@ -99,6 +101,8 @@ HTTP_STATUS: dict[type[Exception], int] = {
     EngineNotFound: 404,
     MoveFailed: 409,
     ViewerRefused: 429,
+    RecordingRefused: 409,
+    RecordingNotFound: 404,
 }
 
 RPC_CODE: dict[type[Exception], int] = {
@@ -106,6 +110,7 @@ RPC_CODE: dict[type[Exception], int] = {
     SessionNotFound: SESSION_CLOSED,
     InvalidAction: INVALID_PARAMS,
     InvalidConditioning: INVALID_PARAMS,
+    RecordingRefused: INVALID_REQUEST,
 }
 
 

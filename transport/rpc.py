@@ -157,6 +157,8 @@ class RpcHandler:
             "pause": self._pause,
             "resume": self._resume,
             "get_state": self._get_state,
+            "record_start": self._record_start,
+            "record_stop": self._record_stop,
         }
 
     @property
@@ -230,6 +232,20 @@ class RpcHandler:
         context = await asyncio.get_running_loop().run_in_executor(None, self.session.encode_prompt, p.prompt)
         self.session.set_prompt(p.prompt, context)
         return {"prompt": p.prompt}
+
+    async def _record_start(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Record the session from now (`SessionManager.start_recording`): its event log, not replayable (only one
+        that begins with the session is: `"record": true` at create)."""
+        _params(NoParams, params)
+        if self.session.recorder is None:
+            raise RpcError(errors.INVALID_REQUEST, "this session cannot be recorded here")
+        await self.session.recorder()
+        return {"recording": True, "replayable": False, "events": f"/v1/sessions/{self.session.id}/recording/events"}
+
+    async def _record_stop(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Stop recording (the log is kept for its retention time); `stopped` false: it was not recording."""
+        _params(NoParams, params)
+        return {"stopped": self.session.stop_recording("asked") is not None}
 
     async def _pause(self, params: dict[str, Any]) -> dict[str, Any]:
         _params(NoParams, params)

@@ -75,6 +75,10 @@ class CreateSessionRequest(_Strict):
         description="starting image for a model that takes one (GET /v1/model: conditioning.image): a PNG or JPEG "
         "file as base64 (RFC 4648), bare or as a data:image/...;base64, URL; or send it as the `image` file part "
         "of a multipart/form-data body")
+    record: StrictBool = Field(
+        False, description="record the session from its first frame: an event log (every action, prompt, flush, "
+        "chunk and frame) that `worldcast replay` generates again frame for frame; GET "
+        "/v1/sessions/{id}/recording/events (see docs/recordings.md)")
     mode: Literal["interactive", "directing"] = Field(
         "interactive", description="directing: driven by text directions, segment by segment, over "
         "GET /v1/sessions/{id}/stream (see docs/streaming.md)")

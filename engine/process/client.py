@@ -189,7 +189,7 @@ class EngineClient(EngineHandle):
     def _handle(self, inc: Incarnation, m: object) -> None:
         if isinstance(m, msg.FramesReady):
             frames = [FrameOut(f.session_id, f.frame_index, inc.ring.read(f), f.present_at_s, f.action_seq, f.epoch,
-                               f.timings_ms) for f in m.frames]
+                               f.timings_ms, f.chunk) for f in m.frames]
             ipc_ms = (time.monotonic() - m.sent_s) * 1e3  # pipe + copy out of the ring, this batch of frames
             for f in frames:
                 f.timings_ms["ipc"] = ipc_ms

@@ -128,7 +128,7 @@ class EngineProcessCore:
                 self._emit(cmsg.SessionFailed(f.session_id, str(e)))
                 continue
             metas.append(FrameMeta(f.session_id, f.frame_index, idx, tuple(f.image.shape),  # type: ignore[arg-type]
-                                   f.present_at_s, f.action_seq, f.epoch, f.timings_ms))
+                                   f.present_at_s, f.action_seq, f.epoch, f.timings_ms, f.chunk))
         if metas:
             self.out.send(msg.FramesReady(metas, time.monotonic()))
 

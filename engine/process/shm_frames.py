@@ -33,6 +33,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from worldcast.engine.errors import ShmFrameRingFull
+from worldcast.engine.step_output import ChunkRecord
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class FrameMeta:
         action_seq: seq of the last action applied (-1: none).
         epoch: flush epoch it was generated under.
         timings_ms: server stage times (queue, denoise, decode), ms.
+        chunk: what made its chunk, on a chunk's first frame (`FrameOut.chunk`).
     """
 
     session_id: str
@@ -63,6 +65,7 @@ class FrameMeta:
     action_seq: int
     epoch: int
     timings_ms: dict[str, float] = field(default_factory=dict)
+    chunk: ChunkRecord | None = None
 
 
 class ShmFrameRing:

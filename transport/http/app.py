@@ -43,6 +43,7 @@ from worldcast.engine.memory import freeze_startup_objects
 from worldcast.models.base import WorldModel
 from worldcast.sessions.errors import CapacityExhausted, SessionError, SpectatorRefused
 from worldcast.sessions.manager import SessionManager
+from worldcast.sessions.recording import Recordings
 from worldcast.sessions.session import Session
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
@@ -50,7 +51,7 @@ from worldcast.transport.http.body import BodyPolicy, RoutePolicy
 from worldcast.transport.http.engine_api import build_engines
 from worldcast.transport.http.metrics import Metrics
 from worldcast.transport.http.model_api import MAX_BODY_BYTES, create_body_limit
-from worldcast.transport.http.routes import admin, health, sessions, streams, viewers, webrtc, whep
+from worldcast.transport.http.routes import admin, health, recordings, sessions, streams, viewers, webrtc, whep
 from worldcast.transport.http.routes.deps import printable
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.memory import HeapTrimmer, configure_malloc
@@ -88,8 +89,11 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         quiet_closed_transport_errors(asyncio.get_running_loop())
         configure_malloc(config.memory)  # before the model, the worker and the codecs allocate
         m = model if model is not None else config.load_model()
+        store = None if config.recordings is None else Recordings(
+            config.recordings, identity={"model": config.model,
+                                         "weights": None if config.weights is None else str(config.weights)})
         manager = SessionManager(m, engine_config=config.engine, config=config.sessions,
-                                 engines=build_engines(config, m))
+                                 engines=build_engines(config, m), recordings=store)
         trimmer = None
         if config.memory.trim_after_close_s is not None:  # give a peak's freed heap back once closes settle
             trimmer = HeapTrimmer(config.memory.trim_after_close_s)
@@ -183,8 +187,8 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         loc = ".".join(first["loc"])
         return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=422)
 
-    for r in (sessions.router, viewers.router, webrtc.router, whep.router, streams.router, admin.router,
-              health.router):
+    for r in (sessions.router, viewers.router, webrtc.router, whep.router, streams.router, recordings.router,
+              admin.router, health.router):
         app.include_router(r)
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():

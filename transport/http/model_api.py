@@ -44,7 +44,7 @@ from worldcast.transport.schemas import (
 #: Largest non-image body, bytes (an SDP offer is the largest legitimate one).
 MAX_BODY_BYTES = 256 * 1024
 #: Form fields of a multipart create (the image is the file part `image`).
-_FORM_FIELDS = ("prompt", "seed", "stamp_frames", "mode", "transport", "room")
+_FORM_FIELDS = ("prompt", "seed", "stamp_frames", "record", "mode", "transport", "room")
 
 
 def action_space_info(a: ActionSpace) -> ActionSpaceInfo:
@@ -117,14 +117,14 @@ def _validation_error(e: ValidationError) -> RequestValidationError:
 
 
 def _form_value(name: str, value: str) -> Any:
-    """A multipart text field as the JSON value it stands for (seed an integer, stamp_frames a boolean);
+    """A multipart text field as the JSON value it stands for (seed an integer, stamp_frames and record booleans);
     a value that is not one is passed on as text, for the schema to refuse by name."""
     if name == "seed":
         v = value.strip()
         if 0 < len(v) <= 12 and v.isascii() and (v[1:] if v[:1] == "-" else v).isdigit():
             return int(v)
         return value
-    if name == "stamp_frames":
+    if name in ("stamp_frames", "record"):
         return {"true": True, "false": False, "1": True, "0": False}.get(value.strip().lower(), value)
     return value
 

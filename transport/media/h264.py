@@ -18,8 +18,10 @@ no init segment carries them, as in LiveKit; the fMP4 stream carries them once i
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
 import av
+import numpy as np
 
 #: Seconds between IDR pictures nobody asked for.
 KEYFRAME_INTERVAL_S = 1.0
@@ -69,3 +71,27 @@ def configure(cc: av.video.codeccontext.VideoCodecContext, *, width: int, height
         params.append("repeat-headers=1")
     options["x264-params"] = ":".join(params)
     cc.options = options
+
+
+def write_film(path: str | Path, frames: list[np.ndarray], *, fps: float, crf: int = 18) -> None:
+    """Write uint8 (H, W, 3) RGB frames as an MP4 film (this configuration at constant quality `crf`; a film of
+    `worldcast replay`, not a realtime stream).
+
+    Raises:
+        ValueError: no frames, or frames of different sizes.
+    """
+    if not frames:
+        raise ValueError("a film needs at least one frame")
+    h, w = frames[0].shape[:2]
+    with av.open(str(path), "w", format="mp4") as out:
+        st = out.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        configure(st.codec_context, width=w + w % 2, height=h + h % 2, fps=fps, crf=crf)
+        for img in frames:
+            if img.shape[:2] != (h, w):
+                raise ValueError(f"a film's frames share one size: {img.shape[:2]} after {(h, w)}")
+            if w % 2 or h % 2:
+                img = np.pad(img, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+            for packet in st.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")):
+                out.mux(packet)
+        for packet in st.encode():
+            out.mux(packet)

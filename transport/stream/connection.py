@@ -55,11 +55,11 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from worldcast.sessions.access import Access, authorize, count_spectators
 from worldcast.sessions.directing import Segment, SegmentEnd
 from worldcast.sessions.errors import SessionError, SpectatorRefused
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState
-from worldcast.sessions.access import Access, authorize, count_spectators
 from worldcast.sessions.viewers import Spectator, ViewerConfig
 from worldcast.transport.connection import Connection
 from worldcast.transport.errors import FORBIDDEN, RpcError

@@ -29,9 +29,9 @@ from typing import Any
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
+from worldcast.sessions.access import Access, count_spectators
 from worldcast.sessions.errors import SessionClosedError
 from worldcast.sessions.session import Session, SessionState
-from worldcast.sessions.access import Access, count_spectators
 from worldcast.sessions.viewers import Spectator, ViewerConfig
 from worldcast.transport.connection import retrieve
 from worldcast.transport.webrtc.ice import close_peer_connection

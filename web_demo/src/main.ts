@@ -31,6 +31,10 @@ const transportSel = $<HTMLSelectElement>("transport");
 const roomInput = $<HTMLInputElement>("room");
 const imageInput = $<HTMLInputElement>("image");
 const keysHelp = $<HTMLElement>("keys-help");
+const recordBox = $<HTMLInputElement>("record");
+const downloadLink = $<HTMLAnchorElement>("download");
+/** The last recorded session's id and token: its log stays downloadable after it closes (the retention time). */
+let recorded: { id: string; token: string } | null = null;
 const rpcButtons = (["flush", "cancel", "pause", "resume"] as const).map((m) => [m, $<HTMLButtonElement>(m)] as const);
 
 const stats = new StatsTracker();
@@ -195,12 +199,15 @@ async function connect(): Promise<void> {
   };
   try {
     const start: StartRequest = {};
+    if (recordBox.checked) start.record = true;
     const prompt = promptInput.value.trim();
     if (prompt && !promptInput.hidden) start.prompt = prompt;
     const image = await readImage();
     if (image) start.image = image;
     const session = await c.connect(start);
     client = c;
+    sessionToken = session.token;
+    if (start.record) showDownload(session.session_id);
     applyModel(session.model);
     stats.s.sessionId = session.session_id;
     if (stats.s.state === "connecting") stats.s.state = "active";
@@ -253,6 +260,46 @@ async function setPrompt(): Promise<void> {
     say((e as Error).message);
   }
 }
+
+// -- recording --------------------------------------------------------------------------------------
+
+let sessionToken = "";
+
+function showDownload(sessionId: string): void {
+  recorded = { id: sessionId, token: sessionToken };
+  downloadLink.hidden = false;
+}
+
+/** Record from now (record_start: a log that is not replayable) or stop, while connected. */
+recordBox.onchange = () => {
+  if (!client) return;
+  const on = recordBox.checked;
+  client.rpc(on ? "record_start" : "record_stop").then(() => {
+    if (on && stats.s.sessionId) showDownload(stats.s.sessionId);
+    say(on ? "recording (from now: not replayable; record from Connect for that)" : "recording stopped");
+  }).catch((e: unknown) => {
+    recordBox.checked = !on;
+    say((e as Error).message);
+  });
+};
+
+/** The log needs the session's token (an Authorization header), so it is fetched and handed over as a file. */
+downloadLink.onclick = (ev) => {
+  ev.preventDefault();
+  if (!recorded) return;
+  const { id, token } = recorded;
+  fetch(`/v1/sessions/${id}/recording/events`, { headers: { Authorization: `Bearer ${token}` } })
+    .then(async (r) => {
+      if (!r.ok) throw new Error(`recording: ${r.status}`);
+      const url = URL.createObjectURL(await r.blob());
+      const a = document.createElement("a");
+      a.href = url;
+      a.download = `${id}.events.jsonl`;
+      a.click();
+      setTimeout(() => URL.revokeObjectURL(url), 10_000);
+    })
+    .catch((e: unknown) => say((e as Error).message));
+};
 
 connectBtn.onclick = () => void (client ? disconnect() : connect());
 // ?transport=livekit&room=NAME preselects the LiveKit mode

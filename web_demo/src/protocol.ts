@@ -54,6 +54,7 @@ export interface ModelInfo {
 
 /** What a session starts from: a prompt and/or a starting image (base64 data URL). */
 export interface StartRequest {
+  record?: boolean; // record from the first frame (docs/recordings.md)
   prompt?: string;
   image?: string; // data:image/png;base64,... (models whose conditioning takes an image)
 }
@@ -65,6 +66,7 @@ export interface CreateSessionRequest {
   seed?: number; // 0..2^31-1
   transport?: "webrtc" | "livekit"; // livekit: the server joins `room` as the session's world
   room?: string; // LiveKit room (transport livekit only)
+  record?: boolean; // record from the first frame: GET /v1/sessions/{id}/recording/events
 }
 
 /** How the user joins a LiveKit session (schemas.LiveKitAccess). */
@@ -107,7 +109,8 @@ export interface ActionMessage {
 
 // -- control channel: RPCs ----------------------------------------------------------------------
 
-export type RpcMethod = "flush" | "cancel" | "set_prompt" | "pause" | "resume" | "get_state";
+export type RpcMethod = "flush" | "cancel" | "set_prompt" | "pause" | "resume" | "get_state" | "record_start" |
+  "record_stop";
 
 export interface RpcRequest {
   id: number;

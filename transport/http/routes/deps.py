@@ -8,9 +8,9 @@ from typing import Annotated
 
 from fastapi import Header, HTTPException, Request
 
+from worldcast.sessions.access import Access, authorize
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session
-from worldcast.sessions.access import Access, authorize
 
 #: What an unknown id and a token that does not open the session both answer (the same for both).
 NOT_FOUND_DETAIL = "no such session for this token"

@@ -55,7 +55,7 @@ async def create_session(
         raise HTTPException(400, "transport 'livekit' needs a LiveKit server: start with --livekit-url "
                                  "(or LIVEKIT_URL), --livekit-api-key and --livekit-api-secret")
     s = await manager.create(prompt=body.prompt, image=image, seed=body.seed, stamp_frames=body.stamp_frames,
-                             mode=body.mode)
+                             mode=body.mode, record=body.record)
     livekit = None
     try:  # whatever fails from here on (or a client gone mid-request), nothing stays allocated
         if body.transport == "livekit":

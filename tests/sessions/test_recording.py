@@ -1,0 +1,238 @@
+"""Recordings: a session recorded through the real server (HTTP, the fMP4 stream, the engine thread) is generated
+again frame for frame by `replay` from its event log; a log that is cut, reordered, edited or of other weights is
+refused or reported by line; the recording never takes the session down."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import _serve, server_config
+from worldcast.sessions.recording import FORMAT, EventLog, RecordingError, read_log, repair_log
+from worldcast.sessions.replay import replay
+from worldcast.transport.clients.stream import StreamClient
+
+
+async def _record_a_session(url: str) -> tuple[str, str]:
+    """A session made with "record": true and driven for a while: keys, a gamepad axis, a prompt, a flush, a pause
+    (an idle gap) and a resume, then closed. Returns its id and token."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        r = await http.post("/v1/sessions", json={"record": True, "seed": 11, "prompt": "a green meadow"})
+        assert r.status_code == 201, r.text
+        sid, token = r.json()["session_id"], r.json()["token"]
+        auth = {"Authorization": f"Bearer {token}"}
+        c = await StreamClient.attach(url, sid, token, model=r.json()["model"])
+        try:
+            for i in range(12):
+                await c.send_action(keys=["d"] if i < 8 else ["s", "shift"], axes={"look_x": 0.5} if i % 3 else None)
+                await c.next_frame()
+            assert (await http.post(f"/v1/sessions/{sid}/rpc", headers=auth,
+                                    json={"id": 1, "method": "set_prompt", "params": {"prompt": "molten lava"}})
+                    ).status_code == 200
+            assert (await http.post(f"/v1/sessions/{sid}/rpc", headers=auth, json={"id": 2, "method": "flush"})
+                    ).status_code == 200
+            for _ in range(6):
+                await c.send_action(keys=["w"])
+                await c.next_frame()
+            await c.rpc("pause")
+            await c.rpc("resume")
+            for _ in range(4):
+                await c.next_frame()
+        finally:
+            await c.aclose(delete=False)
+        # the log is the session's to read while it lives: not a stranger's
+        assert (await http.get(f"/v1/sessions/{sid}/recording/events")).status_code == 401
+        assert (await http.get(f"/v1/sessions/{sid}/recording/events",
+                               headers={"Authorization": "Bearer nope"})).status_code == 404
+        assert (await http.delete(f"/v1/sessions/{sid}", headers=auth)).status_code == 204
+        r = await http.get(f"/v1/sessions/{sid}/recording/events", headers=auth)  # and after it closed
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/jsonl")
+        lines = [json.loads(x) for x in r.text.splitlines()]
+        assert lines[0]["type"] == "header" and lines[-1] == {"type": "end", "t": lines[-1]["t"], "reason": "client"}
+    return sid, token
+
+
+@pytest.fixture(scope="module")
+def recorded(model, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    """The folder of one session recorded through a real server (closed before the tests replay it, so nothing
+    else runs on the model meanwhile)."""
+    cfg = server_config()
+    serving = _serve(cfg, model)
+    server = next(serving)
+    try:
+        sid, _ = asyncio.run(_record_a_session(server.url))
+    finally:
+        serving.close()
+    assert cfg.recordings is not None
+    keep = tmp_path_factory.mktemp("recording") / sid
+    shutil.copytree(cfg.recordings.directory / sid, keep)
+    return keep
+
+
+def test_the_log_says_what_happened(recorded: Path) -> None:
+    events = list(read_log(recorded / "events.jsonl"))
+    kinds = [e.type for e in events]
+    header = events[0].fields
+    assert header["format"] == FORMAT and header["from_start"] and header["seed"] == 11
+    assert header["prompt"] == "a green meadow" and len(header["weights_sha256"]) == 64
+    for k in ("action", "prompt", "flush", "pause", "resume", "chunk", "frame", "applied", "end"):
+        assert k in kinds, k
+    actions = [e.fields for e in events if e.type == "action"]
+    assert actions[0]["keys"] == ["d"] and any(a["axes"] == {"look_x": 0.5} for a in actions)
+    frames = [e.fields for e in events if e.type == "frame"]
+    assert [f["index"] for f in frames] == list(range(len(frames))), "every frame the engine made, in order"
+    delivered = [f for f in frames if f["outcome"] == "delivered"]
+    assert all(b["pts"] > a["pts"] for a, b in zip(delivered, delivered[1:], strict=False))
+    prompt = next(e for e in events if e.type == "prompt")
+    assert prompt.fields == {"t": prompt.fields["t"], "text": "molten lava", "context_version": 1}
+
+
+def test_replay_makes_every_frame_again_exactly(recorded: Path, model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    report = replay(recorded / "events.jsonl", model=model, frames_dir=tmp_path / "frames",
+                    export_dir=tmp_path / "export")
+    frames = [e for e in read_log(recorded / "events.jsonl") if e.type == "frame"]
+    assert report.frames == len(frames) and report.mismatched == [] and report.exact, report
+    assert report.differences == []
+    assert len(list((tmp_path / "frames").glob("frame_*.png"))) == report.frames
+    acts = np.load(tmp_path / "export" / "actions.npy")
+    assert acts.shape == (report.frames, model.spec.actions.dim) and acts[:, 3].any(), "d was held"
+
+
+def _rewrite(src: Path, dst: Path, edit) -> Path:  # type: ignore[no-untyped-def]
+    shutil.copytree(src, dst)
+    lines = (src / "events.jsonl").read_text().splitlines(keepends=True)
+    (dst / "events.jsonl").write_text("".join(edit(lines)))
+    return dst / "events.jsonl"
+
+
+def test_a_cut_reordered_or_foreign_log_is_refused_by_line(recorded: Path, model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cut = _rewrite(recorded, tmp_path / "cut", lambda ls: [*ls[:-1], ls[-1][:10]])
+    with pytest.raises(RecordingError, match=r"line \d+: truncated"):
+        replay(cut, model=model)
+
+    def swap_chunks(ls: list[str]) -> list[str]:
+        idx = [i for i, x in enumerate(ls) if '"type":"chunk"' in x][1:3]
+        ls = list(ls)
+        a, b = json.loads(ls[idx[0]]), json.loads(ls[idx[1]])
+        a["t"], b["t"] = b["t"], a["t"]  # keep time in order: only the chunks' order is wrong
+        ls[idx[0]], ls[idx[1]] = json.dumps(b) + "\n", json.dumps(a) + "\n"
+        return ls
+    reordered = _rewrite(recorded, tmp_path / "reordered", swap_chunks)
+    with pytest.raises(RecordingError, match=r"line \d+: chunk of latent frame \d+ out of order"):
+        replay(reordered, model=model)
+
+    def late_start(ls: list[str]) -> list[str]:
+        h = json.loads(ls[0])
+        h["from_start"] = False
+        return [json.dumps(h) + "\n", *ls[1:]]
+    with pytest.raises(RecordingError, match="line 1: this recording began after its session started"):
+        replay(_rewrite(recorded, tmp_path / "late", late_start), model=model)
+    with pytest.raises(RecordingError, match="line 3: unknown event type 'teleport'"):
+        replay(_rewrite(recorded, tmp_path / "unknown", lambda ls: [*ls[:2], '{"type":"teleport","t":1}\n', *ls[2:]]),
+               model=model)
+
+
+def test_an_edited_action_or_other_weights_are_reported_frame_by_frame(recorded: Path, model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def edit_actions(ls: list[str]) -> list[str]:
+        out, done = [], False
+        for x in ls:
+            e = json.loads(x)
+            if e["type"] == "chunk" and e["actions"] is not None and not done and e["first_latent"] > 2:
+                e["actions"] = [[1.0 - v if j < 4 else v for j, v in enumerate(row)] for row in e["actions"]]
+                done = True
+            if e["type"] == "header":
+                e["weights_sha256"] = "0" * 64
+            out.append(json.dumps(e) + "\n")
+        return out
+    report = replay(_rewrite(recorded, tmp_path / "edited", edit_actions), model=model)
+    assert not report.exact and report.mismatched and report.identical > 0, report
+    assert any("weights" in d for d in report.differences)
+
+
+def test_the_size_cap_stops_the_recording_not_the_session(tmp_path: Path) -> None:
+    stopped: list[str] = []
+    log = EventLog(tmp_path / "events.jsonl", {"model": "m", "seed": 0, "from_start": True}, max_bytes=400)
+    log.on_stop = stopped.append
+    n = 0
+    while log.write("pause"):
+        n += 1
+    assert stopped and "size cap of 400 bytes" in stopped[0] and log.stopped == stopped[0]
+    assert not log.write("resume"), "nothing is written after it stopped"
+    assert (tmp_path / "events.jsonl").stat().st_size <= 400 and n > 3
+    assert [e.type for e in read_log(tmp_path / "events.jsonl")] == ["header"] + ["pause"] * n
+
+
+def test_a_log_a_killed_server_left_is_repaired_once(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "events.jsonl", {"model": "m", "seed": 0, "from_start": True}, max_bytes=10_000)
+    log.write("pause")
+    log._file.flush()  # type: ignore[union-attr]  # as far as a killed server got
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"type":"resu')
+    assert repair_log(tmp_path / "events.jsonl")
+    assert [e.type for e in read_log(tmp_path / "events.jsonl")] == ["header", "pause", "end"]
+    assert not repair_log(tmp_path / "events.jsonl"), "a log that ends is left alone"
+
+
+async def _rpcs_and_refusals(url: str, rec_dir: Path) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        r = await http.post("/v1/sessions", json={"seed": 1})
+        sid, token, model = r.json()["session_id"], r.json()["token"], r.json()["model"]
+        auth = {"Authorization": f"Bearer {token}"}
+        c = await StreamClient.attach(url, sid, token, model=model)
+        try:
+            assert (await c.rpc("record_start")) == {
+                "recording": True, "replayable": False, "events": f"/v1/sessions/{sid}/recording/events"}
+            with pytest.raises(Exception, match="already recording"):
+                await c.rpc("record_start")
+            # a viewer of the session cannot read its recording
+            v = (await http.post(f"/v1/sessions/{sid}/viewers", headers=auth)).json()
+            assert (await http.get(f"/v1/sessions/{sid}/recording/events",
+                                   headers={"Authorization": f"Bearer {v['viewer_token']}"})).status_code == 404
+            # the size cap (4 KiB here) stops the recording, not the session: its client is told, frames go on
+            for _ in range(40):
+                await c.send_action(keys=["d"])
+                await c.next_frame()
+            ev = await c.wait_event(lambda e: e.get("event") == "error" and e.get("code") == "recording_stopped",
+                                    timeout_s=30, past=True)
+            assert "size cap of 4096 bytes" in ev["message"]
+            n = (await c.next_frame()).frame_index
+            assert (await c.next_frame()).frame_index > n
+            assert (await c.rpc("record_stop")) == {"stopped": False}
+            lines = (await http.get(f"/v1/sessions/{sid}/recording/events", headers=auth)).text.splitlines()
+            assert json.loads(lines[0])["from_start"] is False and len("".join(lines)) <= 4096
+            # the quota (one recording's cap) is taken by the kept one: the next is refused, with the reason
+            r = await http.post("/v1/sessions", json={"record": True})
+            assert r.status_code == 409 and "quota is full" in r.json()["detail"], r.text
+        finally:
+            await c.aclose()
+
+
+def test_record_rpcs_the_size_cap_the_quota_and_a_viewer(model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from worldcast.sessions.recording import RecordingConfig
+
+    cfg = server_config(recordings=RecordingConfig(tmp_path / "rec", max_session_bytes=4096, max_total_bytes=4096))
+    serving = _serve(cfg, model)
+    server = next(serving)
+    try:
+        asyncio.run(_rpcs_and_refusals(server.url, tmp_path / "rec"))
+        assert len(server.manager.sessions) == 0
+    finally:
+        serving.close()
+
+
+def test_a_server_without_recordings_refuses_record_and_keeps_nothing(model) -> None:  # type: ignore[no-untyped-def]
+    serving = _serve(server_config(recordings=None), model)
+    server = next(serving)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            r = http.post("/v1/sessions", json={"record": True})
+            assert r.status_code == 409 and "does not record" in r.json()["detail"]
+            assert server.manager.sessions == {}
+    finally:
+        serving.close()
