@@ -113,6 +113,7 @@ class EngineHandle(abc.ABC):
         self._versions: dict[str, int] = {}  #: context version last sent per session
         self._requests = itertools.count(1)
         self._exports: dict[int, asyncio.Future[bytes]] = {}
+        self._captures: set[int] = set()  #: export requests that keep the session here (`capture_session`)
         self._restored: dict[str, asyncio.Future[bytes | None]] = {}
 
     def __repr__(self) -> str:
@@ -329,6 +330,26 @@ class EngineHandle(abc.ABC):
         self._forget(session_id)
         return blob
 
+    async def capture_session(self, session_id: str) -> bytes:
+        """Capture the session's whole state at its next chunk boundary and keep serving it here (a snapshot:
+        `sessions/snapshots.py`). The session generates on without a pause beyond the capture itself.
+
+        Raises:
+            EngineUnavailable: the engine is not ready, stalled or went away first.
+            KeyError: no such session here.
+        """
+        if self.state != "ready":
+            raise EngineUnavailable(f"engine {self.id} is {self.state}")
+        rid = next(self._requests)
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._exports[rid] = fut
+        self._captures.add(rid)
+        self._send(msg.ExportSession(rid, session_id, detach=False))
+        try:
+            return await fut
+        finally:
+            self._captures.discard(rid)
+
     async def import_session(self, session_id: str, state: ConditionerState, *, seed: int, blob: bytes,
                              verify: bool = False) -> bytes | None:
         """Serve a session moved here from another engine, from its state bytes (its inputs are the bytes'
@@ -371,8 +392,10 @@ class EngineHandle(abc.ABC):
 
     def _settle_export(self, request_id: int, session_id: str, state: bytes | None, error: str | None) -> None:
         fut = self._exports.pop(request_id, None)
+        kept = request_id in self._captures  # a snapshot's capture: the session never left
+        self._captures.discard(request_id)
         if fut is None or fut.done():
-            if state is not None and session_id in self.session_ids:
+            if state is not None and not kept and session_id in self.session_ids:
                 # its caller gave up (the engine stalled) and the session stayed here: the core detached it when
                 # it came back, so it takes its own state back in place
                 logger.warning("Engine(%d): Session(%s) exported after its mover gave up; restoring it here",

@@ -164,6 +164,26 @@ def parse(blob: bytes, spec: WorldModelSpec | None = None) -> CapturedSession:
     return CapturedSession(header, parts)
 
 
+def rebase(blob: bytes, now_s: float) -> bytes:
+    """The same state with its schedule moved in time so that its next chunk may start at `now_s` (s,
+    CLOCK_MONOTONIC), its deadline as far after that as it was after its start: what a snapshot restored later
+    (`sessions/snapshots.py`) needs, where a move keeps the times it had.
+
+    Raises:
+        SessionStateError: not a session state of this version.
+    """
+    captured = parse(blob)
+    header = dict(captured.header)
+    sched = dict(header["schedule"])
+    shift = now_s - sched["start_at_s"]
+    sched["start_at_s"] = now_s
+    sched["deadline_s"] = sched["deadline_s"] + shift
+    header["schedule"] = sched
+    old = _PREFIX.size + _PREFIX.unpack_from(blob)[2]
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    return _PREFIX.pack(MAGIC, VERSION, len(head)) + head + blob[old:]
+
+
 def restore(r: ChunkRollout, captured: CapturedSession) -> None:
     """Write a captured state into `r` (its slot allocated, blank) and its rollout counters (device thread).
 

@@ -212,10 +212,12 @@ class SessionInputs:
         space: the model's action space (`spec.actions`).
         context: the session's encoded conditioning ({name: array}, `spec.conditioning.tensors`).
         clock: monotonic clock, s (each push's arrival time).
+        context_version: the conditioning's version to start from (0; a session restored from a snapshot starts
+            from the version its engine state holds, so its caches are not rebuilt).
     """
 
     def __init__(self, session_id: str, *, space: ActionSpace, context: Conditioning,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], context_version: int = 0) -> None:
         self.session_id = session_id
         self.clock = clock
         self.actions = ActionGate(space)
@@ -224,7 +226,7 @@ class SessionInputs:
         #: where changes go (None: nowhere yet; `SessionManager` sets it once the engine has the session)
         self.link: EngineLink | None = None
         self._context = context
-        self._context_version = 0  #: bumped on every conditioning change (models with a prompt cache re-cache)
+        self._context_version = context_version  #: bumped on every change (models with a prompt cache re-cache)
         self._epoch = 0
         self._active = False
         self._paused = False

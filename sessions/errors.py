@@ -88,3 +88,13 @@ class RecordingRefused(SessionError):
 
 class RecordingNotFound(SessionError):
     """No recording of that session for that token (never made, deleted, or past its retention). Answered 404."""
+
+
+class SnapshotRefused(SessionError):
+    """A snapshot cannot be taken or used: the store is full, the server keeps none, it is of another format,
+    model or weights, or its files are cut or edited (the message says which); nothing is half restored.
+    Answered 409."""
+
+
+class SnapshotNotFound(SessionError):
+    """No snapshot of that id for that token (never made, deleted). Answered 404."""

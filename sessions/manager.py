@@ -32,15 +32,17 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
+from worldcast.engine import session_state
 from worldcast.engine.admission import AdmissionConfig, AdmissionDecision, DutyCyclePrior, SessionLoad
 from worldcast.engine.conditioner import ConditionerState, InputDelta
 from worldcast.engine.device_worker import EngineConfig
 from worldcast.engine.engine_handle import EngineHandle
-from worldcast.engine.errors import EngineUnavailable, StatePoolExhausted
+from worldcast.engine.errors import EngineUnavailable, SessionStateError, StatePoolExhausted
 from worldcast.engine.local_engine import LocalEngine
 from worldcast.engine.step_output import FrameOut
 from worldcast.engine.tuning.packages import machine_kind
@@ -54,10 +56,12 @@ from worldcast.sessions.errors import (
     InvalidConditioning,
     RecordingRefused,
     SessionNotFound,
+    SnapshotRefused,
 )
 from worldcast.sessions.placement import Placement, place
-from worldcast.sessions.recording import EventLog, Recordings
+from worldcast.sessions.recording import EventLog, Recordings, weights_digest
 from worldcast.sessions.session import CloseReason, Session, SessionMode, SessionState
+from worldcast.sessions.snapshots import Snapshot, SnapshotStore
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +102,7 @@ class SessionManager:
         engines: the engine cores (None: one `LocalEngine` on `model`'s device). Engines in other
             processes keep time on CLOCK_MONOTONIC, so `clock` must then be `time.monotonic`.
         recordings: where sessions are recorded (`sessions/recording.py`; None: recording is refused).
+        snapshots: where snapshots are kept (`sessions/snapshots.py`; None: snapshots are refused).
     """
 
     def __init__(
@@ -109,9 +114,12 @@ class SessionManager:
         clock: Callable[[], float] = time.monotonic,
         engines: Sequence[EngineHandle] | None = None,
         recordings: Recordings | None = None,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
         self.model = model
         self.recordings = recordings
+        self.snapshots = snapshots
+        self._weights_sha256: str | None = None
         self.config = config
         self.clock = clock
         self.sessions: dict[str, Session] = {}
@@ -229,6 +237,7 @@ class SessionManager:
     async def create(
         self, *, prompt: str | None = None, image: np.ndarray | None = None, seed: int | None = None,
         stamp_frames: bool = False, mode: SessionMode = "interactive", record: bool = False,
+        snapshot: Snapshot | None = None,
     ) -> Session:
         """Open a session on the engine with the most headroom; its initial frame is generated at once.
 
@@ -240,6 +249,8 @@ class SessionManager:
             mode: "directing" sessions wait for their first direction (paused) and keep their
                 segments in the directing layer above it (`sessions/directing.py`, `director_of`).
             record: record it from its first frame (`sessions/recording.py`; replayable).
+            snapshot: start it from this snapshot (`sessions/snapshots.py`): its prompt, image, seed and engine
+                state; its first frame is the one the snapshotted session made next given the same inputs.
 
         Raises:
             InvalidConditioning: the prompt, image or mode is refused (checked before admission:
@@ -247,8 +258,19 @@ class SessionManager:
             CapacityExhausted: too many sessions, no engine with room or a free state slot (retry later).
             RecordingRefused: `record` asked of a server that does not record, or one whose quota is full
                 (nothing is allocated).
+            SnapshotRefused: the snapshot's state does not fit this server's model, or its restore failed (the
+                session is closed: nothing is half restored).
         """
         request = ConditioningRequest(text=prompt or None, image=image)
+        context_version = 0
+        if snapshot is not None:
+            try:
+                held = session_state.parse(snapshot.state, self.model.spec).conditioner
+            except SessionStateError as e:
+                raise SnapshotRefused(f"snapshot {snapshot.snapshot_id}: {e}") from None
+            request = ConditioningRequest(text=snapshot.meta.get("prompt"), image=snapshot.image)
+            seed, mode = int(snapshot.meta["seed"]), "interactive"
+            context_version = 0 if held is None else held.context_version
         if record:
             await self._ready_to_record()
         self.check_conditioning(request, mode=mode)
@@ -279,10 +301,14 @@ class SessionManager:
             stamp_frames=stamp_frames,
             mode=mode,
             send_ahead_s=self.config.send_ahead_frames * float(self.model.spec.frame_period),
+            context_version=context_version,
         )
         session.frames.on_outcome = self._frame_outcome
         if record:
-            self._record(session, engine, from_start=True)
+            self._record(session, engine, from_start=snapshot is None,
+                         snapshot=None if snapshot is None else snapshot.snapshot_id)
+        if snapshot is not None:
+            return await self._restore(session, engine, snapshot)
         if mode == "directing":
             DirectingSession(session)  # the layer above it (`director_of(session)`), gating its frames
             session.pause()  # nothing to generate until the first direction
@@ -291,6 +317,9 @@ class SessionManager:
         except (StatePoolExhausted, EngineUnavailable) as e:
             self._unrecord(session)
             raise CapacityExhausted(str(e), retry_after_s=self.next_release_in_s()) from e
+        except BaseException:
+            self._unrecord(session)
+            raise
         self.sessions[sid] = session
         session.inputs.attach(_Link(self, sid))
         session.recorder = lambda: self.start_recording(sid)
@@ -299,27 +328,90 @@ class SessionManager:
                     session.seed)
         return session
 
+    # -- snapshots --------------------------------------------------------------------------------------------
+
+    async def _restore(self, session: Session, engine: EngineHandle, snapshot: Snapshot) -> Session:
+        """`create`'s end for a session started from a snapshot: registered first (its frames may come at once),
+        then its engine state restored on `engine` with its schedule moved to now; on failure it is closed."""
+        sid = session.id
+        self.sessions[sid] = session
+        session.inputs.attach(_Link(self, sid))
+        session.recorder = lambda: self.start_recording(sid)
+        try:
+            await engine.import_session(sid, session.inputs.engine_state(), seed=session.seed,
+                                        blob=session_state.rebase(snapshot.state, self.clock()))
+        except (StatePoolExhausted, EngineUnavailable, SessionStateError) as e:
+            self.close(sid, CloseReason.ERROR, detail=f"restoring snapshot {snapshot.snapshot_id} failed: {e}")
+            if isinstance(e, StatePoolExhausted):
+                raise CapacityExhausted(str(e), retry_after_s=self.next_release_in_s()) from e
+            raise SnapshotRefused(f"snapshot {snapshot.snapshot_id} could not be restored: {e}") from e
+        session.inputs.resend()  # the server's epoch, wants and conditioning, whole
+        # (the keys and axes held at the snapshot stay held: the world goes on as it was, until a client connects
+        # and starts its own inputs afresh)
+        logger.info("Session(%s): started from snapshot %s on engine %d", sid, snapshot.snapshot_id, engine.id)
+        return session
+
+    async def snapshot(self, session_id: str) -> dict[str, Any]:
+        """Keep the session's world as a snapshot, captured at its next chunk boundary (it generates on).
+
+        Returns:
+            the snapshot's meta (`snapshot_id`, `state_bytes`, `created_at`, ...).
+
+        Raises:
+            SessionNotFound: no such open session.
+            SnapshotRefused: no snapshots here, a directing session, between engines, the engine could not
+                capture it, or the store is full.
+        """
+        s = self.get(session_id)
+        if self.snapshots is None:
+            raise SnapshotRefused("this server keeps no snapshots (start it with --snapshots-dir)")
+        if s.mode != "interactive":
+            raise SnapshotRefused("snapshots of directing sessions are not supported yet")
+        digest = await self.weights_sha256()
+        engine = self.engine_of(session_id)
+        if engine is None:
+            raise SnapshotRefused(f"session {session_id} is between engines; try again in a moment")
+        try:
+            blob = await engine.capture_session(session_id)
+        except (EngineUnavailable, KeyError) as e:
+            raise SnapshotRefused(f"session {session_id} could not be captured: {e}") from None
+        next_frame = self.model.spec.pixel_start(session_state.parse(blob).header["next_latent"])
+        return self.snapshots.save(s, blob, weights_sha256=digest, next_frame=next_frame)
+
     # -- recordings ------------------------------------------------------------------------------------------
+
+    async def weights_sha256(self) -> str:
+        """sha256 of the served weights (`recording.weights_digest`; computed once, off the event loop): what
+        recordings and snapshots are checked against."""
+        if self._weights_sha256 is None:
+            self._weights_sha256 = await asyncio.get_running_loop().run_in_executor(None, weights_digest, self.model)
+        return self._weights_sha256
 
     async def _ready_to_record(self) -> None:
         """Refuse at once where nothing can be recorded; compute the weights' digest (once, off the loop)."""
         if self.recordings is None:
             raise RecordingRefused("this server does not record sessions (start it with --recordings-dir)")
-        await asyncio.get_running_loop().run_in_executor(None, self.recordings.weights_digest, self.model)
+        await self.weights_sha256()
 
-    def _record(self, session: Session, engine: EngineHandle, *, from_start: bool) -> EventLog:
-        assert self.recordings is not None
+    def _record(self, session: Session, engine: EngineHandle, *, from_start: bool,
+                snapshot: str | None = None) -> EventLog:
+        assert self.recordings is not None and self._weights_sha256 is not None
         report = engine.snapshot.warmup
         served = None if report is None else {"dtype": report.precision.dtype,
                                               "compiled_buckets": list(report.compiled_buckets),
                                               "package_buckets": list(report.package_buckets)}
         log = self.recordings.start(session, served=served, device=machine_kind(torch.device(engine.device)),
-                                    from_start=from_start)
-        session.start_recording(log)
+                                    from_start=from_start, weights_sha256=self._weights_sha256, snapshot=snapshot)
+        try:
+            session.start_recording(log)
+        except BaseException:  # closed meanwhile: the log must not stay open
+            log.close("the session closed before its recording began")
+            raise
         return log
 
     def _unrecord(self, session: Session) -> None:
-        session.stop_recording("the session could not start")
+        if session.stop_recording("the session could not start") is not None and self.recordings is not None:
+            self.recordings.discard(session.id)
 
     async def start_recording(self, session_id: str) -> EventLog:
         """Record an open session from now (`record_start`): its log is not replayable (it did not begin with the

@@ -37,11 +37,13 @@ the session.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -86,7 +88,7 @@ def weights_digest(model: object) -> str:
         for name, t in sorted(mod.state_dict().items()):
             x = t.detach().to("cpu").contiguous()
             h.update(f"{attr}.{name}:{x.dtype}:{tuple(x.shape)}".encode())
-            h.update(x.view(torch.uint8).numpy().tobytes() if x.numel() else b"")
+            h.update(x.reshape(-1).view(torch.uint8).numpy().tobytes() if x.numel() else b"")
     return h.hexdigest()
 
 
@@ -193,7 +195,8 @@ class EventLog:
                    actions=None if c.actions is None else [[float(v) for v in row] for row in c.actions])
 
     def stop(self, reason: str) -> None:
-        """Stop recording (asked for): an event says so; the file is closed."""
+        """Stop recording (asked for): an event says so; the file is closed. No `on_stop`: it was asked."""
+        self.on_stop = None
         if self._file is not None:
             self.write("stopped", reason=reason)
         self._close(reason)
@@ -203,6 +206,13 @@ class EventLog:
         if self._file is not None:
             self.write("end", reason=reason)
         self._close(reason)
+
+    def fail(self, reason: str) -> None:
+        """Stop because a part of the recording failed (its video's cap or disk): as when the log's own cap is
+        reached, a `stopped` event is written (if it fits) and `on_stop` is told."""
+        if self._file is not None:
+            self.write("stopped", reason=reason)
+        self._stop(reason)
 
     def _stop(self, reason: str) -> None:
         if self._file is None:
@@ -237,12 +247,17 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "pause": {},
     "resume": {},
     "state": {"state": (str,)},
-    "chunk": {"first_latent": (int,), "draws": (int,), "cached_version": (int,), "context_version": (int,)},
+    "chunk": {"first_latent": (int,), "draws": (int,), "cached_version": (int,), "context_version": (int,),
+              "actions": (list, type(None))},
     "frame": {"index": (int,), "epoch": (int,), "outcome": (str,), "sha256": (str,)},
     "applied": {"seq": (int,), "frame": (int,)},
     "stopped": {"reason": (str,)},
     "end": {"reason": (str,)},
 }
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 @dataclass(frozen=True)
@@ -269,9 +284,11 @@ def read_log(path: Path) -> Iterator[Event]:
             if not raw.endswith("\n"):
                 raise RecordingError(f"{where}: truncated (the line does not end; the log was cut short)")
             try:
-                obj = json.loads(raw)
+                obj = json.loads(raw, parse_constant=_no_constant)
             except json.JSONDecodeError as e:
                 raise RecordingError(f"{where}: not JSON ({e.msg})") from None
+            except ValueError as e:
+                raise RecordingError(f"{where}: {e}") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
                 raise RecordingError(f"{where}: not an event (an object with a \"type\")")
             kind = obj.pop("type")
@@ -288,7 +305,8 @@ def read_log(path: Path) -> Iterator[Event]:
             last_t = t
             for name, types in want.items():
                 v = obj.get(name)
-                if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+                if not isinstance(v, types) or (isinstance(v, bool) and bool not in types) or (
+                    name not in obj and type(None) in types):
                     raise RecordingError(f"{where}: {kind} needs {name!r} ({types[0].__name__}), got {v!r}")
             yield Event(n, kind, obj)
 
@@ -323,7 +341,13 @@ class RecordingConfig:
 
 #: The file beside a log holding the sha256 of the token that may read it.
 TOKEN_FILE = "token.sha256"
+#: The recordings directory's lock: the server holding it repairs and deletes what earlier servers left.
+LOCK_FILE = ".lock"
+#: A recording folder's name: a session id.
+_SESSION_ID = re.compile(r"^[0-9a-f]{16}$")
 EVENTS_FILE = "events.jsonl"
+#: The recording's video beside its log, when the server records video (`Recordings.video`).
+VIDEO_FILE = "video.mp4"
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -342,29 +366,54 @@ class Recordings:
         config: where and how much.
         identity: what the header says of the served model beyond the model object ("model": the registry
             "NAME:VARIANT" it was loaded as, "weights": the weights path or None).
+        video: starts a recording's video beside its log (the transport's `RecordingVideo`: the session's one
+            encode, `video.mp4`), given the session and the file; what it returns is closed (`aclose`) when the
+            recording ends. None: logs only.
         clock: monotonic clock, s.
     """
 
     def __init__(self, config: RecordingConfig, *, identity: dict[str, Any],
+                 video: Callable[[Any, Path], Any] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self.video = video
+        self._videos: dict[str, Any] = {}
+        self._closing: set[asyncio.Task[None]] = set()  #: videos being closed (kept from the collector)
+        self._lock: Any = None
         self.identity = dict(identity)
         self.clock = clock
         self.live: dict[str, EventLog] = {}
         #: finished recordings kept: session id -> when it finished (clock, s)
         self.kept: dict[str, float] = {}
-        self._digest: str | None = None
         config.directory.mkdir(parents=True, exist_ok=True)
         self._recover()
 
     def folder(self, session_id: str) -> Path:
-        if not session_id.isalnum():
+        """A session's recording folder.
+
+        Raises:
+            RecordingNotFound: not a session id.
+        """
+        if not _SESSION_ID.match(session_id):
             raise RecordingNotFound(session_id)
         return self.config.directory / session_id
 
     def _recover(self) -> None:
+        """Repair or delete what an earlier server left. Touches only recording folders (a session id's name,
+        holding a token file), and nothing at all while another server holds the directory's lock."""
+        import fcntl
+
+        try:
+            self._lock = open(self.config.directory / LOCK_FILE, "a+")  # noqa: SIM115 - held for the server's life
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            logger.warning("recordings: another server uses %s: left as it is (no repair, no deletion)",
+                           self.config.directory)
+            return
         now_wall = time.time()
         for folder in sorted(p for p in self.config.directory.iterdir() if p.is_dir()):
+            if not (_SESSION_ID.match(folder.name) and (folder / TOKEN_FILE).exists()):
+                continue  # not a recording's folder: never ours to touch
             log = folder / EVENTS_FILE
             age = now_wall - (log.stat().st_mtime if log.exists() else folder.stat().st_mtime)
             if not log.exists() or age > self.config.retention_s:
@@ -372,31 +421,44 @@ class Recordings:
                 logger.info("recordings: deleted %s (%s)", folder,
                             "no event log" if not log.exists() else f"{age:.0f} s old, past the retention")
                 continue
-            if repair_log(log):
+            try:
+                repaired = repair_log(log)
+            except OSError as e:
+                logger.warning("recordings: %s could not be repaired (%s): left as it is", log, e)
+                continue
+            if repaired:
                 logger.warning("recordings: repaired %s (its server stopped mid-recording: the log now ends "
                                "with an end event, reason server_stopped)", log)
             self.kept[folder.name] = self.clock() - age
 
     def used_bytes(self) -> int:
-        """Bytes of every kept and live recording."""
-        return sum(_folder_bytes(p) for p in self.config.directory.iterdir() if p.is_dir())
+        """Bytes the quota counts: every kept recording's files, and each live recording at its caps (it may grow
+        to them)."""
+        per_live = self.config.max_session_bytes * (2 if self.video is not None else 1)
+        kept = sum(_folder_bytes(p) for p in self.config.directory.iterdir()
+                   if p.is_dir() and _SESSION_ID.match(p.name) and p.name not in self.live)
+        return kept + per_live * len(self.live)
 
-    def weights_digest(self, model: object) -> str:
-        """`weights_digest` of the served model (computed once; slow for large models: call off the loop)."""
-        if self._digest is None:
-            self._digest = weights_digest(model)
-        return self._digest
-
-    def start(self, session: Any, *, served: dict[str, Any] | None, device: str, from_start: bool) -> EventLog:
+    def start(self, session: Any, *, served: dict[str, Any] | None, device: str, from_start: bool,
+              weights_sha256: str, snapshot: str | None = None) -> EventLog:
         """Start recording `session` (a `Session`) into its folder and return its log (the caller attaches it).
+
+        Args:
+            served: how its engine serves (dtype, compiled buckets); device: the device kind.
+            from_start: it records from the session's first frame (only then is it replayable).
+            weights_sha256: `weights_digest` of the served model.
+            snapshot: the snapshot the session was started from (None: none).
 
         Raises:
             RecordingRefused: the quota is full or the log cannot be written.
         """
         if session.id in self.live:
             raise RecordingRefused(f"session {session.id} is already recording")
+        if (self.folder(session.id) / EVENTS_FILE).exists():
+            raise RecordingRefused(f"session {session.id} has a recording already (one a session; it is kept for "
+                                   "its retention time)")
         used = self.used_bytes()
-        if used + self.config.max_session_bytes > self.config.max_total_bytes:
+        if used + self.config.max_session_bytes * (2 if self.video is not None else 1) > self.config.max_total_bytes:
             raise RecordingRefused(f"the recordings quota is full ({used} of {self.config.max_total_bytes} bytes "
                                    "used; finished recordings are deleted after their retention)")
         folder = self.folder(session.id)
@@ -407,8 +469,10 @@ class Recordings:
             image_digest = None if image is None else save_image(folder, image)
             header = {
                 "worldcast": _version(), "session_id": session.id, "model": session.model.spec.name,
+                "fps": session.model.spec.fps,
                 "model_arg": self.identity.get("model"), "weights": self.identity.get("weights"),
-                "weights_sha256": self._digest, "device": device, "served": served, "seed": session.seed,
+                "weights_sha256": weights_sha256, "device": device, "snapshot": snapshot, "served": served,
+                "seed": session.seed,
                 "mode": session.mode, "prompt": session.conditioning.text, "image_sha256": image_digest,
                 "context_version": session.inputs.context_version, "from_start": from_start,
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -416,18 +480,40 @@ class Recordings:
             log = EventLog(folder / EVENTS_FILE, header, max_bytes=self.config.max_session_bytes, clock=self.clock)
         except OSError as e:
             raise RecordingRefused(f"the recording could not be started: {e.strerror or e}") from None
+        if self.video is not None:
+            try:
+                self._videos[session.id] = self.video(session, folder / VIDEO_FILE)
+            except OSError as e:
+                log.close(f"the video could not be started: {e.strerror or e}")
+                raise RecordingRefused(f"the recording could not be started: {e.strerror or e}") from None
         self.live[session.id] = log
         self.kept.pop(session.id, None)
         log.on_closed = lambda: self.finished(session.id)
         return log
 
+    def discard(self, session_id: str) -> None:
+        """Delete a recording at once (its session never started: nothing worth keeping)."""
+        self.finished(session_id)
+        self.kept.pop(session_id, None)
+        if _SESSION_ID.match(session_id):
+            _remove(self.config.directory / session_id)
+
     def finished(self, session_id: str) -> None:
-        """The session's recording ended (stopped or closed): kept for the retention time from now."""
+        """The session's recording ended (stopped or closed): its video is closed, and it is kept for the retention
+        time from now."""
+        video = self._videos.pop(session_id, None)
+        if video is not None:
+            try:
+                t = asyncio.get_running_loop().create_task(video.aclose(), name=f"recording-video-{session_id}")
+                self._closing.add(t)
+                t.add_done_callback(self._closing.discard)
+            except RuntimeError:  # no loop (a test without one): nothing runs the video's encode either
+                pass
         if self.live.pop(session_id, None) is not None or (self.folder(session_id) / EVENTS_FILE).exists():
             self.kept[session_id] = self.clock()
 
-    def events(self, session_id: str, token: str) -> Path:
-        """The event log of a session's recording, for its token.
+    def events(self, session_id: str, token: str, name: str = EVENTS_FILE) -> Path:
+        """A file of a session's recording (its event log, or `VIDEO_FILE`), for its token.
 
         Raises:
             RecordingNotFound: none, or not this token's.
@@ -439,7 +525,9 @@ class Recordings:
             raise RecordingNotFound(session_id) from None
         if not secrets_equal(want, hashlib.sha256(token.encode()).hexdigest()):
             raise RecordingNotFound(session_id)
-        path = folder / EVENTS_FILE
+        if name not in (EVENTS_FILE, VIDEO_FILE):
+            raise RecordingNotFound(session_id)
+        path = folder / name
         if not path.exists():
             raise RecordingNotFound(session_id)
         return path
@@ -450,7 +538,8 @@ class Recordings:
         gone = [sid for sid, at in self.kept.items() if now - at > self.config.retention_s]
         for sid in gone:
             del self.kept[sid]
-            _remove(self.folder(sid))
+            if _SESSION_ID.match(sid):
+                _remove(self.config.directory / sid)
             logger.info("recordings: deleted %s (past the retention of %.0f s)", sid, self.config.retention_s)
         return gone
 
@@ -488,9 +577,10 @@ def repair_log(path: Path) -> bool:
     last: dict[str, Any] = {}
     if lines:
         try:
-            last = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            last = {}
+            parsed = json.loads(lines[-1])
+        except ValueError:  # not JSON, or not UTF-8
+            parsed = {}
+        last = parsed if isinstance(parsed, dict) else {}
     if cut == len(data) and last.get("type") in ("end", "stopped"):
         return False
     t = last.get("t", 0.0) if isinstance(last.get("t"), int | float) else 0.0

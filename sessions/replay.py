@@ -96,6 +96,16 @@ class _Script:
         return 0
 
 
+#: Most noise draws one chunk record may claim (a server drops a chunk only for a fresher input: a few at most).
+MAX_DRAWS = 1000
+
+
+def _finite_rows(rows: object, dim: int) -> bool:
+    return (isinstance(rows, list) and 0 < len(rows) <= 4096 and all(
+        isinstance(r, list) and len(r) == dim and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) for v in r) for r in rows))
+
+
 def _need(e: Event, what: str, ok: bool) -> None:
     if not ok:
         raise RecordingError(f"events.jsonl line {e.line}: {what}")
@@ -127,13 +137,16 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
     _need(events[0], "this recording began after its session started (record_start): only one made with "
           "\"record\": true at create can be replayed", header["from_start"])
     report = ReplayReport()
+    served = header.get("served")
+    _need(events[0], "served must be an object or null", served is None or (
+        isinstance(served, dict) and isinstance(served.get("dtype"), str)
+        and all(isinstance(served.get(k), list) for k in ("compiled_buckets", "package_buckets"))))
     if model is None:
         from worldcast.models import registry
 
         arg = header.get("model_arg") or header["model"]
         w = weights if weights is not None else (Path(header["weights"]) if header.get("weights") else None)
         model = registry.load(arg, weights=w, device=device)
-        served = header.get("served")
         if served is not None:
             worker = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session()),
                                   on_frames=lambda f: None, on_error=lambda s, r: None)
@@ -155,7 +168,12 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
 
     # conditioning by version: the starting one from the header, one per recorded prompt
     folder = log_path.parent
-    image = None if header.get("image_sha256") is None else load_image(folder, header["image_sha256"])
+    digest_of_image = header.get("image_sha256")
+    _need(events[0], "image_sha256 must be 64 hexadecimal digits or null", digest_of_image is None or (
+        isinstance(digest_of_image, str) and len(digest_of_image) == 64
+        and all(c in "0123456789abcdef" for c in digest_of_image)))
+    _need(events[0], "prompt must be text or null", header.get("prompt") is None or isinstance(header["prompt"], str))
+    image = None if digest_of_image is None else load_image(folder, digest_of_image)
     request = ConditioningRequest(text=header.get("prompt"), image=image)
     contexts = {int(header.get("context_version", 0)): model.encode_conditioning(request)}
     for e in events:
@@ -172,13 +190,15 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
 
     def take(frames: list[FrameOut], actions: np.ndarray | None) -> None:
         for i, f in enumerate(frames):
-            made.append(f)
+            if export_dir is not None:
+                made.append(f)
             report.frames += 1
             if recorded.get(f.frame_index) == pixels_sha256(f.image):
                 report.identical += 1
             else:
                 report.mismatched.append(f.frame_index)
-            acts.append(actions[i] if actions is not None else np.zeros(spec.actions.dim, np.float32))
+            if export_dir is not None:
+                acts.append(actions[i] if actions is not None else np.zeros(spec.actions.dim, np.float32))
             if on_frame is not None:
                 on_frame(f)
             if frames_dir is not None:
@@ -211,7 +231,9 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
                 _need(e, f"chunk of latent frame {c['first_latent']} out of order (expected {rollout.next_latent})",
                       c["first_latent"] == rollout.next_latent)
                 _need(e, f"an unknown conditioning version {c['context_version']}", c["context_version"] in contexts)
-                _need(e, "draws must be >= 1", c["draws"] >= 1)
+                _need(e, f"draws must lie within 1..{MAX_DRAWS}", 1 <= c["draws"] <= MAX_DRAWS)
+                _need(e, "actions must be rows of finite numbers", _finite_rows(c["actions"], spec.actions.dim))
+                script.actions = None  # a dropped chunk's actions do not matter: only its noise draw does
                 for _ in range(c["draws"] - 1):  # begun and dropped on the server: its noise was drawn there too
                     rollout.begin_chunk(0.0, 0.0)
                     rollout.abort_chunk()

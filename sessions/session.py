@@ -114,6 +114,7 @@ class Session:
             holds the segments and gates the frames).
         send_ahead_s: its frames reach the sinks no earlier than this before their presentation time, s
             (`FramePipeline`'s pacing).
+        context_version: its conditioning's version to start from (`SessionInputs`; a snapshot's).
     """
 
     def __init__(
@@ -130,6 +131,7 @@ class Session:
         stamp_frames: bool = False,
         mode: SessionMode = "interactive",
         send_ahead_s: float = 0.0,
+        context_version: int = 0,
     ) -> None:
         self.id = session_id
         self.stamp_frames = stamp_frames
@@ -144,7 +146,8 @@ class Session:
         self.state = SessionState.CREATED
         self.close_reason: CloseReason | None = None
         #: what the engine reads (actions, epoch, conditioning, wants); transports push actions into it
-        self.inputs = SessionInputs(session_id, space=model.spec.actions, context=context, clock=clock)
+        self.inputs = SessionInputs(session_id, space=model.spec.actions, context=context, clock=clock,
+                                    context_version=context_version)
         self.inputs.on_push = self._pushed
         #: its frames' way from the engine to the sinks: pacing, the stale-epoch decision, PTS, the gate, the sinks
         self.frames = FramePipeline(current_epoch=self.inputs.current_epoch, send_ahead_s=send_ahead_s, clock=clock)

@@ -93,6 +93,7 @@ def server_config(**overrides) -> ServerConfig:  # type: ignore[no-untyped-def]
     from worldcast.engine.device_worker import EngineConfig
     from worldcast.sessions.manager import SessionConfig
     from worldcast.sessions.recording import RecordingConfig
+    from worldcast.sessions.snapshots import SnapshotConfig
     from worldcast.transport.config import ServerConfig
 
     base = ServerConfig(
@@ -107,6 +108,7 @@ def server_config(**overrides) -> ServerConfig:  # type: ignore[no-untyped-def]
         ),
         # each server its own recordings directory, never the user's
         recordings=RecordingConfig(Path(tempfile.mkdtemp(prefix="worldcast-recordings-"))),
+        snapshots=SnapshotConfig(Path(tempfile.mkdtemp(prefix="worldcast-snapshots-"))),
     )
     return replace(base, **overrides)
 

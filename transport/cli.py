@@ -19,8 +19,9 @@ from worldcast.models import registry
 from worldcast.models.spec import dtype_from_name
 from worldcast.sessions.manager import SessionConfig
 from worldcast.sessions.recording import RecordingConfig
+from worldcast.sessions.snapshots import SnapshotConfig
 from worldcast.sessions.viewers import ViewerConfig
-from worldcast.transport.config import DEFAULT_RECORDINGS_DIR, DEFAULT_STATIC_DIR, ServerConfig
+from worldcast.transport.config import DEFAULT_RECORDINGS_DIR, DEFAULT_SNAPSHOTS_DIR, DEFAULT_STATIC_DIR, ServerConfig
 from worldcast.transport.http.conn_limits import ConnectionLimits
 from worldcast.transport.http.metrics import MetricsConfig
 from worldcast.transport.livekit import config as livekit_config
@@ -144,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="MIB", help="all kept recordings together; a recording past it is refused")
     s.add_argument("--recording-retention", type=float, default=RecordingConfig.retention_s, metavar="S",
                    help="seconds a finished recording is kept after its session closed (default one day)")
+    s.add_argument("--snapshots-dir", type=Path, default=DEFAULT_SNAPSHOTS_DIR, metavar="DIR",
+                   help="where snapshots (POST /v1/sessions/{id}/snapshots) are kept (default "
+                        f"{DEFAULT_SNAPSHOTS_DIR})")
+    s.add_argument("--no-snapshots", action="store_true", help="refuse snapshots")
+    s.add_argument("--max-snapshots", type=int, default=SnapshotConfig.max_snapshots, metavar="N",
+                   help="snapshots kept at most; one past it is refused (delete one)")
+    s.add_argument("--snapshot-quota-mib", type=float, default=SnapshotConfig.max_total_bytes / 2**20, metavar="MIB",
+                   help="snapshots' bytes at most; one past it is refused")
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
@@ -213,32 +222,37 @@ def replay_command(args: argparse.Namespace) -> int:
     """`worldcast replay`: see its parser's description."""
     import sys
 
-    import numpy as np
-
     from worldcast.engine.step_output import FrameOut
     from worldcast.sessions.recording import RecordingError, read_log
     from worldcast.sessions.replay import replay
-    from worldcast.transport.media.h264 import write_film
+    from worldcast.transport.media.h264 import FilmWriter
 
+    film: FilmWriter | None = None
     try:
-        delivered = {e.fields["index"] for e in read_log(args.events)
-                     if e.type == "frame" and e.fields["outcome"] == "delivered"}
-        film: list[np.ndarray] = []
+        events = list(read_log(args.events))
+        fps = float(events[0].fields.get("fps") or 20)
+        delivered = {e.fields["index"] for e in events if e.type == "frame" and e.fields["outcome"] == "delivered"}
+        del events
 
         def keep(f: FrameOut) -> None:
+            nonlocal film
             if args.out is not None and f.frame_index in delivered:
-                film.append(f.image)
+                if film is None:
+                    film = FilmWriter(args.out, fps=fps)
+                film.add(f.image)
 
         report = replay(args.events, weights=args.weights, device=args.device, frames_dir=args.frames,
                         export_dir=args.export, on_frame=keep)
-    except (RecordingError, OSError, ValueError) as e:
+    except (RecordingError, OSError, ValueError, KeyError, TypeError) as e:
         print(f"worldcast replay: {e}", file=sys.stderr)
         return 2
+    finally:
+        if film is not None:
+            film.close()
     for d in report.differences:
         print(f"differs from the recording: {d}")
-    if args.out is not None and film:
-        write_film(args.out, film, fps=report.fps)
-        print(f"film: {args.out} ({len(film)} frames at {report.fps} frames/s)")
+    if film is not None:
+        print(f"film: {args.out} ({film.frames} frames at {film.fps:g} frames/s)")
     print(f"replayed {report.chunks} chunks ({report.dropped_draws} dropped draws), {report.frames} frames: "
           f"{report.identical} identical to the recording" + (
               "" if report.exact else f", {len(report.mismatched)} differ (first {report.mismatched[:10]})"))
@@ -459,6 +473,9 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
         recordings=None if args.no_recordings else RecordingConfig(
             args.recordings_dir, max_session_bytes=int(args.recording_max_mib * 2**20),
             max_total_bytes=int(args.recording_quota_mib * 2**20), retention_s=args.recording_retention),
+        snapshots=None if args.no_snapshots else SnapshotConfig(
+            args.snapshots_dir, max_snapshots=args.max_snapshots,
+            max_total_bytes=int(args.snapshot_quota_mib * 2**20)),
         viewers=ViewerConfig(max_spectators=args.max_spectators,
                              max_spectators_per_session=args.max_spectators_per_session,
                              default_ttl_s=args.viewer_ttl),

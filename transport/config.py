@@ -12,6 +12,7 @@ from worldcast.models import registry
 from worldcast.models.base import WorldModel
 from worldcast.sessions.manager import SessionConfig
 from worldcast.sessions.recording import RecordingConfig
+from worldcast.sessions.snapshots import SnapshotConfig
 from worldcast.sessions.viewers import ViewerConfig
 from worldcast.transport.http.conn_limits import ConnectionLimits
 from worldcast.transport.http.metrics import MetricsConfig
@@ -25,6 +26,8 @@ DEFAULT_STATIC_DIR = Path(__file__).resolve().parents[1] / "web_demo" / "dist"
 
 #: The recordings directory unless `--recordings-dir` says another.
 DEFAULT_RECORDINGS_DIR = Path.home() / ".cache" / "worldcast" / "recordings"
+#: The snapshots directory unless `--snapshots-dir` says another.
+DEFAULT_SNAPSHOTS_DIR = Path.home() / ".cache" / "worldcast" / "snapshots"
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class ServerConfig:
     viewers: ViewerConfig = field(default_factory=ViewerConfig)  #: viewer tokens' lifetimes, spectators' caps
     #: where sessions asked to record are recorded and how much they may take (None: recording is refused)
     recordings: RecordingConfig | None = field(default_factory=lambda: RecordingConfig(DEFAULT_RECORDINGS_DIR))
+    #: where snapshots are kept and how many (None: snapshots are refused)
+    snapshots: SnapshotConfig | None = field(default_factory=lambda: SnapshotConfig(DEFAULT_SNAPSHOTS_DIR))
 
     def __post_init__(self) -> None:
         if self.engines < 1:

@@ -24,6 +24,8 @@ from worldcast.sessions.errors import (
     RecordingRefused,
     SessionClosedError,
     SessionNotFound,
+    SnapshotNotFound,
+    SnapshotRefused,
     SpectatorRefused,
     ViewerRefused,
 )
@@ -103,6 +105,8 @@ HTTP_STATUS: dict[type[Exception], int] = {
     ViewerRefused: 429,
     RecordingRefused: 409,
     RecordingNotFound: 404,
+    SnapshotRefused: 409,
+    SnapshotNotFound: 404,
 }
 
 RPC_CODE: dict[type[Exception], int] = {

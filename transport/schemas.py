@@ -79,6 +79,10 @@ class CreateSessionRequest(_Strict):
         False, description="record the session from its first frame: an event log (every action, prompt, flush, "
         "chunk and frame) that `worldcast replay` generates again frame for frame; GET "
         "/v1/sessions/{id}/recording/events (see docs/recordings.md)")
+    snapshot: str | None = Field(
+        None, pattern=r"^[0-9a-f]{1,64}$", description="start from this snapshot (POST /v1/sessions/{id}/snapshots): "
+        "its world, prompt, image and seed; send the token of the session that took it as 'Authorization: Bearer "
+        "<token>' (see docs/recordings.md). Not with prompt, image, seed or mode")
     mode: Literal["interactive", "directing"] = Field(
         "interactive", description="directing: driven by text directions, segment by segment, over "
         "GET /v1/sessions/{id}/stream (see docs/streaming.md)")
@@ -97,6 +101,12 @@ class CreateSessionRequest(_Strict):
     def _room_with_livekit(self) -> CreateSessionRequest:
         if self.transport != "livekit" and self.room is not None:
             raise ValueError("room is only for transport 'livekit'")
+        if self.snapshot is not None:
+            given = [k for k in ("prompt", "image", "seed") if getattr(self, k) is not None]
+            if self.mode != "interactive":
+                given.append("mode")
+            if given:
+                raise ValueError(f"a session from a snapshot takes its world from it: drop {', '.join(given)}")
         return self
 
 

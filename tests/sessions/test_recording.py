@@ -5,10 +5,12 @@ refused or reported by line; the recording never takes the session down."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import shutil
 from pathlib import Path
 
+import av
 import httpx
 import numpy as np
 import pytest
@@ -55,6 +57,13 @@ async def _record_a_session(url: str) -> tuple[str, str]:
         assert r.status_code == 200 and r.headers["content-type"].startswith("application/jsonl")
         lines = [json.loads(x) for x in r.text.splitlines()]
         assert lines[0]["type"] == "header" and lines[-1] == {"type": "end", "t": lines[-1]["t"], "reason": "client"}
+        # its video: the session's one encode (shared with the stream above), fragmented MP4 that plays
+        r = await http.get(f"/v1/sessions/{sid}/recording", headers=auth)
+        assert r.status_code == 200 and r.headers["content-type"] == "video/mp4"
+        with av.open(io.BytesIO(r.content)) as film:
+            pictures = [f.to_ndarray(format="rgb24") for f in film.decode(video=0)]
+        delivered = sum(1 for x in lines if x["type"] == "frame" and x["outcome"] == "delivered")
+        assert 10 <= len(pictures) <= delivered and pictures[0].shape == (128, 128, 3), (len(pictures), delivered)
     return sid, token
 
 
@@ -216,7 +225,8 @@ async def _rpcs_and_refusals(url: str, rec_dir: Path) -> None:
 def test_record_rpcs_the_size_cap_the_quota_and_a_viewer(model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from worldcast.sessions.recording import RecordingConfig
 
-    cfg = server_config(recordings=RecordingConfig(tmp_path / "rec", max_session_bytes=4096, max_total_bytes=4096))
+    # the quota holds one live recording at its caps (log and video, 4 KiB each): a second is refused
+    cfg = server_config(recordings=RecordingConfig(tmp_path / "rec", max_session_bytes=4096, max_total_bytes=8192))
     serving = _serve(cfg, model)
     server = next(serving)
     try:
@@ -236,3 +246,57 @@ def test_a_server_without_recordings_refuses_record_and_keeps_nothing(model) -> 
             assert server.manager.sessions == {}
     finally:
         serving.close()
+
+
+def test_hostile_logs_are_refused_by_line_never_a_crash(recorded: Path, model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def edit_first_chunk(change):  # type: ignore[no-untyped-def]
+        def edit(ls: list[str]) -> list[str]:
+            out, done = [], False
+            for x in ls:
+                e = json.loads(x)
+                if e["type"] == "chunk" and e["actions"] is not None and not done:
+                    change(e)
+                    done = True
+                out.append(json.dumps(e) + "\n")
+            return out
+        return edit
+
+    cases = {
+        "nan": (lambda ls: [ls[0], ls[1].replace('"t":', '"t":NaN,"x":', 1), *ls[2:]], "not a number JSON allows"),
+        "no_actions": (edit_first_chunk(lambda e: e.pop("actions")), "chunk needs 'actions'"),
+        "bad_rows": (edit_first_chunk(lambda e: e.update(actions=[["1"] * 8])), "rows of finite numbers"),
+        "huge_draws": (edit_first_chunk(lambda e: e.update(draws=10**9)), "draws must lie within"),
+        "image_path": (lambda ls: [json.dumps(json.loads(ls[0]) | {"image_sha256": "../../x"}) + "\n", *ls[1:]],
+                       "image_sha256 must be 64 hexadecimal digits"),
+        "served": (lambda ls: [json.dumps(json.loads(ls[0]) | {"served": "x"}) + "\n", *ls[1:]],
+                   "served must be an object"),
+    }
+    for name, (edit, said) in cases.items():
+        with pytest.raises(RecordingError, match=said):
+            replay(_rewrite(recorded, tmp_path / name, edit), model=model)
+
+
+def test_a_new_server_touches_only_recordings_it_may(tmp_path: Path) -> None:
+    """Start-up repairs a cut log of a recording folder and deletes an old one; a folder that is not a recording's
+    (no token file, or not a session id's name) is never touched; a second server over the same directory leaves
+    everything as it is."""
+    import os
+    import time as _time
+
+    from worldcast.sessions.recording import RecordingConfig, Recordings
+
+    d = tmp_path / "rec"
+    cut, old, stranger, odd = d / ("a" * 16), d / ("b" * 16), d / "photos", d / ("c" * 16)
+    for f in (cut, old, stranger, odd):
+        f.mkdir(parents=True)
+        (f / "events.jsonl").write_text('{"type":"header","t":0}\n{"type":"pau')
+    for f in (cut, old):
+        (f / "token.sha256").write_text("0" * 64)
+    os.utime(old / "events.jsonl", (_time.time() - 7200, _time.time() - 7200))
+    first = Recordings(RecordingConfig(d, retention_s=3600), identity={})
+    assert (cut / "events.jsonl").read_text().endswith('"reason":"server_stopped"}\n') and not old.exists()
+    assert (stranger / "events.jsonl").read_text().endswith('"pau') and (odd / "events.jsonl").exists()
+    (cut / "events.jsonl").write_text('{"type":"header","t":0}\n{"type":"pau')
+    Recordings(RecordingConfig(d, retention_s=3600), identity={})  # another server: the lock is held
+    assert (cut / "events.jsonl").read_text().endswith('"pau'), "a directory another server holds is left alone"
+    assert first.kept == {cut.name: first.kept[cut.name]}

@@ -116,9 +116,9 @@ def walk(app: Any) -> list[tuple[str, str]]:
 
 
 def fill(path: str, session_id: str) -> str:
-    # a viewer's and a WHEP resource's id: unknown ones (the walk holds neither); their routes answer 404
+    # a viewer's, a WHEP resource's and a snapshot's id: unknown ones (the walk holds none); their routes answer 404
     params = {"session_id": session_id, "engine_id": "0", "viewer_id": "v0123456789ab",
-              "resource_id": "0123456789abcdef01234567"}
+              "resource_id": "0123456789abcdef01234567", "snapshot_id": "0123456789abcdef"}
     for name in re.findall(r"{(\w+)(?::\w+)?}", path):
         assert name in params, f"the walk does not know path parameter {name!r} of {path}: teach it"
     return re.sub(r"{(\w+)(?::\w+)?}", lambda m: params[m.group(1)], path)

@@ -45,17 +45,29 @@ from worldcast.sessions.errors import CapacityExhausted, SessionError, Spectator
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.recording import Recordings
 from worldcast.sessions.session import Session
+from worldcast.sessions.snapshots import SnapshotStore
 from worldcast.transport import errors
 from worldcast.transport.config import ServerConfig
 from worldcast.transport.http.body import BodyPolicy, RoutePolicy
 from worldcast.transport.http.engine_api import build_engines
 from worldcast.transport.http.metrics import Metrics
 from worldcast.transport.http.model_api import MAX_BODY_BYTES, create_body_limit
-from worldcast.transport.http.routes import admin, health, recordings, sessions, streams, viewers, webrtc, whep
+from worldcast.transport.http.routes import (
+    admin,
+    health,
+    recordings,
+    sessions,
+    snapshots,
+    streams,
+    viewers,
+    webrtc,
+    whep,
+)
 from worldcast.transport.http.routes.deps import printable
 from worldcast.transport.limits import InputGuard
 from worldcast.transport.memory import HeapTrimmer, configure_malloc
 from worldcast.transport.stream.connection import StreamSocketTuning
+from worldcast.transport.stream.recording import RecordingVideo
 from worldcast.transport.webrtc.peer import WebRTCPeer, configure_ice, quiet_closed_transport_errors
 from worldcast.transport.webrtc.registry import PeerRegistry
 from worldcast.transport.webrtc.whep import WhepResources
@@ -91,9 +103,14 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         m = model if model is not None else config.load_model()
         store = None if config.recordings is None else Recordings(
             config.recordings, identity={"model": config.model,
-                                         "weights": None if config.weights is None else str(config.weights)})
+                                         "weights": None if config.weights is None else str(config.weights)},
+            video=lambda s, path: RecordingVideo(
+                s, path, scale=config.scale_for(m), max_bytes=config.recordings.max_session_bytes,  # type: ignore[union-attr]
+                on_stop=lambda reason: s.recording.fail(f"its video stopped: {reason}") if s.recording else None))
         manager = SessionManager(m, engine_config=config.engine, config=config.sessions,
-                                 engines=build_engines(config, m), recordings=store)
+                                 engines=build_engines(config, m), recordings=store,
+                                 snapshots=None if config.snapshots is None else SnapshotStore(
+                                     config.snapshots, model_name=m.spec.name))
         trimmer = None
         if config.memory.trim_after_close_s is not None:  # give a peak's freed heap back once closes settle
             trimmer = HeapTrimmer(config.memory.trim_after_close_s)
@@ -188,7 +205,7 @@ def create_app(config: ServerConfig, *, model: WorldModel | None = None) -> Fast
         return JSONResponse({"detail": f"{loc}: {first['msg']}", "errors": errs}, status_code=422)
 
     for r in (sessions.router, viewers.router, webrtc.router, whep.router, streams.router, recordings.router,
-              admin.router, health.router):
+              snapshots.router, admin.router, health.router):
         app.include_router(r)
 
     if config.static_dir is not None and (config.static_dir / "index.html").exists():

@@ -44,7 +44,7 @@ from worldcast.transport.schemas import (
 #: Largest non-image body, bytes (an SDP offer is the largest legitimate one).
 MAX_BODY_BYTES = 256 * 1024
 #: Form fields of a multipart create (the image is the file part `image`).
-_FORM_FIELDS = ("prompt", "seed", "stamp_frames", "record", "mode", "transport", "room")
+_FORM_FIELDS = ("prompt", "seed", "stamp_frames", "record", "snapshot", "mode", "transport", "room")
 
 
 def action_space_info(a: ActionSpace) -> ActionSpaceInfo:

@@ -73,25 +73,42 @@ def configure(cc: av.video.codeccontext.VideoCodecContext, *, width: int, height
     cc.options = options
 
 
-def write_film(path: str | Path, frames: list[np.ndarray], *, fps: float, crf: int = 18) -> None:
-    """Write uint8 (H, W, 3) RGB frames as an MP4 film (this configuration at constant quality `crf`; a film of
-    `worldcast replay`, not a realtime stream).
+class FilmWriter:
+    """An MP4 film written as its frames come (uint8 (H, W, 3) RGB, one size; odd sizes padded by one edge pixel):
+    this configuration at constant quality `crf`, for `worldcast replay --out`, not a realtime stream.
 
     Raises:
-        ValueError: no frames, or frames of different sizes.
+        ValueError (from `add`): a frame of another size than the first.
     """
-    if not frames:
-        raise ValueError("a film needs at least one frame")
-    h, w = frames[0].shape[:2]
-    with av.open(str(path), "w", format="mp4") as out:
-        st = out.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-        configure(st.codec_context, width=w + w % 2, height=h + h % 2, fps=fps, crf=crf)
-        for img in frames:
-            if img.shape[:2] != (h, w):
-                raise ValueError(f"a film's frames share one size: {img.shape[:2]} after {(h, w)}")
-            if w % 2 or h % 2:
-                img = np.pad(img, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
-            for packet in st.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")):
+
+    def __init__(self, path: str | Path, *, fps: float, crf: int = 18) -> None:
+        self.path, self.fps, self.crf = str(path), fps, crf
+        self.frames = 0
+        self._out: av.container.OutputContainer | None = None
+        self._stream: av.video.stream.VideoStream | None = None
+        self._size: tuple[int, int] | None = None
+
+    def add(self, img: np.ndarray) -> None:
+        h, w = img.shape[:2]
+        if self._out is None:
+            self._size = (h, w)
+            self._out = av.open(self.path, "w", format="mp4")
+            self._stream = self._out.add_stream("libx264", rate=Fraction(self.fps).limit_denominator(1001))
+            configure(self._stream.codec_context, width=w + w % 2, height=h + h % 2, fps=self.fps, crf=self.crf)
+        if (h, w) != self._size:
+            raise ValueError(f"a film's frames share one size: {(h, w)} after {self._size}")
+        if w % 2 or h % 2:
+            img = np.pad(img, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+        assert self._stream is not None
+        for packet in self._stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")):
+            self._out.mux(packet)
+        self.frames += 1
+
+    def close(self) -> None:
+        """Flush the encoder and write the file's index (idempotent; nothing is written without a frame)."""
+        out, self._out = self._out, None
+        if out is not None:
+            assert self._stream is not None
+            for packet in self._stream.encode():
                 out.mux(packet)
-        for packet in st.encode():
-            out.mux(packet)
+            out.close()

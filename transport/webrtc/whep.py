@@ -108,6 +108,8 @@ class WhepPeer:
             finally:
                 for t in asyncio.all_tasks() - before:  # aiortc's connect task, and the like
                     t.add_done_callback(retrieve)
+            if self._closing:  # revoked, expired or the session closed while the answer was made
+                raise SessionClosedError(f"the viewer's access to session {self.session.id} ended: {self.close_reason}")
             self.session.attach_spectator(self.track)  # SessionClosedError if the session closed meanwhile
             self.spawn(self._negotiation_timer())
         except BaseException:
@@ -188,7 +190,7 @@ class WhepResources:
         holder.append(peer)
         self.peers[resource_id] = peer
         answer = await peer.answer(sdp)  # closes the peer (and forgets it) on any failure
-        if session.state == SessionState.CLOSED:
+        if session.state == SessionState.CLOSED or peer.closed.is_set():
             await peer.aclose("session_closed")
             raise SessionClosedError(f"session {session.id} is closed")
         return peer, answer

@@ -15,7 +15,8 @@ from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import CloseReason, Session
 from worldcast.transport import errors
 from worldcast.transport.http.model_api import model_info, read_create_body
-from worldcast.transport.http.routes.deps import is_operator, manager_dep, session_dep
+from worldcast.transport.http.routes.deps import bearer_token, is_operator, manager_dep, session_dep
+from worldcast.transport.http.routes.snapshots import load_snapshot
 from worldcast.transport.rpc import RpcHandler, TokenBucket, error_reply
 from worldcast.transport.schemas import CreateSessionRequest, CreateSessionResponse
 from worldcast.transport.webrtc.peer import CONTROL_BURST, CONTROL_RATE_HZ
@@ -54,8 +55,11 @@ async def create_session(
     if body.transport == "livekit" and worlds is None:
         raise HTTPException(400, "transport 'livekit' needs a LiveKit server: start with --livekit-url "
                                  "(or LIVEKIT_URL), --livekit-api-key and --livekit-api-secret")
+    snapshot = None
+    if body.snapshot is not None:
+        snapshot = await load_snapshot(manager, body.snapshot, bearer_token(request.headers.get("authorization")))
     s = await manager.create(prompt=body.prompt, image=image, seed=body.seed, stamp_frames=body.stamp_frames,
-                             mode=body.mode, record=body.record)
+                             mode=body.mode, record=body.record, snapshot=snapshot)
     livekit = None
     try:  # whatever fails from here on (or a client gone mid-request), nothing stays allocated
         if body.transport == "livekit":
