@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: web_demo/dist/index.html
 
-web_demo/dist/index.html: web_demo/package.json web_demo/package-lock.json web_demo/index.html web_demo/direct.html $(wildcard web_demo/src/*.ts) web_demo/vite.config.ts
+web_demo/dist/index.html: web_demo/package.json web_demo/package-lock.json web_demo/index.html web_demo/direct.html web_demo/watch.html $(wildcard web_demo/src/*.ts) web_demo/vite.config.ts
 	npm --prefix web_demo ci --no-audit --no-fund
 	npm --prefix web_demo run build
 

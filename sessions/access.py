@@ -21,15 +21,22 @@ _NO_TOKEN = secrets.token_urlsafe(24)
 
 @dataclass(frozen=True)
 class Access:
-    """What a token opens: its session, and the viewer it belongs to (None: the session's controller)."""
+    """What a token opens: its session, and the viewer it belongs to (None: the session's own token, its owner's)."""
 
     session: Session
     viewer: Viewer | None = None
 
     @property
-    def controller(self) -> bool:
-        """Whether the token is the session's own (it may act, direct, flush, cancel, create viewers)."""
+    def owner(self) -> bool:
+        """Whether the token is the session's own: it may always take control back (`Session.hand_over`)."""
         return self.viewer is None
+
+    @property
+    def controller(self) -> bool:
+        """Whether the token holds control now (it may act, direct, flush, cancel, create viewers): the owner's,
+        unless it handed control to a viewer, whose token then does."""
+        held = self.session.controller_viewer
+        return held is None if self.viewer is None else self.viewer.viewer_id == held
 
 
 def count_spectators(sessions: Iterable[Session]) -> int:

@@ -247,6 +247,7 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "pause": {},
     "resume": {},
     "state": {"state": (str,)},
+    "control": {},
     "chunk": {"first_latent": (int,), "draws": (int,), "cached_version": (int,), "context_version": (int,),
               "actions": (list, type(None))},
     "frame": {"index": (int,), "epoch": (int,), "outcome": (str,), "sha256": (str,)},

@@ -75,7 +75,7 @@ class CloseReason(enum.Enum):
 
 
 #: Session events; callbacks are synchronous and get (session, payload).
-SessionEvent = Literal["state", "frame", "error"]
+SessionEvent = Literal["state", "frame", "error", "control"]
 
 #: Codes of a session's device-side failure (`SessionFailure.code`), as transports send them in their
 #: `error` event: its own step failed ("session_failed"), the engine it ran on died ("engine_lost"), or that
@@ -168,6 +168,8 @@ class Session:
         self.recording: EventLog | None = None
         #: starts recording it from now (its manager's `start_recording`; None: nothing can record it)
         self.recorder: Callable[[], Awaitable[EventLog]] | None = None
+        #: the viewer that holds control (`hand_over`; None: the session's own token, its owner's)
+        self.controller_viewer: str | None = None
 
     def __repr__(self) -> str:
         return f"Session({self.id}, {self.state.name})"
@@ -185,8 +187,9 @@ class Session:
 
         Events: "state" (payload: SessionState), "frame" (payload: VideoFrame, after delivery to
         sinks; never for a frame dropped as stale or refused by the frame gate), "error" (payload:
-        `SessionFailure`). Control operations and actions are not events: they go to the engine from
-        `inputs` itself (`SessionInputs`).
+        `SessionFailure`), "control" (payload: the viewer id now holding control, None: the owner;
+        `hand_over`). Control operations and actions are not events: they go to the engine from `inputs`
+        itself (`SessionInputs`).
 
         Raises:
             TypeError: `callback` is a coroutine function (callbacks must be synchronous).
@@ -248,6 +251,37 @@ class Session:
         if self.recording is not None:
             self.recording.write("action", seq=a.seq, keys=a.keys, mouse=[float(a.mouse[0]), float(a.mouse[1])],
                                  axes=a.axes or None, outcome=a.outcome.value, at=round(a.at_s - self.created_s, 6))
+
+    # -- control --------------------------------------------------------------------------------------------
+
+    def hand_over(self, viewer_id: str | None) -> None:
+        """Give control to the live viewer `viewer_id` (None: back to the session's own token, its owner's). One
+        controller at a time: the keys held are released, and every connection the previous controller opened
+        is closed (the "control" event; each transport's controller connection listens). The new controller
+        connects with its own token; the owner may always take control back; a viewer holding control that is
+        revoked or runs out gives it back to the owner.
+
+        Raises:
+            SessionClosedError: closed.
+            ValueError: no live viewer of that id.
+        """
+        self._check_open()
+        if viewer_id is not None:
+            v = self.viewers.tokens.get(viewer_id)
+            if v is None or v.expires_at_s <= self.clock():
+                raise ValueError(f"no live viewer {viewer_id!r} of this session")
+            v.on_revoke.append(lambda reason, vid=viewer_id: self._control_lost(vid))
+        if viewer_id == self.controller_viewer:
+            return
+        self.controller_viewer = viewer_id
+        self.inputs.release_all()
+        self._record("control", to=viewer_id)
+        logger.info("%r: control handed to %s", self, viewer_id or "its owner")
+        self._emit("control", viewer_id)
+
+    def _control_lost(self, viewer_id: str) -> None:
+        if self.controller_viewer == viewer_id and self.state != SessionState.CLOSED:
+            self.hand_over(None)
 
     # -- recording ------------------------------------------------------------------------------------------
 

@@ -185,3 +185,28 @@ def test_demo_drives_the_model_s_declared_axes_from_a_gamepad(live_server) -> No
         lines = [json.loads(x) for x in Path(d.value.path()).read_text().splitlines()]
         assert lines[0]["type"] == "header" and lines[0]["from_start"] and lines[0]["session_id"] == sid
         assert any(e["type"] == "action" and (e.get("axes") or {}).get("move_x") == 0.9 for e in lines)
+
+
+def test_share_gives_a_watch_link_that_plays_the_session_view_only(live_server) -> None:  # type: ignore[no-untyped-def]
+    """Share mints a viewer token; its link opens the watch page, where a WHEP player that is not ours (Eyevinn's)
+    plays the session while its controller keeps it."""
+    with demo_page(live_server) as page:
+        page.click("#connect")
+        sid = wait_js(page, "window.__worldcast.connected && window.__worldcast.sessionId", "connect")
+        wait_js(page, "window.__worldcast.framesReceived >= 2", "frames")
+        page.click("#share")
+        wait_js(page, "!document.getElementById('watch-link').hidden", "the watch link")
+        link = page.get_attribute("#watch-link", "href")
+        assert link is not None and "#whep=" in link and "token=" in link and "watch.html" in link
+        watcher = page.context.browser.new_page(viewport={"width": 800, "height": 800})
+        try:
+            watcher.goto(link)
+            wait_js(watcher, "window.__watch.state === 'playing' || window.__watch.state === 'failed'", "the player")
+            assert watcher.evaluate("window.__watch.state") == "playing", watcher.evaluate("window.__watch")
+            wait_js(watcher, "document.getElementById('video').videoWidth > 0", "video from WHEP")
+            t0 = watcher.evaluate("document.getElementById('video').currentTime")
+            wait_js(watcher, f"document.getElementById('video').currentTime > {t0} + 0.2", "the video playing")
+            s = live_server.manager.sessions[sid]
+            assert len(s.viewers.spectators) == 1 and s.viewer_count == 1, "a spectator, not a second viewer"
+        finally:
+            watcher.close()

@@ -10,8 +10,9 @@ export default defineConfig(({ mode }) => {
     build: {
       outDir: "dist",
       emptyOutDir: true,
-      // two pages: the interactive demo (WebRTC or LiveKit) and the directing page (fMP4 over WebSocket)
-      rolldownOptions: { input: { main: "index.html", direct: "direct.html" } },
+      // three pages: the interactive demo (WebRTC or LiveKit), the directing page (fMP4 over WebSocket) and the
+      // watch page (a viewer's WHEP stream)
+      rolldownOptions: { input: { main: "index.html", direct: "direct.html", watch: "watch.html" } },
       // livekit-client (~540 kB) is its own chunk, loaded only in LiveKit mode
       chunkSizeWarningLimit: 1024,
     },

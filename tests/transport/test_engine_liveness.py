@@ -44,6 +44,7 @@ def errors(c: StreamClient, code: str) -> list[dict[str, Any]]:
 
 async def test_a_stopped_engine_is_stalled_routed_around_recovers_and_is_killed_past_the_bound() -> None:
     with serve("--engines", "2", "--admission", "static", "--max-sessions", "4", "--admin-token", ADMIN,
+               "--precision", "float32",
                "--restart-backoff", "0.5", *stall_flags()) as server:
         async with httpx.AsyncClient(base_url=server, timeout=30) as http:
             # one session on each engine: both ready first (/readyz answers once one is; on a starved 2-core
@@ -59,6 +60,13 @@ async def test_a_stopped_engine_is_stalled_routed_around_recovers_and_is_killed_
             try:
                 info = {x: (await http.get(f"/v1/sessions/{x.session_id}",
                                            headers={"Authorization": f"Bearer {x.token}"})).json() for x in (a, b)}
+                if info[a]["engine"] == info[b]["engine"]:  # placement takes the most measured headroom: it may
+                    # put both on one engine; the test needs one on each
+                    other = 1 - info[a]["engine"]
+                    r = await http.post(f"/v1/sessions/{b.session_id}/move", json={"engine": other},
+                                        headers={"Authorization": f"Bearer {ADMIN}"})
+                    assert r.status_code == 200, r.text
+                    info[b]["engine"] = other
                 assert {info[a]["engine"], info[b]["engine"]} == {0, 1}
                 victim, healthy = info[b]["engine"], info[a]["engine"]
                 await until(lambda: len(media(a)) >= 10 and len(media(b)) >= 10, 60, "both streaming")

@@ -424,6 +424,15 @@ class StreamConnection:
     def on_error(self, session: Session, reason: object) -> None:
         self.error(getattr(reason, "code", "session_failed"), str(reason))
 
+    def on_control(self, session: Session, to: object) -> None:
+        """Control was handed over (`Session.hand_over`): a controller's stream says so and closes (the new
+        controller connects with its own token; a spectator's stream is not told and goes on)."""
+        if self.spectator is not None:
+            return
+        self.error("control_handed_over", f"control of session {session.id} was handed to "
+                   f"{'its owner' if to is None else 'viewer ' + str(to)}: this stream closes (reconnect to watch)")
+        self.out.close(CLOSE_NORMAL)
+
     def opening(self) -> None:
         """The stream's first messages (`stream_start`)."""
         s, m = self.session, self.session.model.spec

@@ -87,6 +87,8 @@ class StreamProtocol(Protocol):
 
     def on_error(self, session: Session, reason: object) -> None: ...
 
+    def on_control(self, session: Session, to: object) -> None: ...
+
     def segment_start(self, seg: Segment) -> None: ...
 
     def segment_complete(self, seg: Segment) -> None: ...
@@ -332,7 +334,7 @@ class StreamSocket:
     async def run(self) -> None:
         """Serve the stream until the client leaves, the session closes or the reader stalls for good."""
         s, p, conn = self.session, self.protocol, self.conn
-        conn.subscribe(s.on("state", p.on_state), s.on("error", p.on_error))
+        conn.subscribe(s.on("state", p.on_state), s.on("error", p.on_error), s.on("control", p.on_control))
         if self.director is not None:
             conn.subscribe(self.director.on("segment_start", p.segment_start),
                            self.director.on("segment_complete", p.segment_complete))

@@ -183,6 +183,13 @@ class WebRTCPeer:
         assert isinstance(frame, VideoFrame)
         self.send_event(frame_event(frame, session.clock()))
 
+    def _control_handed_over(self, session: Session, to: object) -> None:
+        """Control was handed over (`Session.hand_over`): this peer was its controller's, so it closes (the new
+        controller negotiates its own)."""
+        self.send_event({"event": "error", "code": "control_handed_over",
+                         "message": f"control was handed to {'the owner' if to is None else 'viewer ' + str(to)}"})
+        self._spawn(self.aclose("control_handed_over"))
+
     def _on_session_state(self, session: Session, state: object) -> None:
         self.send_event({"event": "state", "state": state.name.lower()})  # type: ignore[attr-defined]
         if state == SessionState.CLOSED:
@@ -215,7 +222,8 @@ class WebRTCPeer:
                 self.session.on("frame", self._on_frame),
                 self.session.on("error", lambda s, r: self.send_event(
                     {"event": "error", "code": getattr(r, "code", "session_failed"), "message": str(r)})),
-                self.session.on("state", self._on_session_state))
+                self.session.on("state", self._on_session_state),
+                self.session.on("control", self._control_handed_over))
             self._spawn(self._negotiation_timer())
         except BaseException:
             await self.aclose("answer_failed")

@@ -32,6 +32,8 @@ const roomInput = $<HTMLInputElement>("room");
 const imageInput = $<HTMLInputElement>("image");
 const keysHelp = $<HTMLElement>("keys-help");
 const recordBox = $<HTMLInputElement>("record");
+const shareBtn = $<HTMLButtonElement>("share");
+const watchLink = $<HTMLAnchorElement>("watch-link");
 const downloadLink = $<HTMLAnchorElement>("download");
 /** The last recorded session's id and token: its log stays downloadable after it closes (the retention time). */
 let recorded: { id: string; token: string } | null = null;
@@ -55,6 +57,7 @@ function setConnected(on: boolean): void {
   transportSel.disabled = roomInput.disabled = imageInput.disabled = on;
   connectBtn.disabled = false;
   promptBtn.disabled = !on || model?.conditioning.text === null;
+  shareBtn.disabled = !on;
   for (const [, b] of rpcButtons) b.disabled = !on;
 }
 
@@ -297,6 +300,27 @@ downloadLink.onclick = (ev) => {
       a.download = `${id}.events.jsonl`;
       a.click();
       setTimeout(() => URL.revokeObjectURL(url), 10_000);
+    })
+    .catch((e: unknown) => say((e as Error).message));
+};
+
+// -- sharing --------------------------------------------------------------------------------------------
+
+/** Mint a viewer token (POST /v1/sessions/{id}/viewers) and show the watch page's link: the WHEP URL and the
+ * token ride in its fragment, which no server logs (docs/sharing.md). */
+shareBtn.onclick = () => {
+  const id = stats.s.sessionId;
+  if (!client || !id) return;
+  fetch(`/v1/sessions/${id}/viewers`, { method: "POST", headers: { Authorization: `Bearer ${sessionToken}` } })
+    .then(async (r) => {
+      if (!r.ok) throw new Error(`share: ${r.status} ${await r.text()}`);
+      const v = (await r.json()) as { viewer_token: string; whep_url: string; expires_in_s: number };
+      const url = new URL("./watch.html", location.href);
+      url.hash = new URLSearchParams({ whep: v.whep_url, token: v.viewer_token }).toString();
+      watchLink.href = url.toString();
+      watchLink.hidden = false;
+      say(`share this link to let others watch (view only, for ${Math.round(v.expires_in_s / 60)} min)`);
+      navigator.clipboard?.writeText(url.toString()).catch(() => {});
     })
     .catch((e: unknown) => say((e as Error).message));
 };

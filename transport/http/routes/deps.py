@@ -55,6 +55,23 @@ def session_dep(
     return access.session
 
 
+def steward_dep(
+    session_id: str,
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+) -> Session:
+    """The open session `session_id` if the bearer token is its own (its owner's, who keeps managing its viewers
+    and control while a viewer holds control) or the one holding control now.
+
+    Raises:
+        HTTPException: as `session_dep`.
+    """
+    access = access_dep(session_id, request, authorization)
+    if not (access.owner or access.controller):
+        raise HTTPException(404, NOT_FOUND_DETAIL)
+    return access.session
+
+
 def access_dep(
     session_id: str,
     request: Request,

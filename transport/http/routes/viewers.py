@@ -1,8 +1,8 @@
-"""Viewer tokens over HTTP: POST /v1/sessions/{id}/viewers (mint one; for a session served in a LiveKit room,
-with a subscribe-only LiveKit token too) and DELETE
-/v1/sessions/{id}/viewers/{viewer_id} (revoke it and close its streams). Both need the session's own token
-(a viewer token is answered 404 as a wrong one: it cannot create or revoke viewers). The records and the
-token check are `sessions/viewers.py`'s."""
+"""Viewer tokens and control over HTTP: POST /v1/sessions/{id}/viewers (mint one; for a session served in a
+LiveKit room, with a subscribe-only LiveKit token too), DELETE /v1/sessions/{id}/viewers/{viewer_id} (revoke it
+and close its streams) and POST /v1/sessions/{id}/control (hand control to a viewer, or take it back). Each needs
+the session's own token or the token holding control (`deps.steward_dep`; any other viewer token is answered 404
+as a wrong one). The records and the token check are `sessions/viewers.py`'s and `sessions/access.py`'s."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worldcast.sessions.session import Session
 from worldcast.sessions.viewers import ViewerConfig
-from worldcast.transport.http.routes.deps import session_dep
+from worldcast.transport.http.routes.deps import steward_dep
 from worldcast.transport.schemas import LiveKitAccess
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def viewer_config(request: Request) -> ViewerConfig:
 
 @router.post("/v1/sessions/{session_id}/viewers", status_code=201, response_model=ViewerResponse)
 async def create_viewer(
-    session: Annotated[Session, Depends(session_dep)],
+    session: Annotated[Session, Depends(steward_dep)],
     request: Request,
     body: Annotated[ViewerRequest | None, Body()] = None,
 ) -> ViewerResponse:
@@ -73,10 +73,38 @@ async def create_viewer(
 @router.delete("/v1/sessions/{session_id}/viewers/{viewer_id}", status_code=204)
 async def delete_viewer(
     viewer_id: str,
-    session: Annotated[Session, Depends(session_dep)],
+    session: Annotated[Session, Depends(steward_dep)],
 ) -> Response:
     """Revoke a viewer token: 204, and every stream it opened is closed; 404 for an id that is not a live
     viewer of this session."""
     if not session.viewers.revoke(viewer_id):
         raise HTTPException(404, "no such viewer of this session")
     return Response(status_code=204)
+
+
+class ControlRequest(BaseModel):
+    """Body of POST /v1/sessions/{id}/control."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    to: str | None = Field(description="the viewer id to hand control to; null: back to the session's own token")
+
+
+@router.post("/v1/sessions/{session_id}/control")
+async def hand_over_control(
+    body: ControlRequest,
+    session: Annotated[Session, Depends(steward_dep)],
+    request: Request,
+) -> dict[str, str | None]:
+    """Hand control of the session to one of its live viewers, or back to its own token (`Session.hand_over`):
+    one controller at a time; the previous controller's connections close. Asked by the session's own token (it
+    may always take control back) or the viewer holding control; another viewer's token gets a wrong token's 404;
+    404 for no live viewer of that id; 409 for a session served in a LiveKit room (not supported there yet)."""
+    worlds = request.app.state.livekit
+    if worlds is not None and session.id in worlds.worlds:
+        raise HTTPException(409, "handing over control is not supported for sessions in a LiveKit room yet")
+    try:
+        session.hand_over(body.to)
+    except ValueError as e:
+        raise HTTPException(404, str(e)) from None
+    return {"controller": body.to}
