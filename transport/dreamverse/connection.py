@@ -301,3 +301,9 @@ class DreamverseConnection:
 
     def on_error(self, session: Session, reason: object) -> None:
         self.error(getattr(reason, "code", "session_failed"), f"AV streaming failed: {reason}")
+
+    def on_control(self, session: Session, to: object) -> None:
+        """Control of the session was handed over (`Session.hand_over`): this client was its controller, so it is
+        told and closed, as the worldcast stream's controller is."""
+        self.error("control_handed_over", "control of this session was handed over: this connection closes")
+        self.close(CLOSE_NORMAL)
