@@ -68,7 +68,7 @@ from worldcast.engine.tuning.compiled import DEFAULT_BUCKETS, StepCompiler, conf
 from worldcast.engine.tuning.packages import PackageStore
 from worldcast.engine.tuning.threads import ThreadChoice, available_cores, choose_threads, eligible_threads
 from worldcast.engine.tuning.warmup import (
-    ChunkRunner,
+    build_graphs,
     ServedWay,
     WarmupReport,
     check_context,
@@ -78,7 +78,7 @@ from worldcast.engine.tuning.warmup import (
     timed,
     use_way,
 )
-from worldcast.models.base import WorldModel
+from worldcast.models.base import WorldModel, weights_digest
 from worldcast.models.spec import dtype_from_name
 
 logger = logging.getLogger(__name__)
@@ -179,6 +179,8 @@ class EngineSnapshot:
         cost: a copy of the cost model.
         steps_run: steps executed.
         warmup: what warm-up measured and chose (precision, compiled buckets; None before warm-up).
+        weights_sha256: `models.base.weights_digest` of the weights as this engine serves them (after warm-up's
+            dtype; None before a warm-up or `serve_way`: then they are as loaded). Recordings name it.
     """
 
     slots_total: int
@@ -189,6 +191,7 @@ class EngineSnapshot:
     cost: CostModel = field(default_factory=CostModel)
     steps_run: int = 0
     warmup: WarmupReport | None = None
+    weights_sha256: str | None = None
 
     @property
     def used_bytes(self) -> int:
@@ -278,6 +281,8 @@ class DeviceWorker:
         self.compiler = StepCompiler(model.device, buckets=config.compile_buckets, enabled=config.compile,
                                      freeze=config.compile_freeze)
         self.warmup_report: WarmupReport | None = None
+        #: `weights_digest` of the weights as served, once warm-up or `serve_way` chose their dtype
+        self.weights_sha256: str | None = None
         #: called on the worker thread after every executed step (metrics)
         self.on_step: Callable[[StepSchedulerOutput, StepRunnerOutput], None] | None = None
         self.snapshot = EngineSnapshot(self.pool.num_slots, 0, self.pool.slot_bytes)
@@ -385,6 +390,7 @@ class DeviceWorker:
                 for r in rs:
                     r.close()
         done()
+        self.weights_sha256 = weights_digest(self.model)
         phases["total"] = time.perf_counter() - t0
         self.warmup_report = WarmupReport(precision=choice, compile_mode=self.compiler.mode, buckets=buckets,
                                           phases_s=phases, cache_dir=None if cache_dir is None else str(cache_dir),
@@ -448,16 +454,12 @@ class DeviceWorker:
         if self.compiler.mode != "eager" and served.compiled_buckets:
             cache_dir = configure_cache(self.config.compile_cache_dir)
         use_way(self.model, self.compiler, dtype_from_name(served.dtype), compiled=False)
+        self.weights_sha256 = weights_digest(self.model)
         self._replan_pool(served.dtype)
         buckets = tuple(b for b in served.compiled_buckets if b in self.compiler.buckets)
         if self.compiler.mode != "eager" and buckets and self.compiler.steps:
             for b in buckets:
-                runner = ChunkRunner(self.model, batch=b, context=check_context(self.model))
-                try:
-                    with self.compiler.compiling(sorted(buckets)):
-                        runner.chunk()
-                finally:
-                    runner.close()
+                build_graphs(self.model, self.compiler, b, sorted(buckets), check_context(self.model)).close()
             self.compiler.enable(buckets)
             if cache_dir is not None and served.package_buckets and self.config.use_packages:
                 # checked and timed by the predecessor's warm-up; keys include the weights, so a hit is the same code
@@ -522,13 +524,12 @@ class DeviceWorker:
             return self._free_slots_locked()
 
     def _free_slots_locked(self) -> int:
-        """Free slots (under `_lock`): a slot (or reservation) whose session's removal is queued is free
-        already, since the worker applies removals before adds and drops an add whose removal is queued with
-        it (`_apply_pending`). Without this, a session created right after
+        """Free slots (under `_lock`): a slot whose session's removal is queued is free already, since the
+        worker applies removals before adds (`_apply_pending`; a removal drops the adds queued before it at
+        once, `remove_session`). Without this, a session created right after
         another was deleted was refused here ("all N state slots in use") while the server, which had counted
         the slot free at the delete, had already answered 201 (issue 31, item 4)."""
-        queued = {r.session_id for r in self._pending_add}  # reserved; skipped if their removal is queued too
-        leaving = sum(1 for sid in set(self._pending_remove) if self.pool.holds(sid) or sid in queued)
+        leaving = sum(1 for sid in set(self._pending_remove) if self.pool.holds(sid))
         return self.pool.num_slots - self.pool.used_slots - self._reserved + leaving
 
     def add_session(self, session_id: str, conditioner: Conditioner, *, seed: int,
@@ -576,8 +577,17 @@ class DeviceWorker:
             self._wake.notify_all()
 
     def remove_session(self, session_id: str) -> None:
-        """Stop generating for `session_id` and free its slot (idempotent)."""
+        """Stop generating for `session_id` and free its slot (idempotent).
+
+        An add of it still queued is dropped now (its `on_restored` is not called: the handle that removes a
+        session fails its own wait), so an add queued after this removal, of the same id (a world put back:
+        `SessionManager.rewind`), is the one the worker starts, whichever of its passes sees the two.
+        """
         with self._wake:
+            kept = [r for r in self._pending_add if r.session_id != session_id]
+            self._reserved -= len(self._pending_add) - len(kept)
+            self._pending_add = kept
+            self._restores.pop(session_id, None)
             self._pending_remove.append(session_id)
             self._wake.notify_all()
 
@@ -610,7 +620,8 @@ class DeviceWorker:
         self.snapshot = EngineSnapshot(
             slots_total=self.pool.num_slots, slots_used=self.pool.used_slots, slot_bytes=self.pool.slot_bytes,
             queue_depth=self.scheduler.queue_depth, sessions=self.scheduler.stats(),
-            cost=self.scheduler.cost.copy(), steps_run=self.steps_run, warmup=self.warmup_report)
+            cost=self.scheduler.cost.copy(), steps_run=self.steps_run, warmup=self.warmup_report,
+            weights_sha256=self.weights_sha256)
 
     def _remove(self, session_id: str) -> None:
         """The one way a session leaves the engine: rollout, scheduler entry, suspect mark, slot."""
@@ -633,9 +644,7 @@ class DeviceWorker:
                 self._remove(sid)
             for r in adds:
                 self._reserved -= 1
-                restore = self._restores.pop(r.session_id, None)
-                if r.session_id in removes:  # closed before it started
-                    continue
+                restore = self._restores.pop(r.session_id, None)  # (an add queued now came after any removal)
                 r.slot = self.pool.allocate(r.session_id)  # reserved: cannot be exhausted
                 self.rollouts[r.session_id] = r
                 if restore is None:

@@ -45,7 +45,7 @@ import torch
 
 from worldcast.engine.errors import StepFailed
 from worldcast.engine.state_pool import PoolView, StatePool
-from worldcast.engine.step_output import ChunkRecord, FrameOut
+from worldcast.engine.step_output import ChunkBatches, ChunkRecord, FrameOut
 from worldcast.engine.timing import DeviceTimer
 from worldcast.models.base import ChunkConditioning, StateUpdates, WorldModel, select_rows
 from worldcast.models.spec import Conditioning
@@ -120,6 +120,8 @@ class StagedChunk:
     cached_version: int = -1  #: the conditioning version the session's caches held when the chunk began
     denoise_s: float = 0.0  #: time spent on its denoising steps, s
     frames: list[FrameOut] | None = None  #: decoded frames, once `finalize_batch` has decoded (and emitted) them
+    #: (batch, row, lock_step) of each denoising step run so far (`ChunkBatches.denoise`)
+    denoised_at: list[tuple[int, int, bool]] = field(default_factory=list)
     decode_updates: StateUpdates = field(default_factory=dict)  #: the decoder's staged state changes
 
 
@@ -139,6 +141,7 @@ class ChunkRollout:
     generator: torch.Generator | None = None
     _serial: int = 0
     draws: int = 0  #: noise draws since the last committed chunk (`ChunkRecord.draws`)
+    last_commit: tuple[int, int] = (1, 0)  #: (batch, row) of the last commit pass (`ChunkBatches.previous_commit`)
 
     def __post_init__(self) -> None:
         if self.generator is None:
@@ -359,7 +362,8 @@ def denoise_batch(rollouts: list[ChunkRollout], steps: list[int], cache: BatchCa
     ts = cache.timesteps(m)
     if any(not 0 <= k < m.spec.denoising_steps for k in steps):
         raise ValueError(f"denoising step indices {steps} outside 0..{m.spec.denoising_steps - 1}")
-    if all(k == steps[0] for k in steps):  # lock step (the usual case): views of the uploaded table
+    lock_step = all(k == steps[0] for k in steps)
+    if lock_step:  # the usual case: views of the uploaded table
         t, t_next = ts[steps[0]].expand(len(st)), ts[steps[0] + 1].expand(len(st))
     else:
         idx = torch.tensor(steps, dtype=torch.int64).to(m.device, non_blocking=True)
@@ -373,6 +377,7 @@ def denoise_batch(rollouts: list[ChunkRollout], steps: list[int], cache: BatchCa
     for i, s in enumerate(st):
         s.x_t = x_next[i]
         s.denoise_s += dt
+        s.denoised_at.append((len(st), i, lock_step))
 
 
 def finalize_batch(
@@ -437,7 +442,8 @@ def finalize_batch(
             }
             record = ChunkRecord(first_latent=s.latent_indices[0], draws=r.draws, cached_version=s.cached_version,
                                  context_version=s.inputs.context_version,
-                                 actions=np.asarray(s.inputs.actions, dtype=np.float32))
+                                 actions=np.asarray(s.inputs.actions, dtype=np.float32),
+                                 batches=ChunkBatches(r.last_commit, tuple(s.denoised_at), (len(todo), j)))
             s.frames = [FrameOut(r.session_id, idx, host[j][f], s.deadline_s + f * period, s.inputs.action_seq,
                                  s.inputs.epoch, dict(timings), chunk=record if f == 0 else None)
                         for f, idx in enumerate(s.pixel_indices)]
@@ -449,13 +455,14 @@ def finalize_batch(
     # Everything computed: now apply, as one transaction per batch.
     rollouts[0].pool.apply(batch.view, updates)
     frames: list[FrameOut] = []
-    for r, s in zip(rollouts, st, strict=True):
+    for i, (r, s) in enumerate(zip(rollouts, st, strict=True)):
         assert s.frames is not None
         if s.decode_updates:
             r.pool.apply(r.view(), s.decode_updates)
         r.next_latent = s.latent_indices[-1] + 1
         r.staged = None
         r.draws = 0
+        r.last_commit = (len(rollouts), i)
         frames += s.frames
     return frames
 

@@ -130,7 +130,7 @@ def capture(r: ChunkRollout, schedule: SessionSchedule) -> bytes:
     header = {
         "model": spec.name, "states": fingerprint(spec), "session_id": r.session_id, "seed": r.seed,
         "next_latent": r.next_latent, "context_version": r.context_version, "serial": r._serial,
-        "draws": r.draws,
+        "draws": r.draws, "last_commit": list(r.last_commit),
         "generator_device": r.generator.device.type, "schedule": sched, "conditioner": cond_header, "parts": index,
     }
     head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
@@ -209,3 +209,5 @@ def restore(r: ChunkRollout, captured: CapturedSession) -> None:
     r.context_version = h["context_version"]
     r._serial = h["serial"]
     r.draws = h["draws"]
+    b, row = h.get("last_commit", (1, 0))
+    r.last_commit = (int(b), int(row))

@@ -48,6 +48,31 @@ class StepSchedulerOutput:
 
 
 @dataclass(frozen=True)
+class ChunkBatches:
+    """Where a chunk's forwards ran: each as (batch size, the session's row in it). A batched forward's kernels
+    may sum in another order at another batch size, so replaying a session exactly runs each forward at the
+    recorded size and row (`sessions/replay.py`); a session that always ran alone has all (1, 0).
+
+    Attributes:
+        previous_commit: (batch, row) of the commit pass that wrote the session's previous chunk (it runs after
+            that chunk's frames, and so its record, are out; (1, 0) after the initial frames).
+        denoise: per denoising step of this chunk, (batch, row, lock_step): lock_step False when the batch's
+            sessions were at different denoising steps (their flow times gathered per row).
+        decode: (batch, row) of the decode pass that made this chunk's frames.
+    """
+
+    previous_commit: tuple[int, int]
+    denoise: tuple[tuple[int, int, bool], ...]
+    decode: tuple[int, int]
+
+    @property
+    def alone(self) -> bool:
+        """Every forward ran at batch 1."""
+        return (self.previous_commit[0] == 1 and self.decode[0] == 1
+                and all(b == 1 for b, _, _ in self.denoise))
+
+
+@dataclass(frozen=True)
 class ChunkRecord:
     """What made a chunk's frames, beyond the session's seed and model: enough to generate them again exactly
     (`worldcast replay`, `sessions/recording.py`). Carried by the first frame of each committed chunk.
@@ -60,6 +85,7 @@ class ChunkRecord:
         context_version: the conditioning version the chunk sampled.
         actions: float32 (F_pix, A): the action vector of each of its pixel frames as sampled (None: initial
             frames, made by no action).
+        batches: where its forwards ran in their batches (None: the initial frames, made alone).
     """
 
     first_latent: int
@@ -67,6 +93,7 @@ class ChunkRecord:
     cached_version: int
     context_version: int
     actions: np.ndarray | None
+    batches: ChunkBatches | None = None
 
 
 @dataclass
@@ -86,6 +113,8 @@ class FrameOut:
             commit forward runs after the frame is published and is not on its path.
         chunk: on the first frame of each committed chunk (and of the initial frames), what made it
             (`ChunkRecord`); None on the others.
+        lost: its pixels never reached the server (an engine process's frame ring was full: `image` is empty,
+            uint8 (0, 0, 3)); it is told anyway, so a recording keeps its chunk record and its place.
     """
 
     session_id: str
@@ -96,6 +125,7 @@ class FrameOut:
     epoch: int
     timings_ms: dict[str, float] = field(default_factory=dict)
     chunk: ChunkRecord | None = None
+    lost: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ recording costs the live stream.
 1. Side by side: two sessions on one server (`worldcast serve` in a child process) run the same script at
    once, one created with `"record": true`, one without; action-to-frame latency of each (from sending an
    action to the first received frame whose `action_seq` covers it, over the fMP4 stream) is reported, so
-   recording's cost on the live stream reads off one run. The two share batched steps.
+   recording's cost on the live stream reads off one run. The two share batched steps (replay runs each of the
+   recorded session's forwards at its recorded batch size and row; the report counts the chunks that had one
+   at batch 2 or more).
 2. Alone: one recorded session runs the script by itself (batch 1 throughout).
 3. Each recorded log is fetched over HTTP (GET /v1/sessions/{id}/recording/events) and replayed in this
    process (`sessions/replay.py`); the report says how many frames came out identical to the recorded ones.
@@ -130,7 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, path in logs.items():
         t = time.monotonic()
         r = replay(path)
+        batched = sum(1 for x in path.read_text().splitlines() if x.startswith('{"type":"chunk"') and '"batches"' in x)
         out[f"replay_{name}"] = {"frames": r.frames, "identical": r.identical, "chunks": r.chunks,
+                                 "batched_chunks": batched, "unverified": len(r.unverified),
                                  "dropped_draws": r.dropped_draws, "first_mismatches": r.mismatched[:10],
                                  "differences": r.differences, "replay_s": round(time.monotonic() - t, 1),
                                  "log_bytes": path.stat().st_size}

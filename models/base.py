@@ -28,6 +28,7 @@ compilable steps runs as it is.
 from __future__ import annotations
 
 import abc
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -377,3 +378,23 @@ def renoise_update(x0: torch.Tensor, t_next: torch.Tensor, noise: NoiseFn) -> to
     shape = (-1,) + (1,) * (x0.dim() - 1)
     tn = t_next.reshape(shape).to(x0.dtype)
     return (1 - tn) * x0 + tn * noise()
+
+
+def weights_digest(model: object) -> str:
+    """sha256 (hex) of a model's weights as they are served: every parameter and buffer of the `torch.nn.Module`s
+    it holds as attributes, by attribute and tensor name, with dtype and shape, after the served dtype is applied
+    (`set_precision`). What recordings name and `worldcast replay` checks (`sessions/recording.py`); the engine
+    that serves the model computes it (`engine/device_worker.py`), since an engine process holds its own copy.
+
+    Takes about a second a GB of weights on a CPU (a device's weights are copied to the host first).
+    """
+    h = hashlib.sha256()
+    for attr in sorted(vars(model)):
+        mod = getattr(model, attr)
+        if not isinstance(mod, torch.nn.Module):
+            continue
+        for name, t in sorted(mod.state_dict().items()):
+            x = t.detach().to("cpu").contiguous()
+            h.update(f"{attr}.{name}:{x.dtype}:{tuple(x.shape)}".encode())
+            h.update(x.reshape(-1).view(torch.uint8).numpy().tobytes() if x.numel() else b"")
+    return h.hexdigest()

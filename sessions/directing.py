@@ -91,6 +91,8 @@ class Segment:
         end: how it ended (None: open).
         ended_s: when it ended, s.
         stage_ms_sum: per server stage (queue, denoise, decode), sum over its frames, ms.
+        retake_of: the segment it took again, from that segment's start (`sessions/takes.py`; None: it went on
+            from where the world was).
     """
 
     index: int
@@ -107,6 +109,7 @@ class Segment:
     end: SegmentEnd | None = None
     ended_s: float | None = None
     stage_ms_sum: dict[str, float] = field(default_factory=dict)
+    retake_of: int | None = None
     _finishing: bool = False
 
     @property
@@ -127,6 +130,7 @@ class Segment:
             "last_frame_index": self.last_frame_index,
             "last_pts": self.last_pts,
             "end": None if self.end is None else self.end.value,
+            "retake_of": self.retake_of,
             "timings_ms": {
                 "ttff": ttff,
                 "wall": wall,
@@ -168,6 +172,9 @@ class DirectingSession:
         self.segment_count = 0
         self.frames_dropped = 0  #: frames delivered outside an open segment (before the first, after an end)
         self._listeners: dict[str, list[Callable[[Segment], None]]] = {}
+        #: called with each frame dropped for want of an open segment (before the first direction, after a
+        #: segment's end: the session's initial frames among them), on the event loop
+        self.on_gated: list[Callable[[VideoFrame], None]] = []
         session.frames.set_gate(self)
         _DIRECTORS[session] = self
         session.on("state", self._on_state)
@@ -214,7 +221,8 @@ class DirectingSession:
         return max(1, math.ceil(d * self.fps - 1e-9))
 
     def direct(self, direction_id: str, prompt: str, context: Conditioning, *,
-               duration_s: float | None = None, open_ended: bool = False) -> DirectionAck:
+               duration_s: float | None = None, open_ended: bool = False,
+               retake_of: int | None = None) -> DirectionAck:
         """Apply a direction now: cut the open segment (if any) and start a new one.
 
         Args:
@@ -223,6 +231,7 @@ class DirectingSession:
             context: the session's conditioning with this prompt, encoded (`Session.encode_prompt`).
             duration_s: segment length, s (None: `default_duration_s`).
             open_ended: run until the next direction instead (ignores `duration_s`).
+            retake_of: the segment it takes again (`sessions/takes.py`, which put the world back first).
 
         Returns:
             the ack: the new segment and the cut one.
@@ -241,7 +250,8 @@ class DirectingSession:
         epoch = s.flush()  # drops old frames in every sink, restarts the chunk
         s.resume()
         seg = Segment(index=self.segment_count, direction_id=direction_id, prompt=prompt, epoch=epoch,
-                      target_frames=None if open_ended else self.target_frames(duration_s), started_s=now)
+                      target_frames=None if open_ended else self.target_frames(duration_s), started_s=now,
+                      retake_of=retake_of)
         self.segment_count += 1
         self.segments.append(seg)
         del self.segments[:-SEGMENTS_KEPT]
@@ -343,6 +353,9 @@ class DirectingSession:
         seg = self.current
         if seg is None or frame.epoch < seg.epoch:
             self.frames_dropped += 1
+            if seg is None:
+                for cb in list(self.on_gated):
+                    cb(frame)
             return False
         if seg.frames == 0:
             seg.first_frame_s, seg.first_frame_index = self.session.clock(), frame.frame_index

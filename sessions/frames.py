@@ -46,7 +46,8 @@ from worldcast.sessions.clock import VIDEO_TIME_BASE, MediaClock
 logger = logging.getLogger(__name__)
 
 #: What became of one frame: handed to the sinks, dropped as stale (stage 2), or refused by the gate (stage 4).
-Outcome = Literal["delivered", "dropped_stale", "dropped_gated"]
+#: "dropped_lost": its pixels never reached the server (an engine process's full frame ring: `FrameOut.lost`).
+Outcome = Literal["delivered", "dropped_stale", "dropped_gated", "dropped_lost"]
 
 
 @dataclass
@@ -133,6 +134,7 @@ class FramePipeline:
         self.delivered = 0
         self.dropped_stale = 0
         self.dropped_gated = 0
+        self.dropped_lost = 0
 
     # -- stage 1: pacing ---------------------------------------------------------------------------
 
@@ -166,6 +168,10 @@ class FramePipeline:
             the delivered frame, or None if dropped (stale, or refused by the gate).
         """
         self.generated += 1
+        if out.lost:
+            self.dropped_lost += 1
+            self._outcome("dropped_lost", out.present_at_s, out)
+            return None
         if not self.is_current(out):
             self.dropped_stale += 1
             self._outcome("dropped_stale", out.present_at_s, out)

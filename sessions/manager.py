@@ -46,7 +46,7 @@ from worldcast.engine.errors import EngineUnavailable, SessionStateError, StateP
 from worldcast.engine.local_engine import LocalEngine
 from worldcast.engine.step_output import FrameOut
 from worldcast.engine.tuning.packages import machine_kind
-from worldcast.models.base import WorldModel
+from worldcast.models.base import WorldModel, weights_digest
 from worldcast.models.errors import ConditioningError
 from worldcast.models.spec import Conditioning, ConditioningRequest
 from worldcast.sessions.directing import DirectingSession
@@ -55,13 +55,15 @@ from worldcast.sessions.errors import (
     EngineNotFound,
     InvalidConditioning,
     RecordingRefused,
+    SessionClosedError,
     SessionNotFound,
     SnapshotRefused,
 )
 from worldcast.sessions.placement import Placement, place
-from worldcast.sessions.recording import EventLog, Recordings, weights_digest
+from worldcast.sessions.recording import EventLog, Recordings
 from worldcast.sessions.session import CloseReason, Session, SessionMode, SessionState
 from worldcast.sessions.snapshots import Snapshot, SnapshotStore
+from worldcast.sessions.takes import Takes
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,9 @@ class SessionConfig:
     #: a chunk of many frames (causal Wan: 12) is thus paced out in real time instead of in a burst
     send_ahead_frames: float = 1.0
     warmup: bool = True  #: measure step costs at start (admission and pacing rely on them)
+    #: a directing session's kept segment starts ("take it again from segment N", `sessions/takes.py`), bytes of
+    #: captured state at most a session (0: no retakes)
+    retake_max_bytes: int = 64 * 2**20
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  #: who gets in
 
     def __post_init__(self) -> None:
@@ -89,6 +94,8 @@ class SessionConfig:
             v = getattr(self, name)
             if not 0 < v < float("inf"):
                 raise ValueError(f"SessionConfig.{name} must be positive and finite, got {v!r}")
+        if self.retake_max_bytes < 0:
+            raise ValueError(f"SessionConfig.retake_max_bytes must be >= 0, got {self.retake_max_bytes!r}")
 
 
 class SessionManager:
@@ -141,7 +148,7 @@ class SessionManager:
         self.duty_prior = DutyCyclePrior(adm.min_observation_s, default=adm.default_duty_cycle)
         self._tick_task: asyncio.Task[None] | None = None
         #: hooks for metrics: on_frame(outcome, lateness_s) with outcome "delivered" | "dropped_stale" |
-        #: "dropped_gated" (`FramePipeline.deliver`), on_admission(admitted), on_engine_lost(engine)
+        #: "dropped_gated" | "dropped_lost" (`FramePipeline.deliver`), on_admission(admitted), on_engine_lost(engine)
         self.on_frame: Callable[[str, float], None] | None = None
         self.on_admission: Callable[[bool], None] | None = None
         self.on_engine_lost: Callable[[EngineHandle], None] | None = None
@@ -305,12 +312,12 @@ class SessionManager:
         )
         session.frames.on_outcome = self._frame_outcome
         if record:
-            self._record(session, engine, from_start=snapshot is None,
-                         snapshot=None if snapshot is None else snapshot.snapshot_id)
+            self._record(session, engine, from_start=True, snapshot=snapshot)
         if snapshot is not None:
             return await self._restore(session, engine, snapshot)
+        director = None
         if mode == "directing":
-            DirectingSession(session)  # the layer above it (`director_of(session)`), gating its frames
+            director = DirectingSession(session)  # the layer above it (`director_of(session)`), gating its frames
             session.pause()  # nothing to generate until the first direction
         try:
             engine.add_session(sid, session.inputs.engine_state(), seed=session.seed)
@@ -323,10 +330,62 @@ class SessionManager:
         self.sessions[sid] = session
         session.inputs.attach(_Link(self, sid))
         session.recorder = lambda: self.start_recording(sid)
+        if director is not None and self.config.retake_max_bytes:
+            self._keep_takes(session, director)
         logger.info("Session(%s): created on engine %d (prompt of %d chars, %s, seed %d)", sid, engine.id,
                     len(prompt or ""), "no image" if image is None else f"a {image.shape[1]}x{image.shape[0]} image",
                     session.seed)
         return session
+
+    # -- takes (directing) -------------------------------------------------------------------------------------
+
+    def _keep_takes(self, session: Session, director: DirectingSession) -> None:
+        """Keep the directing session's segment starts, so a segment can be taken again (`sessions/takes.py`)."""
+        sid, spec = session.id, self.model.spec
+
+        async def capture() -> bytes:
+            engine = self.engine_of(sid)
+            if engine is None:
+                raise EngineUnavailable(f"session {sid} is between engines")
+            return await engine.capture_session(sid)
+
+        takes = Takes(director, capture=capture, rewind=lambda state: self.rewind(sid, state),
+                      next_frame=lambda state: spec.pixel_start(session_state.parse(state).header["next_latent"]),
+                      max_bytes=self.config.retake_max_bytes)
+
+        def keep(segment: int, state: bytes, epoch: int) -> None:
+            if session.recording is not None:
+                session.recording.retake(segment, state, epoch)
+        takes.on_retake = keep
+        takes.keep_start()
+
+    async def rewind(self, session_id: str, state: bytes) -> None:
+        """Put an open session's world back to `state` (captured from it earlier), on the engine it is on: it
+        keeps its id, token, streams, clock and recording; its schedule moves to now and the server's inputs are
+        sent again whole. Frames made before it are stale once its owner flushes (a retake directs at once).
+
+        Raises:
+            SessionNotFound: no such open session.
+            SnapshotRefused: `state` is not this model's (nothing changes), or the session is between engines.
+            SessionClosedError: the engine could not restore it (the session is then closed: its world is gone).
+        """
+        s = self.get(session_id)
+        try:
+            session_state.parse(state, self.model.spec)
+        except SessionStateError as e:
+            raise SnapshotRefused(f"session {session_id}: {e}") from None
+        engine = self.engine_of(session_id)
+        if engine is None:
+            raise SnapshotRefused(f"session {session_id} is between engines; try again in a moment")
+        engine.remove_session(session_id)
+        try:
+            await engine.import_session(session_id, s.inputs.engine_state(), seed=s.seed,
+                                        blob=session_state.rebase(state, self.clock()))
+        except (StatePoolExhausted, EngineUnavailable, SessionStateError) as e:
+            self.close(session_id, CloseReason.ERROR, detail=f"putting its world back failed: {e}")
+            raise SessionClosedError(f"session {session_id} closed: its world could not be put back ({e})") from e
+        s.inputs.resend()
+        logger.info("Session(%s): world put back on engine %d", session_id, engine.id)
 
     # -- snapshots --------------------------------------------------------------------------------------------
 
@@ -394,14 +453,22 @@ class SessionManager:
         await self.weights_sha256()
 
     def _record(self, session: Session, engine: EngineHandle, *, from_start: bool,
-                snapshot: str | None = None) -> EventLog:
+                snapshot: Snapshot | None = None) -> EventLog:
         assert self.recordings is not None and self._weights_sha256 is not None
-        report = engine.snapshot.warmup
+        snap = engine.snapshot
+        report = snap.warmup
+        choice = engine.thread_choice
         served = None if report is None else {"dtype": report.precision.dtype,
                                               "compiled_buckets": list(report.compiled_buckets),
                                               "package_buckets": list(report.package_buckets)}
+        # the weights as the session's engine serves them (an engine process holds its own copy, in its served
+        # dtype); as loaded here where no warm-up chose a dtype
+        digest = snap.weights_sha256 or self._weights_sha256
         log = self.recordings.start(session, served=served, device=machine_kind(torch.device(engine.device)),
-                                    from_start=from_start, weights_sha256=self._weights_sha256, snapshot=snapshot)
+                                    threads=None if choice is None else choice.threads,
+                                    from_start=from_start, weights_sha256=digest,
+                                    snapshot=None if snapshot is None else snapshot.snapshot_id,
+                                    snapshot_state=None if snapshot is None else snapshot.state)
         try:
             session.start_recording(log)
         except BaseException:  # closed meanwhile: the log must not stay open

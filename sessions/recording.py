@@ -74,24 +74,6 @@ def pixels_sha256(image: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def weights_digest(model: object) -> str:
-    """sha256 (hex) over every parameter and buffer of the `torch.nn.Module`s a model holds as attributes, by
-    attribute and tensor name, with dtype and shape: the weights as they are served (after the served dtype is
-    applied). Takes about a second a GB of weights on a CPU."""
-    import torch
-
-    h = hashlib.sha256()
-    for attr in sorted(vars(model)):
-        mod = getattr(model, attr)
-        if not isinstance(mod, torch.nn.Module):
-            continue
-        for name, t in sorted(mod.state_dict().items()):
-            x = t.detach().to("cpu").contiguous()
-            h.update(f"{attr}.{name}:{x.dtype}:{tuple(x.shape)}".encode())
-            h.update(x.reshape(-1).view(torch.uint8).numpy().tobytes() if x.numel() else b"")
-    return h.hexdigest()
-
-
 def save_image(folder: Path, image: np.ndarray) -> str:
     """Keep a starting image (uint8 (H, W, 3) RGB, decoded) as `images/<sha256>.png` in `folder` (lossless);
     returns the sha256 of its pixels (`pixels_sha256`)."""
@@ -150,6 +132,7 @@ class EventLog:
         self.on_closed: Callable[[], None] | None = None
         self._unflushed = 0
         self._applied_seq = -1
+        self._video_described = False  #: the first `video` event, which names the picture's scale, is written
         self._file: io.TextIOWrapper | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self.write("header", format=FORMAT, **header)
 
@@ -181,7 +164,7 @@ class EventLog:
         if out.chunk is not None:
             self.chunk(out.chunk)
         fields: dict[str, Any] = {"index": out.frame_index, "epoch": out.epoch, "action_seq": out.action_seq,
-                                  "outcome": outcome, "sha256": pixels_sha256(out.image)}
+                                  "outcome": outcome, "sha256": None if out.lost else pixels_sha256(out.image)}
         if pts is not None:
             fields["pts"] = pts
         self.write("frame", **fields)
@@ -189,10 +172,45 @@ class EventLog:
             self._applied_seq = out.action_seq
             self.write("applied", seq=out.action_seq, frame=out.frame_index)
 
+    def video(self, index: int, epoch: int, *, scale: int, stamp: bool) -> None:
+        """Frame `index` (of flush epoch `epoch`) went into `video.mp4` as its next picture, upscaled `scale`
+        times by pixel repetition (stamped with its index where `stamp`): which frame each of the film's
+        pictures is, so replay can compare a frame it makes otherwise with the one served (PSNR). The first
+        such event carries `scale` and `stamp`."""
+        extra: dict[str, Any] = {} if self._video_described else {"scale": scale, "stamp": stamp}
+        self._video_described = True
+        self.write("video", index=index, epoch=epoch, **extra)
+
     def chunk(self, c: ChunkRecord) -> None:
+        extra: dict[str, Any] = {}
+        if c.batches is not None and not c.batches.alone:  # left out: every forward ran alone
+            b = c.batches
+            extra["batches"] = {"previous_commit": list(b.previous_commit),
+                                "denoise": [[n, row, lock] for n, row, lock in b.denoise], "decode": list(b.decode)}
         self.write("chunk", first_latent=c.first_latent, draws=c.draws, cached_version=c.cached_version,
                    context_version=c.context_version,
-                   actions=None if c.actions is None else [[float(v) for v in row] for row in c.actions])
+                   actions=None if c.actions is None else [[float(v) for v in row] for row in c.actions], **extra)
+
+    def retake(self, segment: int, state: bytes, epoch: int) -> None:
+        """A directing session took segment `segment` again (`sessions/takes.py`): its world was put back to
+        `state`, kept beside the log as `takes/<sha256>.bin` (what replay restores), and the new take's frames
+        carry flush epochs from `epoch` on. A state that cannot be written stops the recording."""
+        if self._file is None:
+            return
+        digest = hashlib.sha256(state).hexdigest()
+        path = self.path.parent / TAKES_DIR / f"{digest}.bin"
+        if self.bytes + len(state) > self.max_bytes:
+            self._stop(f"the recording reached its size cap of {self.max_bytes} bytes")
+            return
+        try:
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(state)
+        except OSError as e:
+            self._stop(f"the recording could not be written: {e.strerror or e}")
+            return
+        self.bytes += len(state)
+        self.write("retake", segment=segment, epoch=epoch, state_sha256=digest)
 
     def stop(self, reason: str) -> None:
         """Stop recording (asked for): an event says so; the file is closed. No `on_stop`: it was asked."""
@@ -248,9 +266,11 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "resume": {},
     "state": {"state": (str,)},
     "control": {},
+    "retake": {"segment": (int,), "epoch": (int,), "state_sha256": (str,)},
     "chunk": {"first_latent": (int,), "draws": (int,), "cached_version": (int,), "context_version": (int,),
               "actions": (list, type(None))},
-    "frame": {"index": (int,), "epoch": (int,), "outcome": (str,), "sha256": (str,)},
+    "frame": {"index": (int,), "epoch": (int,), "outcome": (str,), "sha256": (str, type(None))},
+    "video": {"index": (int,), "epoch": (int,)},
     "applied": {"seq": (int,), "frame": (int,)},
     "stopped": {"reason": (str,)},
     "end": {"reason": (str,)},
@@ -349,6 +369,10 @@ _SESSION_ID = re.compile(r"^[0-9a-f]{16}$")
 EVENTS_FILE = "events.jsonl"
 #: The recording's video beside its log, when the server records video (`Recordings.video`).
 VIDEO_FILE = "video.mp4"
+#: The folder beside a log holding the states a directing session's retakes put its world back to.
+TAKES_DIR = "takes"
+#: The state of the snapshot a recorded session started from, beside its log (what replay starts from).
+SNAPSHOT_FILE = "snapshot.bin"
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -441,14 +465,18 @@ class Recordings:
         return kept + per_live * len(self.live)
 
     def start(self, session: Any, *, served: dict[str, Any] | None, device: str, from_start: bool,
-              weights_sha256: str, snapshot: str | None = None) -> EventLog:
+              weights_sha256: str, threads: int | None = None, snapshot: str | None = None,
+              snapshot_state: bytes | None = None) -> EventLog:
         """Start recording `session` (a `Session`) into its folder and return its log (the caller attaches it).
 
         Args:
             served: how its engine serves (dtype, compiled buckets); device: the device kind.
+            threads: its engine's intra-op thread count (None: not chosen there), which replay takes: a batched
+                step's kernels may split their work by it.
             from_start: it records from the session's first frame (only then is it replayable).
             weights_sha256: `weights_digest` of the served model.
             snapshot: the snapshot the session was started from (None: none).
+            snapshot_state: that snapshot's state bytes, kept beside the log (`SNAPSHOT_FILE`) for replay.
 
         Raises:
             RecordingRefused: the quota is full or the log cannot be written.
@@ -468,11 +496,16 @@ class Recordings:
             (folder / TOKEN_FILE).write_text(hashlib.sha256(session.token.encode()).hexdigest())
             image = session.conditioning.image
             image_digest = None if image is None else save_image(folder, image)
+            state_digest = None
+            if snapshot_state is not None:
+                (folder / SNAPSHOT_FILE).write_bytes(snapshot_state)
+                state_digest = hashlib.sha256(snapshot_state).hexdigest()
             header = {
                 "worldcast": _version(), "session_id": session.id, "model": session.model.spec.name,
                 "fps": session.model.spec.fps,
                 "model_arg": self.identity.get("model"), "weights": self.identity.get("weights"),
-                "weights_sha256": weights_sha256, "device": device, "snapshot": snapshot, "served": served,
+                "weights_sha256": weights_sha256, "device": device, "snapshot": snapshot,
+                "snapshot_sha256": state_digest, "served": served, "threads": threads,
                 "seed": session.seed,
                 "mode": session.mode, "prompt": session.conditioning.text, "image_sha256": image_digest,
                 "context_version": session.inputs.context_version, "from_start": from_start,

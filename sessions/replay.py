@@ -11,16 +11,28 @@ chunk begun and dropped on the server (preempted) draws its noise here too,
 so every later chunk gets the same noise. Each frame's sha256 is compared
 with the one the log holds.
 
+A session batched with others replays exactly too: a batched forward's
+kernels may sum in another order at another batch size, but no step mixes
+the rows of a batch, so each row depends only on its own inputs, the batch
+size and its row. The engine reports where each of a chunk's forwards ran
+(`ChunkBatches`: batch size and row of every denoising step, the decode and
+the commit), and replay runs each at that size and row, the other rows
+taken by stand-ins (`_StandIns`: copies of the session whose outputs are
+dropped), with the recorded intra-op thread count. A session started from a
+snapshot replays from the snapshot's state, kept beside the log.
+
 Exactness holds on the same model, weights, dtype, compiled way and device
-kind, for a session that ran alone in its batch: a batch of several sessions
-may sum in another order on some kernels. Where the header disagrees with the
-replaying machine, replay says which and still reports frame by frame which
-frames matched.
+kind. Where the header disagrees with the replaying machine, replay says
+which and still reports frame by frame which frames matched.
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import hashlib
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,14 +42,16 @@ import numpy as np
 import torch
 
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
-from worldcast.engine.rollout import ChunkInputs, ChunkRollout
+from worldcast.engine import session_state
+from worldcast.engine.errors import SessionStateError
+from worldcast.engine.rollout import BatchCache, ChunkInputs, ChunkRollout, denoise_batch, finalize_batch
 from worldcast.engine.state_pool import StatePool
-from worldcast.engine.step_output import FrameOut
+from worldcast.engine.step_output import ChunkBatches, FrameOut
 from worldcast.engine.tuning.packages import machine_kind
 from worldcast.engine.tuning.warmup import ServedWay
-from worldcast.models.base import WorldModel
+from worldcast.models.base import WorldModel, weights_digest
 from worldcast.models.spec import Conditioning, ConditioningRequest
-from worldcast.sessions.recording import Event, RecordingError, load_image, pixels_sha256, read_log, weights_digest
+from worldcast.sessions.recording import SNAPSHOT_FILE, TAKES_DIR, Event, RecordingError, load_image, pixels_sha256, read_log
 
 logger = logging.getLogger(__name__)
 
@@ -50,23 +64,35 @@ class ReplayReport:
         frames: frames generated.
         identical: of them, those whose pixels' sha256 equals the recorded one.
         mismatched: indices of the frames that differ (or that the log does not have).
+        unverified: indices of frames the server made whose pixels never reached it (an engine process's full
+            frame ring): nothing to compare them with.
+        retakes: times the world was put back where a directing segment began (`retake` events).
         chunks: chunk records replayed (the initial frames' included).
         dropped_draws: noise draws of chunks begun and dropped on the server, drawn again here.
         differences: what differs between the recording's machine and this one (empty: nothing known).
+        psnr_db: (frame index, PSNR in dB) of each differing frame against the picture the recording's video
+            (`video.mp4`, lossy H.264) holds of it, where it holds one: how far a replay that cannot be exact
+            (another device kind, dtype or weights) is from what was served. PSNR = 10 log10(255^2 / MSE) over
+            the RGB pixels (inf: equal); the film's own coding loss is in it (identical frames measured 40.6 to
+            41.3 dB against a test's recording, docs/recordings.md), so only values well below that say the
+            frames differ in content.
         fps: the model's frame rate, frames/s.
     """
 
     frames: int = 0
     identical: int = 0
     mismatched: list[int] = field(default_factory=list)
+    unverified: list[int] = field(default_factory=list)
+    retakes: int = 0
     chunks: int = 0
     dropped_draws: int = 0
     differences: list[str] = field(default_factory=list)
+    psnr_db: list[tuple[int, float]] = field(default_factory=list)
     fps: int = 0
 
     @property
     def exact(self) -> bool:
-        return self.frames > 0 and self.identical == self.frames
+        return self.frames > 0 and not self.mismatched
 
 
 class _Script:
@@ -98,6 +124,8 @@ class _Script:
 
 #: Most noise draws one chunk record may claim (a server drops a chunk only for a fresher input: a few at most).
 MAX_DRAWS = 1000
+#: Largest batch a chunk record may name (an engine's `max_batch` is far below it).
+MAX_BATCH = 64
 
 
 def _finite_rows(rows: object, dim: int) -> bool:
@@ -111,15 +139,87 @@ def _need(e: Event, what: str, ok: bool) -> None:
         raise RecordingError(f"events.jsonl line {e.line}: {what}")
 
 
+def _place(x: object) -> bool:
+    return (isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+            and 1 <= x[0] <= MAX_BATCH and 0 <= x[1] < x[0])
+
+
+def _batches(e: Event, steps: int) -> ChunkBatches | None:
+    """A chunk record's `batches` (None: every forward ran alone), checked.
+
+    Raises:
+        RecordingError: malformed, or not one place per denoising step.
+    """
+    b = e.fields.get("batches")
+    if b is None:
+        return None
+    ok = (isinstance(b, dict) and _place(b.get("previous_commit")) and _place(b.get("decode"))
+          and isinstance(b.get("denoise"), list) and len(b["denoise"]) == steps
+          and all(isinstance(d, list) and len(d) == 3 and _place(d[:2]) and isinstance(d[2], bool)
+                  for d in b["denoise"]))
+    _need(e, f"batches must hold previous_commit and decode as [batch, row] (batch 1..{MAX_BATCH}) and "
+          f"{steps} denoise places as [batch, row, lock_step]", ok)
+    return ChunkBatches(tuple(b["previous_commit"]), tuple((d[0], d[1], d[2]) for d in b["denoise"]),
+                        tuple(b["decode"]))
+
+
+class _StandIns:
+    """Rollouts standing in for the sessions a recorded one shared its batches with.
+
+    A batched forward's kernels may sum in another order at another batch size, but each row of a batch depends
+    only on its own inputs at a given batch size and row (no step mixes rows). So the recorded session's chunk is
+    run at each forward's recorded batch size and row, the other rows taken by stand-ins: rollouts in slots of
+    their own holding a copy of the session's state and chunk, whose outputs are discarded.
+    """
+
+    def __init__(self, real: ChunkRollout) -> None:
+        self.real = real
+        self.others: list[ChunkRollout] = []
+
+    def stage(self, batches: ChunkBatches) -> None:
+        """After the real chunk began: enough stand-ins for its largest batch, each a copy of the session now."""
+        need = max([batches.decode[0], *(b for b, _, _ in batches.denoise)]) - 1
+        r, pool = self.real, self.real.pool
+        while len(self.others) < need:
+            o = ChunkRollout(f"{r.session_id}~{len(self.others) + 1}", r.model, pool, r.conditioner,
+                             seed=r.seed + len(self.others) + 1)
+            o.slot = pool.allocate(o.session_id)
+            self.others.append(o)
+        st = r.staged
+        assert st is not None
+        for o in self.others[:need]:
+            for ts in pool.tensors.values():
+                for x in ts.values():
+                    if x.numel():
+                        x[o.slot].copy_(x[r.slot])
+            o.next_latent, o.context_version = r.next_latent, r.context_version
+            o.staged = dataclasses.replace(st, frames=None, decode_updates={}, denoised_at=[])
+
+    def batch(self, size: int, row: int) -> list[ChunkRollout]:
+        """`size` rollouts with the recorded session at `row`."""
+        others = self.others[:size - 1]
+        return [*others[:row], self.real, *others[row:]]
+
+    def close(self) -> None:
+        for o in self.others:
+            o.close()
+
+
 def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | None = None, device: str = "cpu",
-           frames_dir: Path | None = None, export_dir: Path | None = None,
-           on_frame: Any = None) -> ReplayReport:
+           snapshot: Path | None = None, threads: int | None = None, frames_dir: Path | None = None,
+           export_dir: Path | None = None, on_frame: Any = None) -> ReplayReport:
     """Generate the recorded session of `log_path` again.
 
     Args:
-        log_path: its `events.jsonl` (the starting image, if any, beside it in `images/`).
+        log_path: its `events.jsonl` (the starting image, if any, beside it in `images/`; the state of the
+            snapshot it started from, if any, beside it as `snapshot.bin`).
         model: the model to replay on, already serving the recorded way (tests; None: load the header's
             model with `weights` or the header's weights, on `device`, and serve it the recorded way).
+        snapshot: the state file of the snapshot the session started from (None: `snapshot.bin` beside the log).
+        threads: torch's intra-op thread count to replay with, set before any graph is built (None: as it is).
+            The header's `threads` says what the engine chose; on the development VM (2 vCPUs) an engine process
+            that chose 1 was reproduced bit for bit at the default of 2 and not at 1 (`make replay-check`,
+            BENCHMARKS.md), so it is not applied by itself.
         frames_dir: write each generated frame there as `frame_<index>.png`.
         export_dir: write `frames.npy` (uint8 (N, H, W, 3)), `actions.npy` (float32 (N, A): each frame's
             action vector; zeros for initial frames) and `index.npy` (int64 (N,) frame indices).
@@ -130,7 +230,8 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
 
     Raises:
         RecordingError: the log is not replayable (unreadable, cut, out of order, not recorded from the session's
-            start, or its records contradict each other); the message names the line.
+            start, its snapshot missing or not the one recorded, or its records contradict each other); the
+            message names the line.
     """
     events = list(read_log(log_path))
     header = events[0].fields
@@ -141,6 +242,25 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
     _need(events[0], "served must be an object or null", served is None or (
         isinstance(served, dict) and isinstance(served.get("dtype"), str)
         and all(isinstance(served.get(k), list) for k in ("compiled_buckets", "package_buckets"))))
+    recorded_threads = header.get("threads")
+    _need(events[0], "threads must be a positive integer or null", recorded_threads is None or (
+        isinstance(recorded_threads, int) and not isinstance(recorded_threads, bool)
+        and 1 <= recorded_threads <= 1024))
+    blob = _snapshot_state(events[0], log_path, snapshot)
+    old_threads = torch.get_num_threads()
+    if threads is not None:  # before any graph is built: compiled steps are specialised to the thread count
+        torch.set_num_threads(threads)
+    try:
+        return _replay(events, log_path, model=model, weights=weights, device=device, blob=blob, served=served,
+                       report=report, frames_dir=frames_dir, export_dir=export_dir, on_frame=on_frame)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _replay(events: list[Event], log_path: Path, *, model: WorldModel | None, weights: Path | None, device: str,
+            blob: bytes | None, served: dict[str, Any] | None, report: ReplayReport, frames_dir: Path | None,
+            export_dir: Path | None, on_frame: Any) -> ReplayReport:
+    header = events[0].fields
     if model is None:
         from worldcast.models import registry
 
@@ -169,9 +289,8 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
     # conditioning by version: the starting one from the header, one per recorded prompt
     folder = log_path.parent
     digest_of_image = header.get("image_sha256")
-    _need(events[0], "image_sha256 must be 64 hexadecimal digits or null", digest_of_image is None or (
-        isinstance(digest_of_image, str) and len(digest_of_image) == 64
-        and all(c in "0123456789abcdef" for c in digest_of_image)))
+    _need(events[0], "image_sha256 must be 64 hexadecimal digits or null", digest_of_image is None or _hex64(
+        digest_of_image))
     _need(events[0], "prompt must be text or null", header.get("prompt") is None or isinstance(header["prompt"], str))
     image = None if digest_of_image is None else load_image(folder, digest_of_image)
     request = ConditioningRequest(text=header.get("prompt"), image=image)
@@ -181,22 +300,60 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
             request = request.with_text(e.fields["text"])
             contexts[e.fields["context_version"]] = model.encode_conditioning(request)
 
-    recorded = {e.fields["index"]: e.fields["sha256"] for e in events if e.type == "frame"}
+    # takes: a directing session's retake put its world back (`sessions/takes.py`); a frame's flush epoch says
+    # which take made it, and a chunk's is that of the frame after it
+    retakes = [e for e in events if e.type == "retake"]
+    for a, b in zip(retakes, retakes[1:], strict=False):
+        _need(b, "retake epochs must rise", b.fields["epoch"] > a.fields["epoch"])
+    for e in retakes:
+        _need(e, "state_sha256 must be 64 hexadecimal digits", _hex64(e.fields["state_sha256"]))
+    starts = [e.fields["epoch"] for e in retakes]
+
+    def take_of(epoch: int) -> int:
+        return bisect.bisect_right(starts, epoch)
+
+    recorded = {(take_of(e.fields["epoch"]), e.fields["index"]): e.fields["sha256"]
+                for e in events if e.type == "frame"}
+    epoch_of: dict[int, int] = {}
+    last: Event | None = None
+    for e in events:
+        if e.type == "chunk":
+            last = e
+        elif e.type == "frame" and last is not None:
+            epoch_of[last.line], last = e.fields["epoch"], None
+    chunks = [e for e in events if e.type == "chunk"]
+    _need(events[0], "no chunk records: nothing to replay", bool(chunks))
+    film = _Film.of(events, folder, take_of)
+    took: dict[int, int] = {}
+    prev = 0
+    for e in chunks:  # a chunk whose frame never came (the log's end) is of the take before it
+        took[e.line] = prev = take_of(epoch_of[e.line]) if e.line in epoch_of else prev
+    chunks.sort(key=lambda e: took[e.line])  # (stable: each take's chunks in log order)
+    places = [_batches(e, spec.denoising_steps) for e in chunks]
+    widest = max([1, *(max([b.decode[0], *(n for n, _, _ in b.denoise)]) for b in places if b is not None)])
     script = _Script(contexts, spec.actions.dim)
-    pool = StatePool(spec.states, budget_bytes=spec.state_bytes_per_session(), device=model.device)
+    pool = StatePool(spec.states, budget_bytes=spec.state_bytes_per_session() * widest, device=model.device)
     rollout = ChunkRollout(str(header.get("session_id", "replay")), model, pool, script, seed=header["seed"])
+    stand_ins = _StandIns(rollout)
+    cache = BatchCache()
     made: list[FrameOut] = []
     acts: list[np.ndarray] = []
 
-    def take(frames: list[FrameOut], actions: np.ndarray | None) -> None:
+    def take(frames: list[FrameOut], actions: np.ndarray | None, number: int = 0) -> None:
         for i, f in enumerate(frames):
             if export_dir is not None:
                 made.append(f)
             report.frames += 1
-            if recorded.get(f.frame_index) == pixels_sha256(f.image):
+            want = recorded.get((number, f.frame_index))
+            if want is None and (number, f.frame_index) in recorded:  # made, but its pixels never reached the server
+                report.unverified.append(f.frame_index)
+            elif want == pixels_sha256(f.image):
                 report.identical += 1
             else:
                 report.mismatched.append(f.frame_index)
+                served = film.picture((number, f.frame_index)) if film is not None else None
+                if served is not None:
+                    report.psnr_db.append((f.frame_index, psnr_db(f.image, served, film.scale)))
             if export_dir is not None:
                 acts.append(actions[i] if actions is not None else np.zeros(spec.actions.dim, np.float32))
             if on_frame is not None:
@@ -207,13 +364,23 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
                 frames_dir.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(f.image).save(frames_dir / f"frame_{f.frame_index:06d}.png")
 
-    chunks = [e for e in events if e.type == "chunk"]
-    _need(events[0], "no chunk records: nothing to replay", bool(chunks))
     initialised = False
     try:
+        if blob is not None:  # the world the snapshot kept, then its chunks
+            rollout.slot = pool.allocate(rollout.session_id)
+            try:
+                session_state.restore(rollout, session_state.parse(blob, spec))
+            except (SessionStateError, KeyError, ValueError) as e:
+                raise RecordingError(f"events.jsonl line 1: the snapshot's state cannot be restored here: {e}") from None
+            initialised = True
+        current = 0
         with torch.no_grad():  # as the engine runs (compiled steps were traced without inference mode)
-            for e in chunks:
+            for n, e in enumerate(chunks):
                 c = e.fields
+                if took[e.line] != current:  # a retake: the world as it was where the segment began
+                    current = took[e.line]
+                    _put_back(rollout, retakes[current - 1], log_path.parent, spec)
+                    report.retakes += 1
                 if c["actions"] is None:  # the initial frames
                     _need(e, "initial frames after the session's first chunk", not initialised)
                     _need(e, f"an unknown conditioning version {c['context_version']}",
@@ -231,22 +398,25 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
                 _need(e, f"chunk of latent frame {c['first_latent']} out of order (expected {rollout.next_latent})",
                       c["first_latent"] == rollout.next_latent)
                 _need(e, f"an unknown conditioning version {c['context_version']}", c["context_version"] in contexts)
-                _need(e, f"draws must lie within 1..{MAX_DRAWS}", 1 <= c["draws"] <= MAX_DRAWS)
+                _need(e, f"draws must lie within {rollout.draws + 1}..{MAX_DRAWS}",
+                      rollout.draws < c["draws"] <= MAX_DRAWS)
                 _need(e, "actions must be rows of finite numbers", _finite_rows(c["actions"], spec.actions.dim))
                 script.actions = None  # a dropped chunk's actions do not matter: only its noise draw does
-                for _ in range(c["draws"] - 1):  # begun and dropped on the server: its noise was drawn there too
+                while rollout.draws < c["draws"] - 1:  # begun and dropped on the server: its noise was drawn there too
                     rollout.begin_chunk(0.0, 0.0)
                     rollout.abort_chunk()
                     report.dropped_draws += 1
                 actions = np.asarray(c["actions"], dtype=np.float32)
                 script.version, script.actions = c["context_version"], actions
                 rollout.begin_chunk(0.0, 0.0)
-                for step in range(spec.denoising_steps):
-                    rollout.step(step)
-                take(rollout.finalize(0.0), actions)
+                after = places[n + 1] if n + 1 < len(places) and took[chunks[n + 1].line] == current else None
+                take(_run_chunk(rollout, stand_ins, places[n], after, cache, report, e), actions, current)
                 report.chunks += 1
     finally:
+        stand_ins.close()
         rollout.close()
+        if film is not None:
+            film.close()
     if export_dir is not None:
         export_dir.mkdir(parents=True, exist_ok=True)
         np.save(export_dir / "frames.npy", np.stack([f.image for f in made]) if made else np.zeros((0,), np.uint8))
@@ -256,3 +426,141 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
     logger.info("replay: %d chunks, %d frames, %d identical to the recording (%d actions, %d prompts in the log)",
                 report.chunks, report.frames, report.identical, counts["action"], counts["prompt"])
     return report
+
+
+def _run_chunk(r: ChunkRollout, stand_ins: _StandIns, places: ChunkBatches | None, after: ChunkBatches | None,
+               cache: BatchCache, report: ReplayReport, e: Event) -> list[FrameOut]:
+    """The begun chunk of `r`: each denoising step, its decode and its commit at the batch size and row the
+    record gives (alone where it gives none); returns its frames."""
+    steps = r.model.spec.denoising_steps
+    if places is None:
+        for k in range(steps):
+            denoise_batch([r], [k], cache)
+        frames = finalize_batch([r], 0.0, cache=cache)
+        commit = (1, 0)
+    else:
+        stand_ins.stage(places)
+        for k, (size, row, lock_step) in enumerate(places.denoise):
+            rs = stand_ins.batch(size, row)
+            # stand-ins at another step where the server's batch was not in lock step (flow times gathered by row)
+            denoise_batch(rs, [k if lock_step or x is r else (k + 1) % steps for x in rs], cache)
+        frames = [f for f in finalize_batch(stand_ins.batch(*places.decode), 0.0, cache=cache)
+                  if f.session_id == r.session_id]
+        commit = places.decode
+    if after is not None and after.previous_commit != commit:
+        report.differences.append(f"events.jsonl line {e.line}: its chunk's commit ran at batch/row "
+                                  f"{list(after.previous_commit)} apart from its decode (a failed batch re-run), "
+                                  "replayed at the decode's: later frames may differ")
+    return frames
+
+
+def psnr_db(image: np.ndarray, served: np.ndarray, scale: int = 1) -> float:
+    """PSNR of `image` (uint8 (h, w, 3)) against `served` (uint8 (h * scale, w * scale, 3): the picture as
+    encoded, upscaled by pixel repetition), in dB: 10 log10(255^2 / MSE) over every RGB value (inf: equal).
+
+    Raises:
+        ValueError: the shapes do not match at `scale`.
+    """
+    if scale != 1:
+        image = image.repeat(scale, axis=0).repeat(scale, axis=1)
+    if image.shape != served.shape:
+        raise ValueError(f"a frame of shape {image.shape} at scale {scale} against a picture of {served.shape}")
+    mse = float(np.mean((image.astype(np.float64) - served.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+class _Film:
+    """The recording's video (`video.mp4`), decoded picture by picture as replay asks (in order; PyAV), each
+    picture named by the `video` event written when it went in: (take, frame index) -> its position."""
+
+    def __init__(self, path: Path, places: dict[tuple[int, int], int], scale: int) -> None:
+        self.path, self.places, self.scale = path, places, scale
+        self._frames: Any = None
+        self._at = -1  #: position of the last picture decoded
+        self._last: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, events: list[Event], folder: Path, take_of: Any) -> _Film | None:
+        from worldcast.sessions.recording import VIDEO_FILE
+
+        video = [e for e in events if e.type == "video"]
+        path = folder / VIDEO_FILE
+        if not video or not path.is_file():
+            return None
+        scale = video[0].fields.get("scale", 1)
+        _need(video[0], "scale must be a positive integer", isinstance(scale, int) and not isinstance(scale, bool)
+              and 1 <= scale <= 64)
+        places = {(take_of(e.fields["epoch"]), e.fields["index"]): n for n, e in enumerate(video)}
+        return cls(path, places, scale)
+
+    def picture(self, key: tuple[int, int]) -> np.ndarray | None:
+        """The served picture of frame `key` (uint8 (H, W, 3) RGB), or None: the film does not hold it, it was
+        passed already, or the file ends (or fails to decode) first."""
+        n = self.places.get(key)
+        if n is None or n < self._at:
+            return None
+        try:
+            if self._frames is None:
+                import av
+
+                self._container = av.open(str(self.path))
+                self._frames = self._container.decode(video=0)
+            while self._at < n:
+                self._last = next(self._frames).to_ndarray(format="rgb24")
+                self._at += 1
+        except (StopIteration, OSError, ValueError) as e:  # (av.error.* are OSError / ValueError)
+            logger.info("replay: the film %s ends or fails at picture %d: %s", self.path, self._at + 1, e)
+            self.places = {}
+            return None
+        return self._last
+
+    def close(self) -> None:
+        if self._frames is not None:
+            self._container.close()
+
+
+def _put_back(r: ChunkRollout, e: Event, folder: Path, spec: Any) -> None:
+    """Restore `r` to the state a `retake` event put the session's world back to (kept beside the log).
+
+    Raises:
+        RecordingError: the state is missing, not the recorded one, or not this model's.
+    """
+    digest = e.fields["state_sha256"]
+    path = folder / TAKES_DIR / f"{digest}.bin"
+    try:
+        state = path.read_bytes()
+    except OSError as err:
+        raise RecordingError(f"events.jsonl line {e.line}: the retake's state {path} cannot be read "
+                             f"({err.strerror or err})") from None
+    _need(e, f"{path} is not the retake's state (sha256 differs)", hashlib.sha256(state).hexdigest() == digest)
+    try:
+        session_state.restore(r, session_state.parse(state, spec))
+    except (SessionStateError, KeyError, ValueError) as err:
+        raise RecordingError(f"events.jsonl line {e.line}: the retake's state cannot be restored: {err}") from None
+
+
+def _hex64(x: object) -> bool:
+    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
+
+
+def _snapshot_state(h: Event, log_path: Path, path: Path | None) -> bytes | None:
+    """The state of the snapshot a recorded session started from (None: it started afresh), checked against the
+    header's sha256.
+
+    Raises:
+        RecordingError: it is missing, or not the recorded one.
+    """
+    sid = h.fields.get("snapshot")
+    if sid is None:
+        return None
+    want = h.fields.get("snapshot_sha256")
+    _need(h, "a session started from a snapshot needs snapshot_sha256 (64 hexadecimal digits)", _hex64(want))
+    path = path if path is not None else log_path.parent / SNAPSHOT_FILE
+    try:
+        blob = path.read_bytes()
+    except OSError as err:
+        raise RecordingError(f"events.jsonl line 1: the session started from snapshot {sid}, whose state {path} "
+                             f"cannot be read ({err.strerror or err}); pass it with --snapshot") from None
+    if hashlib.sha256(blob).hexdigest() != want:
+        raise RecordingError(f"events.jsonl line 1: {path} is not the state of snapshot {sid} (sha256 differs)")
+    return blob

@@ -546,6 +546,7 @@ class Session:
             "frames_delivered": self.frames.delivered,
             "frames_dropped_stale": self.frames.dropped_stale,
             "frames_dropped_gated": self.frames.dropped_gated,
+            "frames_dropped_lost": self.frames.dropped_lost,
             "last_action_seq": self.inputs.actions.last_seq,
             "sinks": len(self.frames.sinks),
             "viewers": self.viewer_count,

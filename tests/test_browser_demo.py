@@ -185,6 +185,10 @@ def test_demo_drives_the_model_s_declared_axes_from_a_gamepad(live_server) -> No
         lines = [json.loads(x) for x in Path(d.value.path()).read_text().splitlines()]
         assert lines[0]["type"] == "header" and lines[0]["from_start"] and lines[0]["session_id"] == sid
         assert any(e["type"] == "action" and (e.get("axes") or {}).get("move_x") == 0.9 for e in lines)
+        with page.expect_download() as d:  # the film: the session's one encode as MP4, served so far
+            page.click("#download-film")
+        film = Path(d.value.path()).read_bytes()
+        assert d.value.suggested_filename == f"{sid}.mp4" and film[4:8] == b"ftyp" and b"moof" in film
 
 
 def test_share_gives_a_watch_link_that_plays_the_session_view_only(live_server) -> None:  # type: ignore[no-untyped-def]

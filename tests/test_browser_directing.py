@@ -108,3 +108,60 @@ def test_directing_page_plays_mse_at_the_live_edge_and_cuts_segments(live_server
         finally:
             browser.close()
     assert page_errors == []
+
+
+def test_a_segment_picked_in_the_timeline_is_taken_again_and_the_recording_downloads(live_server) -> None:  # type: ignore[no-untyped-def]
+    """Record at Start; two finished segments; clicking segment 0 in the timeline and directing takes it again: the
+    server answers `retake_of` 0, the page strikes out segments 0 and 1 (abandoned), the new segment plays from
+    where segment 0 began; the film and the event log download (the log names the retake)."""
+    import json
+
+    _require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    page_errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 800, "height": 900}, accept_downloads=True)
+        try:
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            page.goto(live_server.url + "/direct.html")
+            page.check("#record")
+            page.click("#start")
+            sid = wait_js(page, "window.__worldcastDirect.streaming && window.__worldcastDirect.sessionId",
+                          "session + stream")
+            page.select_option("#duration", "2")
+            for n, prompt in enumerate(("a green meadow", "a snowy landscape at dusk")):
+                page.fill("#direction", prompt)
+                page.click("#direct")
+                wait_js(page, f"document.querySelector('#timeline .seg[data-segment=\"{n}\"][data-end=\"finished\"]')"
+                              " !== null", f"segment {n} finished")
+            page.click('#timeline .seg[data-segment="0"]')
+            assert page.text_content("#direct") == "Take 0 again"
+            assert page.input_value("#direction") == "a green meadow", "the segment's own prompt is offered"
+            page.click("#direct")
+            wait_js(page, "window.__worldcastDirect.segments.length === 3 && "
+                          "window.__worldcastDirect.segments[2].frames >= 5", "the retake plays")
+            segs = page.evaluate("window.__worldcastDirect.segments")
+            assert [(s["segment"], s["retakeOf"], s["abandoned"]) for s in segs] == [
+                (0, None, True), (1, None, True), (2, 0, False)], segs
+            assert page.evaluate("document.querySelectorAll('#timeline .seg.abandoned').length") == 2
+            assert page.text_content("#direct") == "Direct" and page.evaluate("window.__worldcastDirect.errors") == []
+            page.screenshot(path="/tmp/worldcast_directing_retake.png")
+
+            with page.expect_download() as d:
+                page.click("#download")
+            log = [json.loads(x) for x in Path(d.value.path()).read_text().splitlines()]
+            assert log[0]["session_id"] == sid and log[0]["mode"] == "directing"
+            assert [e["segment"] for e in log if e["type"] == "retake"] == [0]
+            with page.expect_download() as d:
+                page.click("#download-film")
+            film = Path(d.value.path()).read_bytes()
+            assert d.value.suggested_filename == f"{sid}.mp4" and film[4:8] == b"ftyp" and b"moof" in film
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path="/tmp/worldcast_directing_retake.png")
+            raise
+        finally:
+            browser.close()
+    assert page_errors == []

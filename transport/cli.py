@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="snapshots kept at most; one past it is refused (delete one)")
     s.add_argument("--snapshot-quota-mib", type=float, default=SnapshotConfig.max_total_bytes / 2**20, metavar="MIB",
                    help="snapshots' bytes at most; one past it is refused")
+    s.add_argument("--retake-mib", type=float, default=SessionConfig.retake_max_bytes / 2**20, metavar="MIB",
+                   help="a directing session's kept segment starts (\"take it again from segment N\"), MiB of "
+                        f"captured state at most (default {SessionConfig.retake_max_bytes / 2**20:g}; 0: no retakes)")
     s.add_argument("--static-dir", type=Path, default=DEFAULT_STATIC_DIR, help="built web demo to serve at /")
     s.add_argument("--dreamverse-segment", type=float, default=5.0,
                    help="segment length of the Dreamverse-compatible endpoint WS /ws, s")
@@ -203,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     r = sub.add_parser("replay", help="generate a recorded session again from its event log, frame for frame",
                        description="Reads a log recorded with \"record\": true (GET /v1/sessions/{id}/recording/"
-                                   "events, or events.jsonl in the recordings directory, with its images/ beside "
-                                   "it), generates every frame again on the recorded model, weights and served way, "
+                                   "events, or events.jsonl in the recordings directory, with its images/ and "
+                                   "snapshot.bin beside it), generates every frame again on the recorded model, "
+                                   "weights and served way, each forward at its recorded batch size and row, "
                                    "and checks each against the recorded one (docs/recordings.md). Exit status 0: "
                                    "every frame identical; 1: some differ (listed); 2: the log is refused.")
     r.add_argument("events", type=Path, help="the event log (events.jsonl)")
@@ -213,7 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--export", type=Path, default=None, metavar="DIR",
                    help="write frames.npy, actions.npy and index.npy here (training, analysis)")
     r.add_argument("--weights", type=Path, default=None, help="the weights (default: the recorded path)")
+    r.add_argument("--snapshot", type=Path, default=None, metavar="FILE",
+                   help="the state of the snapshot the session started from (default: snapshot.bin beside the log)")
     r.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    r.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     r.add_argument("--log-level", default="warning")
     return p
 
@@ -241,8 +248,9 @@ def replay_command(args: argparse.Namespace) -> int:
                     film = FilmWriter(args.out, fps=fps)
                 film.add(f.image)
 
-        report = replay(args.events, weights=args.weights, device=args.device, frames_dir=args.frames,
-                        export_dir=args.export, on_frame=keep)
+        report = replay(args.events, weights=args.weights, device=args.device, snapshot=args.snapshot,
+                        threads=args.threads,
+                        frames_dir=args.frames, export_dir=args.export, on_frame=keep)
     except (RecordingError, OSError, ValueError, KeyError, TypeError) as e:
         print(f"worldcast replay: {e}", file=sys.stderr)
         return 2
@@ -255,7 +263,14 @@ def replay_command(args: argparse.Namespace) -> int:
         print(f"film: {args.out} ({film.frames} frames at {film.fps:g} frames/s)")
     print(f"replayed {report.chunks} chunks ({report.dropped_draws} dropped draws), {report.frames} frames: "
           f"{report.identical} identical to the recording" + (
+              f", {len(report.unverified)} never reached the server (nothing to compare)" if report.unverified
+              else "") + (
               "" if report.exact else f", {len(report.mismatched)} differ (first {report.mismatched[:10]})"))
+    if report.psnr_db:
+        values = [v for _, v in report.psnr_db]
+        finite = [v for v in values if v != float("inf")]
+        print(f"PSNR of the {len(values)} differing frames against the recording's video (lossy H.264): "
+              f"min {min(values):.1f} dB, mean {sum(finite) / len(finite) if finite else float('inf'):.1f} dB")
     return 0 if report.exact else 1
 
 
@@ -498,6 +513,7 @@ def _server_config(args: argparse.Namespace, livekit: livekit_config.LiveKitConf
             idle_after_s=args.idle_after,
             timeout_s=args.session_timeout,
             connect_grace_s=args.connect_grace,
+            retake_max_bytes=int(args.retake_mib * 2**20),
             admission=AdmissionConfig(policy=AdmissionPolicy(args.admission), max_sessions=args.max_sessions,
                                       target_utilization=args.target_utilization,
                                       max_overload_probability=args.max_overload,

@@ -300,6 +300,8 @@ class DirectionMessage(_Strict):
 
     Example: {"type": "direction", "id": "d7", "prompt": "a snowy field", "duration_s": 5}.
     `duration_s` absent: the server's default segment length; null: until the next direction.
+    `from_segment` N: take segment N again: the world is put back where it began, and this direction's segment
+    starts from there (`sessions/takes.py`).
     """
 
     type: Literal["direction"]
@@ -307,6 +309,8 @@ class DirectionMessage(_Strict):
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     duration_s: StrictFloat | StrictInt | None = Field(
         None, gt=0, le=MAX_SEGMENT_S, allow_inf_nan=False, description="segment length, s")
+    from_segment: StrictInt | None = Field(
+        None, ge=0, le=2**31, description="take this segment again: start from where it began (null: go on)")
 
     _prompt = field_validator("prompt")(check_prompt)
 

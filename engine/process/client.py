@@ -41,6 +41,8 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
+import numpy as np
+
 from worldcast.engine import messages as cmsg
 from worldcast.engine.cost_model import CostModel
 from worldcast.engine.device_worker import EngineSnapshot
@@ -48,6 +50,7 @@ from worldcast.engine.engine_handle import EngineHandle
 from worldcast.engine.errors import EngineUnavailable
 from worldcast.engine.process import messages as msg
 from worldcast.engine.process.launch import STOP_TIMEOUT_S, EngineLaunch, Incarnation, RestartPolicy, exit_reason, spawn
+from worldcast.engine.process.shm_frames import FrameMeta, ShmFrameRing
 from worldcast.engine.step_output import FrameOut, StepRunnerOutput, StepSchedulerOutput
 from worldcast.engine.tuning.threads import ThreadChoice
 from worldcast.engine.tuning.warmup import WarmupReport
@@ -56,6 +59,18 @@ from worldcast.models.spec import WorldModelSpec
 __all__ = ["EngineClient", "EngineLaunch", "RestartPolicy"]
 
 logger = logging.getLogger(__name__)
+
+#: The image of a frame whose pixels an engine process dropped on a full ring (`FrameOut.lost`).
+_NO_PIXELS = np.zeros((0, 0, 3), np.uint8)
+
+
+def frames_from(metas: list[FrameMeta], ring: ShmFrameRing) -> list[FrameOut]:
+    """The frames of one `FramesReady`, their pixels copied out of `ring` (and their slots released); a frame the
+    engine dropped on a full ring (`ring_index` -1) comes without pixels (`FrameOut.lost`), keeping its place and
+    its chunk record."""
+    return [FrameOut(f.session_id, f.frame_index, ring.read(f) if f.ring_index >= 0 else _NO_PIXELS,
+                     f.present_at_s, f.action_seq, f.epoch, f.timings_ms, f.chunk, lost=f.ring_index < 0)
+            for f in metas]
 
 
 class EngineClient(EngineHandle):
@@ -188,8 +203,7 @@ class EngineClient(EngineHandle):
 
     def _handle(self, inc: Incarnation, m: object) -> None:
         if isinstance(m, msg.FramesReady):
-            frames = [FrameOut(f.session_id, f.frame_index, inc.ring.read(f), f.present_at_s, f.action_seq, f.epoch,
-                               f.timings_ms, f.chunk) for f in m.frames]
+            frames = frames_from(m.frames, inc.ring)
             ipc_ms = (time.monotonic() - m.sent_s) * 1e3  # pipe + copy out of the ring, this batch of frames
             for f in frames:
                 f.timings_ms["ipc"] = ipc_ms

@@ -122,7 +122,7 @@ class EngineProcessCore:
             except ShmFrameRingFull:
                 logger.warning("engine %d: frame ring full (the server is not reading): dropped frame %d of "
                                "Session(%s)", self.spec.engine_id, f.frame_index, f.session_id)
-                continue
+                idx = -1  # told without its pixels: the session keeps its place and its chunk record
             except ValueError as e:
                 self.core.handle(cmsg.RemoveSession(f.session_id))
                 self._emit(cmsg.SessionFailed(f.session_id, str(e)))

@@ -48,7 +48,8 @@ class FrameMeta:
     Attributes:
         session_id: owner.
         frame_index: absolute pixel frame index in the session.
-        ring_index: the writer's frame counter when it wrote the pixels (absolute, not modulo).
+        ring_index: the writer's frame counter when it wrote the pixels (absolute, not modulo); -1: the ring was
+            full and the pixels were dropped (the frame is told without them: `FrameOut.lost`).
         shape: (H, W, 3) of the uint8 RGB image.
         present_at_s: intended presentation time, s (CLOCK_MONOTONIC, shared by the processes of a host).
         action_seq: seq of the last action applied (-1: none).

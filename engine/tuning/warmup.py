@@ -35,7 +35,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -358,6 +358,26 @@ def measure_precisions(model: WorldModel, compiler: StepCompiler, *, repeats: in
     return choice
 
 
+def build_graphs(model: WorldModel, compiler: StepCompiler, batch: int, buckets: Sequence[int],
+                 context: Conditioning) -> ChunkRunner:
+    """Build (or load from the cache) the graphs of the steps at `batch`: a `ChunkRunner` of `batch` sessions
+    made and run one chunk while `buckets` compile, so both ways a step is called are traced (a commit from
+    `init`, whose `prev` is the encoded picture in float32, and from a chunk, whose `prev` is the state's
+    dtype). A way left untraced would be a recompile when a session first calls it, and the bucket would
+    run eager from then on (`CompiledStep`), unlike what warm-up measured and a replay reproduces.
+
+    Returns the runner, one chunk in (the caller closes it).
+    """
+    with compiler.compiling(buckets):
+        runner = ChunkRunner(model, batch=batch, context=context)
+        try:
+            runner.chunk()
+        except BaseException:
+            runner.close()
+            raise
+    return runner
+
+
 def measure_buckets(model: WorldModel, compiler: StepCompiler, *, max_batch: int, repeats: int = 3,
                     batch1: tuple[float, float | None] | None = None) -> tuple[BucketTiming, ...]:
     """Build each bucket's graphs (up to `max_batch`) and serve it compiled where its chunk is faster.
@@ -376,10 +396,8 @@ def measure_buckets(model: WorldModel, compiler: StepCompiler, *, max_batch: int
         if b == 1 or b > max_batch:
             continue
         logger.info("warm-up: building (or loading) the batch-%d graphs", b)
-        runner = ChunkRunner(model, batch=b, context=context)
+        runner = build_graphs(model, compiler, b, sorted(on | {b}), context)
         try:
-            with compiler.compiling(sorted(on | {b})):
-                runner.chunk()
             eager_s: list[float] = []
             comp_s: list[float] = []
             for _ in range(repeats):  # interleaved, so a drift in the machine's speed touches both alike

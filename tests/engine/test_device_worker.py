@@ -349,3 +349,48 @@ def test_a_slot_whose_removal_is_queued_is_free_for_the_next_add(model) -> None:
         w.add_session("e", ScriptedConditioner(), seed=0)
     w._apply_pending()  # removals first, then adds: no allocation fails
     assert sorted(w.rollouts) == ["b", "d"] and w.pool.used_slots == 2 and w.free_slots == 0
+
+
+def test_a_session_removed_and_added_again_before_the_loop_comes_round_is_served(model) -> None:  # type: ignore[no-untyped-def]
+    """A world put back (`SessionManager.rewind`: remove, then add the same id from its captured state) whose two
+    requests one pass of the loop sees together: the add came after the removal, so it is served and its restore
+    reported (the old pass skipped an add whose id was also being removed, and the restore waited for ever)."""
+    from worldcast.engine import session_state
+
+    w = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session() * 2),
+                     on_frames=lambda f: None, on_error=lambda s, r: None)
+    w.add_session("a", ScriptedConditioner(), seed=3)
+    w._apply_pending()
+    r = w.rollouts["a"]
+    r.init(0.0)
+    blob = session_state.capture(r, w.scheduler.schedule_of("a"))
+    restored: list[tuple[bytes | None, str | None]] = []
+    w.remove_session("a")
+    w.add_session("a", ScriptedConditioner(), seed=3, state=blob, on_restored=lambda b, e: restored.append((b, e)))
+    assert w.free_slots == 1, "a's slot is leaving and its new add holds one"
+    w._apply_pending()
+    assert restored == [(None, None)] and "a" in w.rollouts and w.rollouts["a"] is not r
+    assert w.rollouts["a"].next_latent == r.next_latent and w.pool.used_slots == 1
+    # an add removed before any pass is dropped at once, its reservation with it
+    w.add_session("b", ScriptedConditioner(), seed=0)
+    w.remove_session("b")
+    w._apply_pending()
+    assert sorted(w.rollouts) == ["a"] and w.free_slots == 1
+
+
+def test_the_engine_names_the_weights_as_it_serves_them() -> None:
+    """A recording names the weights' digest as its engine serves them (an engine process holds its own copy in its
+    served dtype, which the server's copy is not): `serve_way` (and warm-up) compute it after the dtype is applied."""
+    from worldcast.engine.tuning.warmup import ServedWay
+    from worldcast.models.base import weights_digest
+    from worldcast.models.tinyworld import TinyWorldModel
+
+    m = TinyWorldModel.from_pretrained()  # its own copy: the served dtype changes it
+    loaded = weights_digest(m)
+    w = DeviceWorker(m, EngineConfig(state_budget_bytes=m.spec.state_bytes_per_session()),
+                     on_frames=lambda f: None, on_error=lambda s, r: None)
+    assert w.weights_sha256 is None and w.snapshot.weights_sha256 is None  # no dtype chosen: as loaded
+    w.serve_way(ServedWay("bfloat16"))
+    assert w.weights_sha256 == weights_digest(m) != loaded
+    w.serve_way(ServedWay("float32"))
+    assert w.weights_sha256 == weights_digest(m)

@@ -14,6 +14,7 @@ import av
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import _serve, server_config
 from worldcast.sessions.recording import FORMAT, EventLog, RecordingError, read_log, repair_log
@@ -100,6 +101,11 @@ def test_the_log_says_what_happened(recorded: Path) -> None:
     assert all(b["pts"] > a["pts"] for a, b in zip(delivered, delivered[1:], strict=False))
     prompt = next(e for e in events if e.type == "prompt")
     assert prompt.fields == {"t": prompt.fields["t"], "text": "molten lava", "context_version": 1}
+    # which frame each of the video's pictures is: delivered frames, in order, the first naming the upscale
+    video = [e.fields for e in events if e.type == "video"]
+    assert video and video[0]["scale"] == 2 and video[0]["stamp"] is False
+    shown = {f["index"] for f in delivered}
+    assert all(v["index"] in shown for v in video) and [v["index"] for v in video] == sorted(v["index"] for v in video)
 
 
 def test_replay_makes_every_frame_again_exactly(recorded: Path, model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -107,7 +113,7 @@ def test_replay_makes_every_frame_again_exactly(recorded: Path, model, tmp_path:
                     export_dir=tmp_path / "export")
     frames = [e for e in read_log(recorded / "events.jsonl") if e.type == "frame"]
     assert report.frames == len(frames) and report.mismatched == [] and report.exact, report
-    assert report.differences == []
+    assert report.differences == [] and report.psnr_db == [], "nothing differs: no PSNR to report"
     assert len(list((tmp_path / "frames").glob("frame_*.png"))) == report.frames
     acts = np.load(tmp_path / "export" / "actions.npy")
     assert acts.shape == (report.frames, model.spec.actions.dim) and acts[:, 3].any(), "d was held"
@@ -162,6 +168,35 @@ def test_an_edited_action_or_other_weights_are_reported_frame_by_frame(recorded:
     report = replay(_rewrite(recorded, tmp_path / "edited", edit_actions), model=model)
     assert not report.exact and report.mismatched and report.identical > 0, report
     assert any("weights" in d for d in report.differences)
+
+
+def test_a_replay_on_other_weights_reports_psnr_against_the_served_video(recorded: Path) -> None:
+    """Where exactness cannot hold (here: other weights), replay names the difference and measures each differing
+    frame against the recording's video: weights nudged a little stay close to what was served, weights pushed
+    further fall further (so the number measures the frames, not the codec), and a frame the video does not hold
+    gets none."""
+    from worldcast.models.tinyworld import TinyWorldModel
+
+    def nudged(scale: float) -> TinyWorldModel:
+        m = TinyWorldModel.from_pretrained()
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in m.net.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * scale * p.abs().mean())
+        return m
+
+    log = recorded / "events.jsonl"
+    in_video = {e.fields["index"] for e in read_log(log) if e.type == "video"}
+    reports = {s: replay(log, model=nudged(s)) for s in (0.01, 0.3)}
+    means = {}
+    for s, report in reports.items():
+        assert not report.exact and any("weights" in d for d in report.differences), report
+        assert report.psnr_db, "the differing frames were measured against the film"
+        assert {i for i, _ in report.psnr_db} == set(report.mismatched) & in_video
+        values = [v for _, v in report.psnr_db]
+        assert all(0 < v < 100 for v in values), values
+        means[s] = sum(values) / len(values)
+    assert means[0.01] > means[0.3] + 3, means
 
 
 def test_the_size_cap_stops_the_recording_not_the_session(tmp_path: Path) -> None:
@@ -300,3 +335,56 @@ def test_a_new_server_touches_only_recordings_it_may(tmp_path: Path) -> None:
     Recordings(RecordingConfig(d, retention_s=3600), identity={})  # another server: the lock is held
     assert (cut / "events.jsonl").read_text().endswith('"pau'), "a directory another server holds is left alone"
     assert first.kept == {cut.name: first.kept[cut.name]}
+
+
+def test_a_frame_an_engine_process_dropped_on_a_full_ring_keeps_its_chunk_record_and_place(
+        recorded: Path, model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import types
+
+    from worldcast.engine.process.client import frames_from
+    from worldcast.engine.process.main import EngineProcessCore
+    from worldcast.engine.process.shm_frames import ShmFrameRing
+    from worldcast.engine.step_output import ChunkRecord, FrameOut
+    from worldcast.sessions.frames import FramePipeline
+
+    record = ChunkRecord(first_latent=4, draws=1, cached_version=0, context_version=0,
+                         actions=np.zeros((1, 6), np.float32))
+    made = [FrameOut("s", 3, np.full((2, 2, 3), 9, np.uint8), 0.0, 1, 0),
+            FrameOut("s", 4, np.full((2, 2, 3), 7, np.uint8), 0.0, 1, 0, chunk=record)]
+    ring = ShmFrameRing.create(slots=1, slot_bytes=12)  # one slot: the second frame finds the ring full
+    sent: list[object] = []
+    try:
+        core = types.SimpleNamespace(ring=ring, out=types.SimpleNamespace(send=sent.append),
+                                     spec=types.SimpleNamespace(engine_id=0))
+        EngineProcessCore._on_frames(core, made)  # type: ignore[arg-type]
+        assert len(sent) == 1 and ring.dropped == 1
+        got = frames_from(sent[0].frames, ring)  # type: ignore[attr-defined]
+    finally:
+        ring.close()
+    assert [f.lost for f in got] == [False, True] and got[1].chunk == record and got[1].frame_index == 4
+    assert np.array_equal(got[0].image, made[0].image)
+
+    pipeline = FramePipeline(current_epoch=lambda: 0, send_ahead_s=0.0, clock=lambda: 0.0)
+    log = EventLog(tmp_path / "events.jsonl", {"model": "m", "seed": 0, "from_start": True}, max_bytes=2**20)
+    pipeline.on_generated = log.frame
+    delivered: list[object] = []
+    pipeline.on_delivered.append(delivered.append)
+    for f in got:
+        pipeline.deliver(f)
+    log.close("client")
+    assert len(delivered) == 1 and pipeline.dropped_lost == 1
+    events = list(read_log(tmp_path / "events.jsonl"))
+    assert [e.type for e in events] == ["header", "frame", "applied", "chunk", "frame", "end"], "its chunk kept"
+    assert events[4].fields["outcome"] == "dropped_lost" and events[4].fields["sha256"] is None
+
+    # replay generates such a frame and says it could not be compared; the rest stays exact
+    lines = (recorded / "events.jsonl").read_text().splitlines(keepends=True)
+    i = next(n for n, x in enumerate(lines) if '"type":"frame"' in x and '"index":5,' in x)
+    obj = json.loads(lines[i])
+    lines[i] = json.dumps(obj | {"outcome": "dropped_lost", "sha256": None}, separators=(",", ":")) + "\n"
+    edited = tmp_path / "edited"
+    shutil.copytree(recorded, edited)
+    (edited / "events.jsonl").write_text("".join(lines))
+    report = replay(edited / "events.jsonl", model=model)
+    assert report.unverified == [5] and report.mismatched == [] and report.exact, report
+    assert report.identical == report.frames - 1

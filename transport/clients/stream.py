@@ -344,8 +344,10 @@ class StreamClient:
         return reply["result"]  # type: ignore[no-any-return]
 
     async def send_direction(self, prompt: str, *, duration_s: float | None = None, open_ended: bool = False,
-                             direction_id: str | None = None) -> tuple[str, asyncio.Future[dict[str, Any]], float]:
-        """Send a direction without waiting; returns (its id, a future of its ack or error event, sent at s)."""
+                             direction_id: str | None = None, from_segment: int | None = None,
+                             ) -> tuple[str, asyncio.Future[dict[str, Any]], float]:
+        """Send a direction without waiting; returns (its id, a future of its ack or error event, sent at s).
+        `from_segment` N takes segment N again, from where it began (docs/streaming.md)."""
         if direction_id is None:
             self._direction_id += 1
             direction_id = f"d{self._direction_id}"
@@ -354,6 +356,8 @@ class StreamClient:
             msg["duration_s"] = None
         elif duration_s is not None:
             msg["duration_s"] = duration_s
+        if from_segment is not None:
+            msg["from_segment"] = from_segment
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[("direction", direction_id)] = fut
         sent = time.monotonic()
@@ -361,14 +365,14 @@ class StreamClient:
         return direction_id, fut, sent
 
     async def direct(self, prompt: str, *, duration_s: float | None = None, open_ended: bool = False,
-                     direction_id: str | None = None) -> dict[str, Any]:
+                     direction_id: str | None = None, from_segment: int | None = None) -> dict[str, Any]:
         """Send a direction and wait for its `direction_ack` event.
 
         Raises:
             StreamError: the server refused it (its error event).
         """
         _, fut, _ = await self.send_direction(prompt, duration_s=duration_s, open_ended=open_ended,
-                                              direction_id=direction_id)
+                                              direction_id=direction_id, from_segment=from_segment)
         ack = await asyncio.wait_for(fut, REPLY_TIMEOUT_S)
         if ack["event"] == "error":
             raise StreamError(ack["code"], ack["message"], ack)

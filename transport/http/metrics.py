@@ -287,7 +287,8 @@ class Metrics:
                                   "Delivery time minus presentation time of each delivered frame",
                                   buckets=LATENESS_BUCKETS_S, registry=r)
         self.frames = Counter("worldcast_frames", "Engine frames at session delivery by outcome: delivered, "
-                              "dropped_stale (older epoch, closed), dropped_gated (outside a directed segment)",
+                              "dropped_stale (older epoch, closed), dropped_gated (outside a directed segment), "
+                              "dropped_lost (an engine process's full frame ring)",
                               ["outcome"], registry=r)
         self.stream_frames = Counter("worldcast_stream_frames", "Frames handed to WebSocket streams (fMP4, "
                                      "Dreamverse) by outcome: sent, or dropped_<reason> (encoder_queue, stale, "

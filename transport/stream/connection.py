@@ -57,9 +57,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldcast.sessions.access import Access, authorize, count_spectators
 from worldcast.sessions.directing import Segment, SegmentEnd
-from worldcast.sessions.errors import SessionError, SpectatorRefused
+from worldcast.sessions.errors import DirectingRefusal, SessionError, SpectatorRefused
 from worldcast.sessions.manager import SessionManager
 from worldcast.sessions.session import Session, SessionState
+from worldcast.sessions.takes import takes_of
 from worldcast.sessions.viewers import Spectator, ViewerConfig
 from worldcast.transport.connection import Connection
 from worldcast.transport.errors import FORBIDDEN, RpcError
@@ -370,6 +371,17 @@ class StreamConnection:
         except ValidationError as e:
             refuse("bad_direction", validation_message(e), "invalid", now, rid=ref, id=ref)
             return
+        takes = None
+        if d.from_segment is not None:  # take a segment again: refused before anything changes
+            takes = takes_of(self.director)
+            try:
+                if takes is None:
+                    raise DirectingRefusal("this session keeps no segment starts (its server runs with "
+                                           "--retake-mib 0)")
+                takes.check(d.from_segment)
+            except DirectingRefusal as e:
+                refuse("cannot_retake", str(e), "invalid", now, rid=ref, id=ref)
+                return
         self.guard.accepted("control", now)
         try:
             context = await asyncio.get_running_loop().run_in_executor(None, self.session.encode_prompt, d.prompt)
@@ -378,15 +390,24 @@ class StreamConnection:
             return
         self.out.hold()  # the ack goes first, then the segment events it caused
         try:
-            ack = self.director.direct(str(d.id), d.prompt, context, duration_s=d.duration_s,
-                                       open_ended=d.open_ended)
+            if takes is not None and d.from_segment is not None:
+                ack = await takes.retake(d.from_segment, str(d.id), d.prompt, context, duration_s=d.duration_s,
+                                         open_ended=d.open_ended)
+            else:
+                ack = self.director.direct(str(d.id), d.prompt, context, duration_s=d.duration_s,
+                                           open_ended=d.open_ended)
+        except DirectingRefusal as e:  # (its start went away meanwhile): nothing changed
+            self.out.release()
+            self.error("cannot_retake", str(e), id=ref)
+            return
         except SessionError as e:
             self.out.release()
             self.error("session_closed", str(e), id=ref)
             return
         held = self.out.release()
-        cut, seg_index = ack.cut, ack.segment.index
+        cut, seg_index, retake_of = ack.cut, ack.segment.index, ack.segment.retake_of
         self.out.send_rendered(lambda: [dumps({"event": "direction_ack", "id": d.id, "segment": seg_index,
+                                               "retake_of": retake_of,
                                                "cut": None if cut is None else self.segment_summary(cut)})])
         for text in held:
             self.out.put(text)
@@ -395,7 +416,7 @@ class StreamConnection:
 
     def segment_start(self, seg: Segment) -> None:
         self.event("segment_start", segment=seg.index, direction_id=seg.direction_id, prompt=seg.prompt,
-                   epoch=seg.epoch, target_frames=seg.target_frames)
+                   epoch=seg.epoch, target_frames=seg.target_frames, retake_of=seg.retake_of)
 
     def segment_summary(self, seg: Segment) -> dict[str, object]:
         """`Segment.summary` as this stream delivered it: `frames` its frames sent, `dropped` those handed to

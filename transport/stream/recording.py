@@ -87,6 +87,9 @@ class RecordingVideo:
         assert self._fragmenter is not None
         if self._write(self._fragmenter.fragment(sample)):
             self.frames += 1
+            log = self.session.recording
+            if log is not None:  # which frame this picture is (replay's PSNR where frames differ)
+                log.video(frame.frame_index, frame.epoch, scale=self.sink.encode.scale, stamp=self.sink.encode.stamp)
 
     def _stop(self, reason: str, *, asked: bool = False) -> None:
         if self.stopped is None:

@@ -4,7 +4,11 @@
 // a first message (browsers cannot set WebSocket headers) and plays the fMP4 it receives with
 // LivePlayer (mse.ts). Each direction typed in the box starts a segment; one sent during a segment
 // cuts it. The timeline shows every segment: its prompt, frames, time to first frame, cut or finished.
+// Clicking a segment in the timeline picks it to be taken again: the next direction sends `from_segment`,
+// the server puts the world back where that segment began, and the segments from it on are abandoned (shown
+// struck out). Record (ticked at Start) records the session; Film and Events download it (download.ts).
 
+import { downloadRecording } from "./download";
 import { LivePlayer, type LiveStats } from "./mse";
 import type {
   AuthMessage,
@@ -27,6 +31,8 @@ interface SegmentRow {
   ttffMs: number | null; // direction sent -> its first media segment received
   frames: number;
   end: string | null; // finished, cut, stopped; null while it plays
+  retakeOf: number | null; // the segment it took again
+  abandoned: boolean; // a later direction took an earlier segment again
 }
 
 interface DirectStats {
@@ -39,6 +45,7 @@ interface DirectStats {
   segments: SegmentRow[];
   player: LiveStats | null;
   errors: string[];
+  retakeFrom: number | null; // the segment the next direction takes again
 }
 
 declare global {
@@ -58,10 +65,13 @@ const durationSel = $<HTMLSelectElement>("duration");
 const directBtn = $<HTMLButtonElement>("direct");
 const timeline = $<HTMLDivElement>("timeline");
 const status = $<HTMLElement>("status");
+const recordBox = $<HTMLInputElement>("record");
+const filmLink = $<HTMLAnchorElement>("download-film");
+const eventsLink = $<HTMLAnchorElement>("download");
 
 const stats: DirectStats = {
   connected: false, streaming: false, sessionId: null, state: "disconnected", mediaSegments: 0, lastFrameIndex: -1, segments: [],
-  player: null, errors: [],
+  player: null, errors: [], retakeFrom: null,
 };
 window.__worldcastDirect = stats;
 window.__worldcastDirectResetMax = () => player?.resetMax();
@@ -72,6 +82,8 @@ let player: LivePlayer | null = null;
 let nextId = 0;
 const sentAt = new Map<string, number>();
 let expectBinary: "init" | "media" | null = null;
+/** The last recorded session: its film and log stay downloadable after it closes (the retention time). */
+let recorded: { id: string; token: string } | null = null;
 
 function say(text: string): void {
   status.textContent = text;
@@ -114,8 +126,12 @@ function onEvent(ev: StreamEvent): void {
     }
     case "direction_ack": {
       const a = ev as DirectionAckEvent;
+      if (a.retake_of !== null) { // the take from that segment on is abandoned
+        for (const r of stats.segments) if (r.segment >= a.retake_of) r.abandoned = true;
+      }
       stats.segments.push({ segment: a.segment, directionId: String(a.id), prompt: "", frames: 0, end: null,
-        sentMs: sentAt.get(String(a.id)) ?? null, ttffMs: null });
+        sentMs: sentAt.get(String(a.id)) ?? null, ttffMs: null, retakeOf: a.retake_of, abandoned: false });
+      renderTimeline();
       break;
     }
     case "segment_start": {
@@ -171,14 +187,28 @@ function onMessage(e: MessageEvent): void {
 function renderTimeline(): void {
   timeline.replaceChildren(...stats.segments.map((s) => {
     const el = document.createElement("div");
-    el.className = `seg ${s.end ?? "playing"}`;
+    el.className = `seg ${s.end ?? "playing"}${s.abandoned ? " abandoned" : ""}` +
+      `${stats.retakeFrom === s.segment ? " picked" : ""}`;
     el.style.flexGrow = String(Math.max(1, s.frames));
-    el.title = `${s.prompt}\n${s.frames} frames${s.ttffMs !== null ? `, first frame after ${s.ttffMs} ms` : ""}`;
-    el.textContent = `${s.segment} · ${s.prompt || "…"}${s.end === "cut" ? " ✂" : ""}`;
+    el.title = `${s.prompt}\n${s.frames} frames${s.ttffMs !== null ? `, first frame after ${s.ttffMs} ms` : ""}` +
+      (s.abandoned ? "\n(abandoned: an earlier segment was taken again)" : "\nclick: take this segment again");
+    el.textContent = `${s.segment}${s.retakeOf !== null ? ` ↺${s.retakeOf}` : ""} · ${s.prompt || "…"}` +
+      `${s.end === "cut" ? " ✂" : ""}`;
     el.dataset.segment = String(s.segment);
     el.dataset.end = s.end ?? "";
+    if (!s.abandoned) el.onclick = () => pickRetake(s);
     return el;
   }));
+}
+
+/** Pick `s` as the segment the next direction takes again (its own prompt offered), or unpick it. */
+function pickRetake(s: SegmentRow): void {
+  stats.retakeFrom = stats.retakeFrom === s.segment ? null : s.segment;
+  if (stats.retakeFrom !== null && !direction.value.trim()) direction.value = s.prompt;
+  directBtn.textContent = stats.retakeFrom === null ? "Direct" : `Take ${s.segment} again`;
+  say(stats.retakeFrom === null ? "type a direction" :
+    `the next direction takes segment ${s.segment} again from where it began (click it again to cancel)`);
+  renderTimeline();
 }
 
 function sendDirection(): void {
@@ -188,6 +218,9 @@ function sendDirection(): void {
   const msg: DirectionMessage = { type: "direction", id, prompt };
   const d = durationSel.value;
   msg.duration_s = d === "open" ? null : Number(d);
+  if (stats.retakeFrom !== null) msg.from_segment = stats.retakeFrom;
+  stats.retakeFrom = null;
+  directBtn.textContent = "Direct";
   sentAt.set(id, performance.now());
   ws.send(JSON.stringify(msg));
   direction.value = "";
@@ -202,17 +235,22 @@ async function start(): Promise<void> {
   stats.segments = [];
   stats.errors = [];
   stats.mediaSegments = 0;
+  stats.retakeFrom = null;
   renderTimeline();
   try {
     const r = await fetch("/v1/sessions", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ mode: "directing" }),
+      body: JSON.stringify(recordBox.checked ? { mode: "directing", record: true } : { mode: "directing" }),
     });
     if (!r.ok) throw new Error(`${r.status} ${await r.text()}`);
     const s = (await r.json()) as { session_id: string; token: string };
     stats.sessionId = s.session_id;
     token = s.token;
+    if (recordBox.checked) {
+      recorded = { id: s.session_id, token: s.token };
+      filmLink.hidden = eventsLink.hidden = false;
+    }
   } catch (e) {
     say(`could not create a session: ${(e as Error).message}`);
     setConnected(false);
@@ -264,6 +302,12 @@ function renderOverlay(): void {
 }
 
 startBtn.onclick = () => void (ws ? stop() : start());
+for (const [link, part] of [[eventsLink, "events"], [filmLink, "film"]] as const) {
+  link.onclick = (ev) => {
+    ev.preventDefault();
+    if (recorded) downloadRecording(recorded.id, recorded.token, part).catch((e: unknown) => say((e as Error).message));
+  };
+}
 directBtn.onclick = () => sendDirection();
 direction.addEventListener("keydown", (e) => {
   if (e.key === "Enter") sendDirection();

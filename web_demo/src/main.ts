@@ -5,6 +5,7 @@ import { InputState } from "./input";
 import type { SessionClient } from "./livekit";
 import type { ModelInfo, ServerEvent, StartRequest } from "./protocol";
 import { StatsTracker, type Stats } from "./stats";
+import { downloadRecording } from "./download";
 
 /** Action messages per second while a key is held, a stick is off centre or the mouse moves. */
 const ACTION_HZ = 60;
@@ -35,6 +36,7 @@ const recordBox = $<HTMLInputElement>("record");
 const shareBtn = $<HTMLButtonElement>("share");
 const watchLink = $<HTMLAnchorElement>("watch-link");
 const downloadLink = $<HTMLAnchorElement>("download");
+const filmLink = $<HTMLAnchorElement>("download-film");
 /** The last recorded session's id and token: its log stays downloadable after it closes (the retention time). */
 let recorded: { id: string; token: string } | null = null;
 const rpcButtons = (["flush", "cancel", "pause", "resume"] as const).map((m) => [m, $<HTMLButtonElement>(m)] as const);
@@ -271,6 +273,7 @@ let sessionToken = "";
 function showDownload(sessionId: string): void {
   recorded = { id: sessionId, token: sessionToken };
   downloadLink.hidden = false;
+  filmLink.hidden = false;
 }
 
 /** Record from now (record_start: a log that is not replayable) or stop, while connected. */
@@ -286,23 +289,12 @@ recordBox.onchange = () => {
   });
 };
 
-/** The log needs the session's token (an Authorization header), so it is fetched and handed over as a file. */
-downloadLink.onclick = (ev) => {
-  ev.preventDefault();
-  if (!recorded) return;
-  const { id, token } = recorded;
-  fetch(`/v1/sessions/${id}/recording/events`, { headers: { Authorization: `Bearer ${token}` } })
-    .then(async (r) => {
-      if (!r.ok) throw new Error(`recording: ${r.status}`);
-      const url = URL.createObjectURL(await r.blob());
-      const a = document.createElement("a");
-      a.href = url;
-      a.download = `${id}.events.jsonl`;
-      a.click();
-      setTimeout(() => URL.revokeObjectURL(url), 10_000);
-    })
-    .catch((e: unknown) => say((e as Error).message));
-};
+for (const [link, part] of [[downloadLink, "events"], [filmLink, "film"]] as const) {
+  link.onclick = (ev) => {
+    ev.preventDefault();
+    if (recorded) downloadRecording(recorded.id, recorded.token, part).catch((e: unknown) => say((e as Error).message));
+  };
+}
 
 // -- sharing --------------------------------------------------------------------------------------------
 

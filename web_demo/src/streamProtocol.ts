@@ -7,6 +7,7 @@ export interface DirectionMessage {
   id: string;
   prompt: string; // 1..500 characters
   duration_s?: number | null; // (0, 600] s
+  from_segment?: number; // take that segment again: the world goes back to where it began (a new segment)
 }
 
 /** Client -> server: the token, as the first message (browsers cannot set WebSocket headers). */
@@ -62,6 +63,7 @@ export interface SegmentSummary {
   first_frame_index: number | null;
   last_frame_index: number | null;
   end: "finished" | "cut" | "stopped" | null;
+  retake_of: number | null; // the segment this one took again
   timings_ms: { ttff: number | null; wall: number | null; media: number };
 }
 
@@ -69,6 +71,7 @@ export interface DirectionAckEvent {
   event: "direction_ack";
   id: string;
   segment: number;
+  retake_of: number | null; // the segment taken again (from_segment), its take and later segments abandoned
   cut: SegmentSummary | null;
 }
 
@@ -79,6 +82,7 @@ export interface SegmentStartEvent {
   prompt: string;
   epoch: number;
   target_frames: number | null;
+  retake_of: number | null;
 }
 
 export interface SegmentCompleteEvent extends SegmentSummary {
