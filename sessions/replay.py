@@ -73,9 +73,8 @@ class ReplayReport:
         psnr_db: (frame index, PSNR in dB) of each differing frame against the picture the recording's video
             (`video.mp4`, lossy H.264) holds of it, where it holds one: how far a replay that cannot be exact
             (another device kind, dtype or weights) is from what was served. PSNR = 10 log10(255^2 / MSE) over
-            the RGB pixels (inf: equal); the film's own coding loss is in it (identical frames measured 40.6 to
-            41.3 dB against a test's recording, docs/recordings.md), so only values well below that say the
-            frames differ in content.
+            the RGB pixels (inf: equal); the film's own coding loss is in it (an identical frame measures finite
+            too), so only values well below the codec's own say the frames differ in content.
         fps: the model's frame rate, frames/s.
     """
 
