@@ -34,10 +34,11 @@ logger = logging.getLogger(__name__)
 SpectatorKind = Literal["whep", "fmp4"]
 
 #: What one spectator stream costs the server process, in cores (CPU-seconds per second), by how its video is
-#: made, as `python -m worldcast.latency_bench.spectators` measured it (BENCHMARKS.md, "Spectators": the
-#: shipped model's 256x256 pictures at 20 fps, 2 vCPUs): "shared", an fMP4 stream or a WHEP peer playing the
-#: session's one H.264 encode (the server only packetizes and sends it; the dearer of the two, WHEP's RTP and
-#: SRTP, is taken); "own_encode", a WHEP peer that offered only VP8 (aiortc encodes for it alone).
+#: made, from `python -m worldcast.latency_bench.spectators` (BENCHMARKS.md, "Spectators": TinyWorld at 20 fps,
+#: the 2-vCPU development VM): "shared", an fMP4 stream or a WHEP peer playing the session's one H.264 encode
+#: (measured 0.001 a fMP4 spectator and 0.002 a WHEP one over 16; rounded up to 0.005, the measurement's noise
+#: being of that size); "own_encode", a WHEP peer that offered only VP8 (aiortc encodes for it alone: measured
+#: 0.04 for one).
 SPECTATOR_COST_CORES = {"shared": 0.005, "own_encode": 0.04}
 #: Share of the machine's cores that spectators may cost together by default (the rest is the sessions': the
 #: engine, the controllers' streams, the encodes).

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def server(model) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
-    yield from _serve(server_config(viewers=ViewerConfig(max_spectators_per_session=4, max_spectators=8)), model)
+    yield from _serve(server_config(viewers=ViewerConfig(max_spectators_per_session=4, max_spectators=16)), model)
 
 
 @pytest.fixture
