@@ -40,8 +40,9 @@ class Access:
 
 
 def count_spectators(sessions: Iterable[Session]) -> int:
-    """Live spectator streams over `sessions` (derived each time: the sessions' own records are the fact)."""
-    return sum(len(s.viewers.spectators) for s in sessions)
+    """Live spectator streams over `sessions`, each counted by its weight (`Spectator.weight`: 1, or more for one
+    with an encode of its own); derived each time: the sessions' own records are the fact."""
+    return sum(sp.weight for s in sessions for sp in s.viewers.spectators)
 
 
 def authorize(sessions: Mapping[str, Session], session_id: str, token: str) -> Access | None:

@@ -5,7 +5,10 @@ holds a viewer token the controller issued (`Viewers.issue`) and may only watch.
 revocable (`Viewers.revoke`) and lives at most its TTL; when it is revoked or runs out, every stream
 opened with it is closed. A *spectator* is one live view-only stream of the session (a WHEP peer, a
 read-only fMP4 stream), whatever token opened it; spectators are admitted against caps per session and
-per server (`Viewers.admit`) and released when they leave (`Spectator.leave`).
+per server (`Viewers.admit`) and released when they leave (`Spectator.leave`). The server's cap is a CPU
+budget: by default `SPECTATOR_CPU_SHARE` of the machine's cores at the measured cost of one spectator that
+shares its session's encode (`SPECTATOR_COST_CORES`, `spectator_cap`); a spectator with an encode of its own
+(a WHEP player that offered only VP8) counts for as many as it costs (`Spectator.weight`).
 
 `sessions/access.py` (`authorize`) is the one place a token is checked against a session.
 
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +33,37 @@ logger = logging.getLogger(__name__)
 #: What a spectator watches through.
 SpectatorKind = Literal["whep", "fmp4"]
 
+#: What one spectator stream costs the server process, in cores (CPU-seconds per second), by how its video is
+#: made, from `python -m worldcast.latency_bench.spectators` (BENCHMARKS.md, "Spectators": TinyWorld at 20 fps,
+#: the 2-vCPU development VM): "shared", an fMP4 stream or a WHEP peer playing the session's one H.264 encode
+#: (measured 0.001 a fMP4 spectator and 0.002 a WHEP one over 16; rounded up to 0.005, the measurement's noise
+#: being of that size); "own_encode", a WHEP peer that offered only VP8 (aiortc encodes for it alone: measured
+#: 0.04 for one).
+SPECTATOR_COST_CORES = {"shared": 0.005, "own_encode": 0.04}
+#: Share of the machine's cores that spectators may cost together by default (the rest is the sessions': the
+#: engine, the controllers' streams, the encodes).
+SPECTATOR_CPU_SHARE = 0.25
+
+
+def spectator_cap(cores: int, *, share: float = SPECTATOR_CPU_SHARE,
+                  cost_cores: float = SPECTATOR_COST_CORES["shared"]) -> int:
+    """Spectators sharing their sessions' encodes that fit in `share` of `cores` at `cost_cores` each (>= 1).
+
+    Args:
+        cores: CPU cores of the machine (`os.cpu_count()`).
+        share: of those cores, the part spectators may take, in (0, 1].
+        cost_cores: one spectator's cost, cores (CPU-seconds per second).
+    """
+    if cores < 1 or not 0 < share <= 1 or not 0 < cost_cores < float("inf"):
+        raise ValueError(f"spectator_cap: need cores >= 1, share in (0, 1], cost_cores > 0; got {cores}, "
+                         f"{share:g}, {cost_cores:g}")
+    return max(1, math.floor(cores * share / cost_cores + 1e-9))
+
+
+def own_encode_weight() -> int:
+    """How many spectators sharing an encode one with an encode of its own counts for (their cost's ratio)."""
+    return max(1, math.ceil(SPECTATOR_COST_CORES["own_encode"] / SPECTATOR_COST_CORES["shared"] - 1e-9))
+
 
 @dataclass(frozen=True)
 class ViewerConfig:
@@ -38,7 +74,9 @@ class ViewerConfig:
         min_ttl_s, max_ttl_s: the lifetimes one may ask for, s.
         max_tokens_per_session: live (unrevoked, unexpired) viewer tokens of one session.
         max_spectators_per_session: live spectator streams of one session (WHEP and fMP4 together).
-        max_spectators: live spectator streams of the whole server.
+        max_spectators: the whole server's spectators, each counted by its `Spectator.weight` (1 for one that
+            shares its session's encode); None: derived from the measured cost, `spectator_cap(cpu_cores)`.
+        cpu_cores: the machine's cores the derived cap budgets (None: `os.cpu_count()`).
         retry_after_s: the `Retry-After` of a refusal for the server's cap, s (a spectator leaving is not
             scheduled: a hint, not a promise).
         stall_s: a spectator's fMP4 stream whose reader has taken nothing for this long while media waits
@@ -50,7 +88,8 @@ class ViewerConfig:
     max_ttl_s: float = 86400.0
     max_tokens_per_session: int = 32
     max_spectators_per_session: int = 16
-    max_spectators: int = 64
+    max_spectators: int | None = None
+    cpu_cores: int | None = None
     retry_after_s: float = 10.0
     stall_s: float = 10.0
 
@@ -62,8 +101,26 @@ class ViewerConfig:
             raise ValueError(f"a viewer token's default TTL (default_ttl_s, --viewer-ttl) must lie in "
                              f"[{self.min_ttl_s:g}, {self.max_ttl_s:g}] s, got {self.default_ttl_s:g}")
         for name in ("max_tokens_per_session", "max_spectators_per_session", "max_spectators"):
-            if not 0 <= getattr(self, name) <= 100_000:
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= 100_000:
                 raise ValueError(f"ViewerConfig.{name} must lie in [0, 100000]")
+        if self.cpu_cores is not None and not 1 <= self.cpu_cores <= 100_000:
+            raise ValueError("ViewerConfig.cpu_cores must lie in [1, 100000]")
+
+    @property
+    def server_cap(self) -> int:
+        """The server's spectator cap: `max_spectators`, or the one derived from the measured cost."""
+        if self.max_spectators is not None:
+            return self.max_spectators
+        return spectator_cap(self.cpu_cores or os.cpu_count() or 1)
+
+    @property
+    def server_cap_basis(self) -> str:
+        """Where `server_cap` comes from, in words (refusals and logs quote it)."""
+        if self.max_spectators is not None:
+            return "as configured (--max-spectators)"
+        cores = self.cpu_cores or os.cpu_count() or 1
+        return (f"{SPECTATOR_CPU_SHARE:.0%} of {cores} cores at {SPECTATOR_COST_CORES['shared']:g} cores a "
+                f"spectator, measured; one with an encode of its own counts {own_encode_weight()}")
         if not 0 < self.stall_s < float("inf") or not 0 < self.retry_after_s < float("inf"):
             raise ValueError("ViewerConfig: stall_s and retry_after_s must be positive and finite")
 
@@ -76,11 +133,14 @@ class Spectator:
         kind: "whep" or "fmp4".
         viewer_id: the viewer token that opened it (None: the session's own token).
         close: closes the stream, with the reason ("revoked", "expired", "session_closed"); must not block.
+        weight: what it counts for against the server's cap: 1 while it shares its session's encode,
+            `own_encode_weight()` once it has an encode of its own (set by its transport).
     """
 
     kind: SpectatorKind
     viewer_id: str | None
     close: Callable[[str], None]
+    weight: int = 1
     _owner: Viewers | None = field(default=None, repr=False)
 
     def leave(self) -> None:
@@ -199,7 +259,7 @@ class Viewers:
         Args:
             viewer: the viewer whose token opened it (None: the session's own token).
             close: closes the stream (see `Spectator.close`).
-            server_spectators: live spectators on the whole server now (`count_spectators`).
+            server_spectators: live spectators on the whole server now, each by its weight (`count_spectators`).
 
         Raises:
             SpectatorRefused: `scope` "session" (this session's cap) or "server" (the server's); or the
@@ -210,10 +270,11 @@ class Viewers:
         if len(self.spectators) >= config.max_spectators_per_session:
             raise SpectatorRefused(f"this session has {len(self.spectators)} spectators, the most it takes "
                                    f"({config.max_spectators_per_session})", scope="session")
-        if server_spectators >= config.max_spectators:
-            raise SpectatorRefused(f"the server has {server_spectators} spectators, the most it takes "
-                                   f"({config.max_spectators})", scope="server", retry_after_s=config.retry_after_s)
-        sp = Spectator(kind, None if viewer is None else viewer.viewer_id, close, self)
+        cap = config.server_cap
+        if server_spectators >= cap:
+            raise SpectatorRefused(f"the server has {server_spectators} spectators, the most it takes ({cap}: "
+                                   f"{config.server_cap_basis})", scope="server", retry_after_s=config.retry_after_s)
+        sp = Spectator(kind, None if viewer is None else viewer.viewer_id, close, _owner=self)
         self.spectators.add(sp)
         return sp
 

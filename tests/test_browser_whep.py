@@ -92,6 +92,7 @@ async def test_eyevinns_whep_player_plays_a_session_and_leaves(whep_server: Live
             assert len(peers) == 1
             peer = next(iter(peers.values()))
             assert peer.spectator.viewer_id == v["viewer_id"] and peer.track.frames_out > 0
+            assert peer.shares_encode, "Chromium offers H.264: the player plays the session's one encode"
             seq = await c.send_action(keys=["d"])  # the controller acts meanwhile; its stream goes on
             await c.wait_event(lambda e: e["event"] == "media" and e["action_seq"] >= seq, timeout_s=15)
             await page.evaluate("window.leave()")  # the player's unload: DELETE the resource

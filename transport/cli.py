@@ -126,9 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ice-consent-timeout", type=float, default=None,
                    help="seconds a peer may stay silent to ICE consent checks before it is closed (default 30, "
                         "RFC 7675)")
-    s.add_argument("--max-spectators", type=int, default=ViewerConfig.max_spectators, metavar="N",
-                   help="live spectator streams (WHEP, read-only fMP4) on the server, at most "
-                        f"(default {ViewerConfig.max_spectators}; docs/sharing.md)")
+    s.add_argument("--max-spectators", type=int, default=None, metavar="N",
+                   help="live spectator streams (WHEP, read-only fMP4) on the server, at most, a WHEP player with "
+                        "an encode of its own (VP8 only) counting for what it costs (default: derived from their "
+                        "measured cost, a quarter of the machine's cores; docs/sharing.md)")
     s.add_argument("--max-spectators-per-session", type=int, default=ViewerConfig.max_spectators_per_session,
                    metavar="N", help="live spectator streams of one session, at most "
                                      f"(default {ViewerConfig.max_spectators_per_session})")

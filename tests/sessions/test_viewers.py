@@ -10,7 +10,14 @@ from tests.sessions.test_session import ListSink, frame, make
 from worldcast.sessions.access import authorize, count_spectators, token_opens_any
 from worldcast.sessions.errors import SessionClosedError, SpectatorRefused, ViewerRefused
 from worldcast.sessions.session import CloseReason, SessionState
-from worldcast.sessions.viewers import ViewerConfig, Viewers
+from worldcast.sessions.viewers import (
+    SPECTATOR_COST_CORES,
+    SPECTATOR_CPU_SHARE,
+    ViewerConfig,
+    Viewers,
+    own_encode_weight,
+    spectator_cap,
+)
 
 CONFIG = ViewerConfig(min_ttl_s=10.0, default_ttl_s=60.0, max_ttl_s=600.0, max_tokens_per_session=2,
                       max_spectators_per_session=2, max_spectators=3)
@@ -70,6 +77,44 @@ def test_spectator_caps_per_session_and_per_server() -> None:
         vs.admit(CONFIG, kind="fmp4", viewer=v, close=lambda r: None, server_spectators=3)
     assert e.value.scope == "server" and e.value.retry_after_s == CONFIG.retry_after_s
     assert len(vs.spectators) == 1
+
+
+def test_the_default_server_cap_is_the_cpu_budget_over_the_measured_cost_and_a_refusal_says_so() -> None:
+    cost = SPECTATOR_COST_CORES["shared"]
+    assert spectator_cap(2) == int(2 * SPECTATOR_CPU_SHARE / cost) and spectator_cap(16) == 8 * spectator_cap(2)
+    assert spectator_cap(1, share=0.01, cost_cores=1.0) == 1, "never below one"
+    for bad in ({"cores": 0}, {"cores": 2, "share": 0.0}, {"cores": 2, "cost_cores": 0.0}):
+        with pytest.raises(ValueError, match="spectator_cap"):
+            spectator_cap(**bad)  # type: ignore[arg-type]
+    config = ViewerConfig(cpu_cores=2)
+    cap = config.server_cap
+    assert cap == spectator_cap(2) and ViewerConfig(max_spectators=5, cpu_cores=2).server_cap == 5
+    vs = Viewers("sid", clock=FakeClock())
+    vs.admit(config, kind="fmp4", viewer=None, close=lambda r: None, server_spectators=cap - 1)
+    with pytest.raises(SpectatorRefused) as e:
+        vs.admit(config, kind="fmp4", viewer=None, close=lambda r: None, server_spectators=cap)
+    assert e.value.scope == "server"
+    assert str(e.value) == (f"the server has {cap} spectators, the most it takes ({cap}: 25% of 2 cores at "
+                            f"{cost:g} cores a spectator, measured; one with an encode of its own counts "
+                            f"{own_encode_weight()})")
+    with pytest.raises(SpectatorRefused, match=r"the most it takes \(5: as configured \(--max-spectators\)\)"):
+        vs.admit(ViewerConfig(max_spectators=5), kind="fmp4", viewer=None, close=lambda r: None, server_spectators=5)
+
+
+def test_a_spectator_with_an_encode_of_its_own_counts_for_what_it_costs(model) -> None:  # type: ignore[no-untyped-def]
+    s = make(model)
+    weight = own_encode_weight()
+    assert weight == -(-SPECTATOR_COST_CORES["own_encode"] // SPECTATOR_COST_CORES["shared"]) and weight > 1
+    config = ViewerConfig(max_spectators=weight + 1)
+    shared = s.viewers.admit(config, kind="fmp4", viewer=None, close=lambda r: None, server_spectators=0)
+    own = s.viewers.admit(config, kind="whep", viewer=None, close=lambda r: None, server_spectators=1)
+    own.weight = weight  # the WHEP peer's answer chose VP8 (transport/webrtc/whep.py)
+    assert count_spectators([s]) == weight + 1
+    with pytest.raises(SpectatorRefused, match=f"the server has {weight + 1} spectators"):
+        s.viewers.admit(config, kind="fmp4", viewer=None, close=lambda r: None, server_spectators=count_spectators([s]))
+    own.leave()
+    assert count_spectators([s]) == 1
+    shared.leave()
 
 
 def test_revoking_closes_only_that_viewers_spectators() -> None:

@@ -1,8 +1,10 @@
+import os
 import subprocess
 import sys
 
 import pytest
 
+from worldcast.sessions.viewers import spectator_cap
 from worldcast.transport.cli import build_parser
 from worldcast.transport.config import ServerConfig
 
@@ -83,7 +85,9 @@ def test_spectator_flags_become_the_viewer_config() -> None:
     cfg = _server_config(build_parser().parse_args(["serve", "--max-spectators", "5", "--max-spectators-per-session",
                                                     "2", "--viewer-ttl", "60"]), None, None)
     assert (cfg.viewers.max_spectators, cfg.viewers.max_spectators_per_session, cfg.viewers.default_ttl_s) == (5, 2, 60)
-    assert _server_config(build_parser().parse_args(["serve"]), None, None).viewers.max_spectators == 64
+    default = _server_config(build_parser().parse_args(["serve"]), None, None).viewers
+    assert default.max_spectators is None, "derived from the measured cost"
+    assert default.server_cap == spectator_cap(os.cpu_count() or 1)
 
 
 @pytest.mark.parametrize("argv,message", [

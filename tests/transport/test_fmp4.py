@@ -275,3 +275,23 @@ async def test_streams_of_one_session_share_one_encode_and_a_late_one_starts_at_
     await b.aclose()
     assert pipeline.shared == {} and b.encode._closed
 
+
+
+def test_avcc_samples_go_back_to_annexb_with_the_encoders_parameter_sets_first() -> None:
+    enc, _, _ = encode_stream(0)
+    assert [u[0] & 0x1F for u in enc.parameter_sets] == [mp4box.NAL_SPS, mp4box.NAL_PPS]
+    assert enc.codec == mp4box.avc_codec_string(enc.parameter_sets[0])
+    sample = b"\x00\x00\x00\x02\x65\x88\x00\x00\x00\x01\x06"
+    annexb = mp4box.avcc_to_annexb(sample, before=enc.parameter_sets)
+    assert mp4box.split_annexb(annexb) == [*enc.parameter_sets, b"\x65\x88", b"\x06"]
+    assert mp4box.annexb_to_avcc(annexb) == sample, "parameter sets dropped again, the rest round-trips"
+    for bad in (b"\x00\x00\x00", b"\x00\x00\x00\x05\x65"):
+        with pytest.raises(BoxError):
+            mp4box.avcc_to_annexb(bad)
+    info = mp4box.parse_init(enc.init_segment)
+    assert info.avcc is not None
+    for cut in (6, 9, len(info.avcc) - 1):
+        with pytest.raises(BoxError):
+            mp4box.parameter_sets_from_avcc(info.avcc[:cut])
+    with pytest.raises(BoxError):
+        mp4box.parameter_sets_from_avcc(b"\x02" + info.avcc[1:])

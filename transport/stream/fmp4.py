@@ -48,11 +48,13 @@ from worldcast.sessions.frames import FramePipeline, VideoFrame
 from worldcast.transport.media import h264
 from worldcast.transport.media import picture as media_picture
 from worldcast.transport.media.frame_queue import FrameQueue
+from worldcast.transport.media.keyframes import KeyframeRequests
 from worldcast.transport.stream.mp4box import (
     Sample,
     annexb_to_avcc,
     avc_codec_string,
     media_segment,
+    parameter_sets_from_avcc,
     parse_init,
     sps_from_avcc,
 )
@@ -91,6 +93,7 @@ class Fmp4Encoder:
         init_segment: ftyp + moov bytes (send first; the same for every stream of this geometry).
         codec: RFC 6381 codec string from the SPS, e.g. "avc1.42C00C".
         mime: MIME type for `MediaSource.addSourceBuffer`, e.g. 'video/mp4; codecs="avc1.42C00C"'.
+        parameter_sets: the SPS and PPS NAL units of the avcC (an RTP sender puts them before each IDR).
         timescale: track timescale, units/s.
         frame_duration: one frame period in timescale units.
 
@@ -120,6 +123,7 @@ class Fmp4Encoder:
         assert info.timescale == self.timescale, (info.timescale, self.timescale)
         self.track_id = info.track_id
         self.codec = avc_codec_string(sps_from_avcc(info.avcc))
+        self.parameter_sets = parameter_sets_from_avcc(info.avcc)
         self.mime = f'video/mp4; codecs="{self.codec}"'
         self.frames_in = 0
         self._closed = False
@@ -230,6 +234,8 @@ class SessionEncode:
         self.frames_encoded = 0
         self.keyframes = 0
         self.encode_ms_max = 0.0
+        #: receivers' requests for an IDR (WHEP peers' PLIs), granted at most once per interval for all of them
+        self.keyframe_requests = KeyframeRequests()
         self._frames_done = 0  #: frames queued and since handed on or dropped
         self._markers: list[tuple[int, Callable[[], None]]] = []
 

@@ -313,6 +313,29 @@ def annexb_to_avcc(data: bytes, *, drop: frozenset[int] = frozenset({NAL_AUD, NA
     return b"".join(struct.pack(">I", len(u)) + u for u in split_annexb(data) if u[0] & 0x1F not in drop)
 
 
+def avcc_to_annexb(sample: bytes, *, before: tuple[bytes, ...] = ()) -> bytes:
+    """Convert length-prefixed NAL units (4-byte lengths) to an Annex B access unit (start codes 00 00 00 01,
+    H.264 Annex B.1), as RTP packetizers and decoders without an avcC take it.
+
+    Args:
+        before: NAL units put first (an IDR's SPS and PPS, `parameter_sets_from_avcc`: a receiver joining at
+            that IDR has no other way to get them).
+
+    Raises:
+        BoxError: a length runs past the sample.
+    """
+    units, o = list(before), 0
+    while o < len(sample):
+        if o + 4 > len(sample):
+            raise BoxError("truncated NAL length")
+        n = struct.unpack_from(">I", sample, o)[0]
+        if n == 0 or o + 4 + n > len(sample):
+            raise BoxError(f"NAL length {n} at byte {o} runs past the sample")
+        units.append(sample[o + 4:o + 4 + n])
+        o += 4 + n
+    return b"".join(b"\x00\x00\x00\x01" + u for u in units)
+
+
 def avcc_nal_types(sample: bytes) -> list[int]:
     """NAL unit types of a length-prefixed sample (4-byte lengths).
 
@@ -360,3 +383,30 @@ def sps_from_avcc(avcc: bytes) -> bytes:
     if 8 + n > len(avcc):
         raise BoxError("avcC SPS runs past the record")
     return avcc[8:8 + n]
+
+
+def parameter_sets_from_avcc(avcc: bytes) -> tuple[bytes, ...]:
+    """Every SPS, then every PPS NAL unit of an AVCDecoderConfigurationRecord (14496-15 5.3.3.1), in order.
+
+    Raises:
+        BoxError: the record is truncated or carries no SPS or no PPS.
+    """
+    if len(avcc) < 7 or avcc[0] != 1:
+        raise BoxError("not an AVCDecoderConfigurationRecord (configurationVersion 1)")
+    units: list[bytes] = []
+    o = 5
+    for mask, what in ((0x1F, "SPS"), (0xFF, "PPS")):
+        if o >= len(avcc):
+            raise BoxError(f"avcC ends before its {what} count")
+        count, o = avcc[o] & mask, o + 1
+        if count < 1:
+            raise BoxError(f"avcC carries no {what}")
+        for _ in range(count):
+            if o + 2 > len(avcc):
+                raise BoxError(f"avcC {what} length runs past the record")
+            n = struct.unpack_from(">H", avcc, o)[0]
+            if o + 2 + n > len(avcc):
+                raise BoxError(f"avcC {what} runs past the record")
+            units.append(avcc[o + 2:o + 2 + n])
+            o += 2 + n
+    return tuple(units)

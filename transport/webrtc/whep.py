@@ -7,10 +7,16 @@ peer connection, `WhepPeer`), which the player DELETEs to leave. The HTTP side i
 A WHEP peer is a spectator (`sessions/viewers.py`): view only, admitted against the spectator caps, closed
 when its viewer token is revoked or runs out, or when the session closes. It has no data channels (one the
 offer asks for is negotiated and then ignored: nothing a player sends reaches the session), and it is one
-more sink of the session's frame pipeline: the same `SessionVideoTrack` a controller's peer publishes
-(`video_track.py`: a drop-oldest queue over `FramePipeline.is_current`, the session's 90 kHz PTS), attached
-with `Session.attach_spectator` so that it neither wakes the session nor holds it open. aiortc encodes each
-peer's RTP itself (one encode per WHEP peer: sharing one encode among WHEP peers is not done yet).
+more sink of the session's frame pipeline, attached with `Session.attach_spectator` so that it neither wakes
+the session nor holds it open. Its video is the session's one H.264 encode (`encoded_track.py`
+`EncodedVideoTrack` over `SessionEncode`, shared with the session's other WHEP peers, fMP4 streams and
+recording: aiortc only packetizes it) when the peer negotiates H.264, which the answer prefers whenever the
+offer has it (`SHARED_CODEC`); a peer that offers only VP8 gets the per-peer path a controller's peer has
+(`video_track.py` `SessionVideoTrack`: aiortc encodes that peer's video itself). Both carry the session's
+90 kHz PTS. A peer's PLI or FIR asks the shared encode for an IDR (rate limited for all its receivers,
+`transport/media/keyframes.py`); aiortc calls its sender's `_send_keyframe` for both (aiortc 1.16
+`rtcrtpsender.py` `_handle_rtcp_packet`), which only concerns pictures aiortc encodes, so a shared-encode
+peer's sender has it replaced by the track's `ask_keyframe`.
 
 Every way a peer ends closes its RTCPeerConnection and releases its place: DELETE, a negotiation that does
 not reach `connected` within `negotiation_timeout_s` (a player that never completes ICE), a failed or closed
@@ -27,18 +33,46 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.rtcrtpparameters import RTCRtpCodecCapability
+from aiortc.sdp import SessionDescription
 
 from worldcast.sessions.access import Access, count_spectators
 from worldcast.sessions.errors import SessionClosedError
+from worldcast.sessions.frames import FrameSink
 from worldcast.sessions.session import Session, SessionState
-from worldcast.sessions.viewers import Spectator, ViewerConfig
+from worldcast.sessions.viewers import Spectator, ViewerConfig, own_encode_weight
 from worldcast.transport.connection import retrieve
+from worldcast.transport.webrtc.encoded_track import EncodedVideoTrack
 from worldcast.transport.webrtc.ice import close_peer_connection
 from worldcast.transport.webrtc.sdp import validate_offer
 from worldcast.transport.webrtc.video_track import SessionVideoTrack
 
 logger = logging.getLogger(__name__)
+
+#: The codec whose video WHEP peers of a session share (the session's one encode, `SessionEncode`).
+SHARED_CODEC = "video/H264"
+#: Of H.264's profiles, the one the shared encode's bitstream is (x264 `ultrafast`: Constrained Baseline,
+#: profile-level-id 42e0xx, RFC 6184 8.1), preferred over Baseline (42001f) when an offer has both.
+SHARED_PROFILE_LEVEL_ID = "42e01f"
+
+
+def shared_codec_first() -> list[RTCRtpCodecCapability]:
+    """aiortc's video codecs in the order a WHEP answer prefers them: H.264 (Constrained Baseline first), then
+    the rest (VP8), RTX kept (`RTCRtpTransceiver.setCodecPreferences`; an answer lists the codecs the offer and
+    these have in common in this order, and the sender sends the first: aiortc 1.16 `rtcpeerconnection.py`)."""
+    codecs = RTCRtpSender.getCapabilities("video").codecs
+    return sorted(codecs, key=lambda c: (c.mimeType.lower() != SHARED_CODEC.lower(),
+                                         c.parameters.get("profile-level-id") != SHARED_PROFILE_LEVEL_ID))
+
+
+def answer_video_codec(sdp: str) -> str | None:
+    """The codec an SDP answer sends video with: the first of its first video m-line (RFC 3264 6.1: the answerer
+    sends with the first it lists), as a MIME type ("video/H264"); None without a video m-line or codec."""
+    for media in SessionDescription.parse(sdp).media:
+        if media.kind == "video" and media.rtp.codecs:
+            return media.rtp.codecs[0].mimeType
+    return None
 
 
 class WhepPeer:
@@ -57,7 +91,9 @@ class WhepPeer:
                  negotiation_timeout_s: float = 15.0, on_closed: Callable[[WhepPeer], None] | None = None) -> None:
         self.session, self.resource_id, self.spectator = session, resource_id, spectator
         self.negotiation_timeout_s = negotiation_timeout_s
-        self.track = SessionVideoTrack(session.frames.is_current, scale=video_scale, stamp=session.stamp_frames)
+        self.video_scale = video_scale
+        #: its video: the shared encode's (H.264) or its own (VP8), chosen by the answer's codec (`answer`)
+        self.track: EncodedVideoTrack | SessionVideoTrack | None = None
         self.connected = asyncio.Event()
         self.closed = asyncio.Event()  #: set once the peer is closed
         self.close_reason: str | None = None
@@ -65,7 +101,8 @@ class WhepPeer:
         self._on_closed = on_closed
         self._tasks: set[asyncio.Task[Any]] = set()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # from here on, every path ends in aclose()
-        self.pc.addTrack(self.track)
+        self.transceiver = self.pc.addTransceiver("video", direction="sendonly")
+        self.transceiver.setCodecPreferences(shared_codec_first())
 
         @self.pc.on("datachannel")
         def _on_datachannel(channel: Any) -> None:  # a view-only peer takes nothing in
@@ -102,7 +139,12 @@ class WhepPeer:
         try:
             try:
                 await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-                await self.pc.setLocalDescription(await self.pc.createAnswer())
+                codec = answer_video_codec((await self.pc.createAnswer()).sdp)  # createAnswer changes nothing
+                self.track = self._make_track(codec)
+                if not self.shares_encode:  # an encode of its own counts for what it costs (sessions/viewers.py)
+                    self.spectator.weight = own_encode_weight()
+                self.transceiver.sender.replaceTrack(self.track)
+                await self.pc.setLocalDescription(await self.pc.createAnswer())  # the answer names the track
             except Exception as e:
                 raise ValueError(f"invalid SDP offer: {e}") from e
             finally:
@@ -110,12 +152,38 @@ class WhepPeer:
                     t.add_done_callback(retrieve)
             if self._closing:  # revoked, expired or the session closed while the answer was made
                 raise SessionClosedError(f"the viewer's access to session {self.session.id} ended: {self.close_reason}")
-            self.session.attach_spectator(self.track)  # SessionClosedError if the session closed meanwhile
+            sink = self.sink
+            assert sink is not None, "the answer made the track"
+            self.session.attach_spectator(sink)  # SessionClosedError if the session closed meanwhile
+            if isinstance(self.track, EncodedVideoTrack):
+                self.track.start()
             self.spawn(self._negotiation_timer())
         except BaseException:
             await self.aclose("answer_failed")
             raise
         return self.pc.localDescription
+
+    def _make_track(self, codec: str | None) -> EncodedVideoTrack | SessionVideoTrack:
+        """The track for the answer's `codec`: the session's shared encode for H.264, else one of its own."""
+        s = self.session
+        if codec is not None and codec.lower() == SHARED_CODEC.lower():
+            spec = s.model.spec
+            track = EncodedVideoTrack(s.frames, fps=spec.fps, scale=self.video_scale, stamp=s.stamp_frames,
+                                      depth=max(2, spec.frames_per_chunk), name=f"{s.id}-whep-{self.resource_id}")
+            # a receiver's PLI/FIR asks the shared encode, within its rate limit (module docstring)
+            setattr(self.transceiver.sender, "_send_keyframe", track.ask_keyframe)  # noqa: B010
+            return track
+        return SessionVideoTrack(s.frames.is_current, scale=self.video_scale, stamp=s.stamp_frames)
+
+    @property
+    def sink(self) -> FrameSink | None:
+        """What the session delivers this peer's frames to (None before the answer)."""
+        return self.track.sink if isinstance(self.track, EncodedVideoTrack) else self.track
+
+    @property
+    def shares_encode(self) -> bool:
+        """Whether the peer's video is the session's shared encode (H.264 negotiated)."""
+        return isinstance(self.track, EncodedVideoTrack)
 
     async def _negotiation_timer(self) -> None:
         try:
@@ -133,15 +201,21 @@ class WhepPeer:
         self._closing, self.close_reason = True, reason
         try:
             self.spectator.leave()
-            self.session.detach_sink(self.track)
+            if self.sink is not None:
+                self.session.detach_sink(self.sink)
             current = asyncio.current_task()
             live = [t for t in self._tasks if t is not current]
             for t in live:
                 t.cancel()
             await asyncio.gather(*live, return_exceptions=True)
-            self.track.stop()
+            if isinstance(self.track, EncodedVideoTrack):
+                await self.track.aclose()  # leaves the shared encode (the last to leave stops it)
+            elif self.track is not None:
+                self.track.stop()
             await close_peer_connection(self.pc)
-            logger.info("%r: closed (%s, %d frames out)", self, reason, self.track.frames_out)
+            logger.info("%r: closed (%s, %s, %d frames out)", self, reason,
+                        "shared encode" if self.shares_encode else "own encode",
+                        0 if self.track is None else self.track.frames_out)
         finally:
             self.closed.set()
             if self._on_closed is not None:
