@@ -46,6 +46,7 @@ from worldcast.latency_bench import stats
 from worldcast.latency_bench.fmp4 import StreamProbe
 from worldcast.latency_bench.probe import SessionProbe, model_fps
 from worldcast.latency_bench.server import ServerProfile, serve_process
+from worldcast.sessions.viewers import own_encode_weight
 from worldcast.transport.clients.stream import StreamClient
 from worldcast.transport.clients.whep import WhepPlayer
 from worldcast.transport.media.stamp import cell_px_for_width, read_stamp
@@ -248,6 +249,17 @@ def spectator_delays(controller: SessionProbe, spectators: list[Spectator], wind
             "frames_share_min": round(min(shares), 3), "frames_share_mean": round(statistics.fmean(shares), 3)}
 
 
+def cap_flags(counts: list[int], kinds: list[str]) -> list[str]:
+    """`worldcast serve` flags whose spectator caps admit every phase's spectators and no more.
+
+    The session's cap counts streams; the server's counts each by its weight, so a VP8-only WHEP player
+    (an encode of its own) counts `own_encode_weight()` (`sessions/viewers.py`).
+    """
+    most = max(max(counts), 1)
+    weight = own_encode_weight() if "whep-vp8" in kinds else 1
+    return ["--max-spectators-per-session", str(most), "--max-spectators", str(most * weight)]
+
+
 async def _viewer(url: str, session_id: str, token: str) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         r = await http.post(f"/v1/sessions/{session_id}/viewers", headers={"Authorization": f"Bearer {token}"})
@@ -342,8 +354,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("the CPU measurement reads /proc (Linux)")
     except ValueError as e:
         ap.error(str(e))
-    most = max(counts)
-    flags = [*profile.flags(), "--max-spectators-per-session", str(max(most, 1)), "--max-spectators", str(max(most, 1))]
+    flags = [*profile.flags(), *cap_flags(counts, kinds)]
     out: dict[str, Any] = {"command": "spectators", "machine": platform.platform(),
                            "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                            "server_flags": flags, "seconds": args.seconds}

@@ -105,6 +105,8 @@ class ViewerConfig:
                 raise ValueError(f"ViewerConfig.{name} must lie in [0, 100000]")
         if self.cpu_cores is not None and not 1 <= self.cpu_cores <= 100_000:
             raise ValueError("ViewerConfig.cpu_cores must lie in [1, 100000]")
+        if not 0 < self.stall_s < float("inf") or not 0 < self.retry_after_s < float("inf"):
+            raise ValueError("ViewerConfig: stall_s and retry_after_s must be positive and finite")
 
     @property
     def server_cap(self) -> int:
@@ -121,8 +123,6 @@ class ViewerConfig:
         cores = self.cpu_cores or os.cpu_count() or 1
         return (f"{SPECTATOR_CPU_SHARE:.0%} of {cores} cores at {SPECTATOR_COST_CORES['shared']:g} cores a "
                 f"spectator, measured; one with an encode of its own counts {own_encode_weight()}")
-        if not 0 < self.stall_s < float("inf") or not 0 < self.retry_after_s < float("inf"):
-            raise ValueError("ViewerConfig: stall_s and retry_after_s must be positive and finite")
 
 
 @dataclass(eq=False)

@@ -63,6 +63,13 @@ async def test_a_token_runs_out_on_its_timer_and_its_streams_close() -> None:
     assert reasons == ["expired"] and not vs.tokens and not vs.spectators
 
 
+@pytest.mark.parametrize("bad", [{"stall_s": 0.0}, {"stall_s": float("inf")}, {"retry_after_s": -1.0},
+                                 {"retry_after_s": float("nan")}])
+def test_a_stall_or_retry_time_that_is_not_positive_and_finite_is_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="stall_s and retry_after_s must be positive and finite"):
+        ViewerConfig(**bad)
+
+
 def test_spectator_caps_per_session_and_per_server() -> None:
     vs = Viewers("sid", clock=FakeClock())
     v = vs.issue(CONFIG)

@@ -65,7 +65,9 @@ class WhepPlayer:
             async with httpx.AsyncClient(timeout=timeout_s) as http:
                 r = await http.post(whep_url, content=pc.localDescription.sdp,
                                     headers={"Content-Type": "application/sdp", "Authorization": f"Bearer {token}"})
-                r.raise_for_status()
+                if r.is_error:  # the refusal's reason with its status (raise_for_status keeps only the status)
+                    raise httpx.HTTPStatusError(f"WHEP offer refused: {r.status_code} {r.reason_phrase}: "
+                                                f"{r.text[:500]}", request=r.request, response=r)
             location = str(httpx.URL(whep_url).join(r.headers["location"]))
             await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
         except BaseException:
