@@ -8,7 +8,8 @@ S = budget // (bytes of one session's whole declared state), so a session is
 admitted only with all of its state, and nothing is allocated mid-chunk.
 
 Reads are in place: a model call gets a `PoolView` of its batch's slots;
-attention indexes the pool's ring tensors by slot (no gather per step).
+attention indexes the pool's ring tensors by slot (no gather per step), and a
+world memory is read the same way, only the cells a chunk needs.
 Writes happen only in `apply`, which the engine calls when a chunk commits:
 one indexed copy per tensor (per layer for rings) for the whole batch.
 
@@ -27,8 +28,8 @@ import logging
 import torch
 
 from worldcast.engine.errors import StatePoolExhausted
-from worldcast.models.base import FrameWrite, Replace, RingWrite, StateUpdates
-from worldcast.models.spec import AttentionRingSpec, FrameRingSpec, StateSpec, TensorStateSpec
+from worldcast.models.base import FrameWrite, MemoryWrite, Replace, RingWrite, StateUpdates
+from worldcast.models.spec import AttentionRingSpec, FrameRingSpec, StateSpec, TensorStateSpec, WorldMemorySpec
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,11 @@ class StatePool:
                 pos = self._positions(u.frames, spec.sink_frames, spec.window_frames)
                 ts["data"][slots[:, None], pos] = u.data.to(ts["data"].dtype)
                 ts["frame"][slots[:, None], pos] = u.frames.to(self.device)
+            elif isinstance(spec, WorldMemorySpec) and isinstance(u, MemoryWrite):
+                n = spec.side * spec.side
+                cells = u.cells.to(self.device)
+                ts["canvas"].view(-1, n, spec.channels)[slots[:, None], cells] = u.values.to(torch.uint8)
+                ts["tag"].view(-1, n)[slots[:, None], cells] = u.tags.to(torch.int32)
             elif isinstance(spec, TensorStateSpec) and isinstance(u, Replace):
                 ts["data"][slots] = u.data.to(ts["data"].dtype)
             else:
@@ -196,6 +202,10 @@ class PoolView:
     def ring(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ts = self.pool.tensors[name]
         return ts["k"], ts["v"], ts["frame"]
+
+    def memory(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        ts = self.pool.tensors[name]
+        return ts["canvas"], ts["tag"]
 
     def tensor(self, name: str) -> torch.Tensor:
         return self._rows(self.pool.tensors[name]["data"])

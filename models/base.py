@@ -71,7 +71,23 @@ class Replace:
     data: torch.Tensor
 
 
-StateUpdate = RingWrite | FrameWrite | Replace
+@dataclass
+class MemoryWrite:
+    """Cells of a `WorldMemorySpec` state written in place: one chunk's view of the world.
+
+    Attributes:
+        cells: int64 (B, K) flat cell index (row * side + column) of each written cell; a row's cells are
+            distinct (the pool writes them with one indexed copy).
+        values: uint8 (B, K, channels) what each cell now shows.
+        tags: int32 (B, K) which ground each cell now holds (the model's code; 0: nothing).
+    """
+
+    cells: torch.Tensor
+    values: torch.Tensor
+    tags: torch.Tensor
+
+
+StateUpdate = RingWrite | FrameWrite | Replace | MemoryWrite
 #: {state name: its update}; states not named are unchanged.
 StateUpdates = dict[str, StateUpdate]
 
@@ -89,6 +105,8 @@ def select_rows(updates: StateUpdates, rows: list[int]) -> StateUpdates:
             out[name] = RingWrite(take(u.frames), [take(k) for k in u.k], [take(v) for v in u.v])
         elif isinstance(u, FrameWrite):
             out[name] = FrameWrite(take(u.frames), take(u.data))
+        elif isinstance(u, MemoryWrite):
+            out[name] = MemoryWrite(take(u.cells), take(u.values), take(u.tags))
         else:
             out[name] = Replace(take(u.data))
     return out
@@ -100,8 +118,8 @@ def select_rows(updates: StateUpdates, rows: list[int]) -> StateUpdates:
 class StateView(Protocol):
     """A batch of sessions' declared state, as the engine's pool lends it to a model call.
 
-    Attention rings are read in place (`ring` gives the pool's own tensors and
-    the batch's slots); other state is handed over per batch.
+    Attention rings and world memory are read in place (`ring` and `memory` give the pool's own
+    tensors and the batch's slots); other state is handed over per batch.
     """
 
     @property
@@ -123,6 +141,11 @@ class StateView(Protocol):
         """An `AttentionRingSpec` state of every slot: (k, v, frame) with k, v
         (S, layers, L, heads, head_dim) and frame int64 (S, P), the pool's own tensors (index them with
         `slots`; never write to them)."""
+        ...
+
+    def memory(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A `WorldMemorySpec` state of every slot: (canvas uint8 (S, side, side, channels), tag int32
+        (S, side, side)), the pool's own tensors (index them with `slots`; never write to them)."""
         ...
 
     def tensor(self, name: str) -> torch.Tensor:

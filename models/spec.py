@@ -19,6 +19,11 @@ Kinds of state:
   sink + window positions (e.g. committed latents a prompt switch re-runs).
 - `TensorStateSpec`: a fixed-size tensor replaced whole (a decoder's
   causal-conv cache, a previous latent, a cross-attention cache).
+- `WorldMemorySpec`: world memory, what a session has shown anchored to
+  world coordinates: a canvas that wraps, with a tag per cell saying which
+  ground it holds, written in place a chunk's cells at a time
+  (`models.base.MemoryWrite`); fixed size, so memory never grows with
+  session age.
 
 Conditioning (`ConditioningSpec`): which of a text prompt and a starting
 image a model accepts or requires, with limits, and the named tensors its
@@ -172,6 +177,44 @@ class TensorStateSpec(StateSpec):
 
     def tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {"data": (self.shape, self.dtype)}
+
+
+@dataclass(frozen=True)
+class WorldMemorySpec(StateSpec):
+    """World memory: what a session has shown, anchored to world coordinates, in a fixed-size canvas that wraps.
+
+    A world position (X, Y) (pixels, any integers: a session walks forever) lives in cell
+    (Y mod side, X mod side); the cell's tag says which ground it holds (the model's own code of the
+    position's wrap and its world, 0: nothing), so a position is remembered iff its cell's tag is
+    that position's code. A position is forgotten only when a view covers a position `side` px
+    from it on an axis, so a walk that keeps within `reach_px` of a place in every direction
+    forgets nothing it showed there (the model sets side >= view + 2 reach_px); farther, the
+    oldest ground is overwritten by the newest.
+    The pool counts its bytes like any state, admission charges them, snapshots and moves carry
+    them byte for byte (`engine/session_state.py`), and replay regenerates them.
+
+    Writes are in place (`models.base.MemoryWrite`: a chunk's cells, their values and tags), at
+    commit like every update; reads index the pool's own tensors (`models.base.StateView.memory`).
+
+    Tensors (per session): "canvas" uint8 (side, side, channels), "tag" int32 (side, side).
+
+    Raises:
+        ValueError: a side not above 2 * reach_px, or no channels.
+    """
+
+    kind = "world_memory"
+    side: int = 1  #: canvas side, cells (one cell a world pixel)
+    channels: int = 3  #: values per cell (RGB)
+    reach_px: int = 0  #: ground within this many pixels of the view, in every direction, is always held
+
+    def __post_init__(self) -> None:
+        if self.channels <= 0 or self.reach_px < 0 or self.side <= 2 * self.reach_px:
+            raise ValueError(f"WorldMemorySpec {self.name!r}: side {self.side} must exceed 2 * reach_px "
+                             f"({self.reach_px}) and channels ({self.channels}) be positive")
+
+    def tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"canvas": ((self.side, self.side, self.channels), torch.uint8),
+                "tag": ((self.side, self.side), torch.int32)}
 
 
 @dataclass(frozen=True)
@@ -609,7 +652,7 @@ class WorldModelSpec:
 
     def state_bytes_by_kind(self) -> dict[str, int]:
         """Bytes of one session's declared state per kind ("attention_ring", "frame_ring", "prompt_cache",
-        "tensor"), for start-up logs and reports."""
+        "tensor", "world_memory"), for start-up logs and reports."""
         out: dict[str, int] = {}
         for s in self.states:
             out[s.kind] = out.get(s.kind, 0) + s.bytes_per_session()

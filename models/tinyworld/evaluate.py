@@ -19,7 +19,10 @@ First of all, the play test (`playtest.py`): every world played for `--minutes` 
 minutes through the served path by a scripted player, judged by its pictures (alive: texture
 and objects against the simulator's; answers every key: the camera shift measured from the
 pictures); `worlds.png` shows simulator above model at 0 s, 10 s, 60 s and the last minute.
-Exit status 1 when a bar is not met.
+Exit status 1 when a bar is not met. Then the leave-and-return test (`revisit.py`): walk away
+and back, the view after the return against the view before leaving, with the world memory's
+recall on and off (`revisit.png`); `--only revisit` runs it alone and updates its part of
+`report.json`.
 
 Then every measurement below runs once per compute precision the model declares
 (`--precisions`, default all: float32 and bfloat16), with the weights
@@ -45,7 +48,7 @@ import numpy as np
 import torch
 
 from worldcast.models.spec import dtype_from_name, dtype_name
-from worldcast.models.tinyworld import playtest, world
+from worldcast.models.tinyworld import playtest, revisit, world
 from worldcast.models.tinyworld.model import DEFAULT_WEIGHTS, TIMESTEPS, TinyWorldModel
 from worldcast.models.tinyworld.prompts import HELDOUT_PARAPHRASES, TRAIN_CAPTIONS
 from worldcast.models.tinyworld.rollout import iter_rollout, rollout_latents
@@ -236,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=int, default=5, help="unbroken minutes each world is played in the play test")
     ap.add_argument("--no-compile", action="store_true", help="play test: serve eager steps (the warm-up still "
                     "picks the dtype)")
+    ap.add_argument("--only", choices=("revisit",), default=None,
+                    help="run only the leave-and-return test, updating its part of the report")
     ap.add_argument("--precisions", nargs="+", default=None, metavar="DTYPE",
                     help="compute precisions to evaluate, the reference first (default: every one the model "
                          "declares: float32 bfloat16)")
@@ -247,7 +252,24 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     way = playtest.choose_way(model, compile_steps=not args.no_compile)
+    revisited, pictures = revisit.run(model)
+    revisit.save_picture(args.out / "revisit.png", pictures)
+    logger.info("leave and return: %s", json.dumps(revisited["summary"]))
+    if args.only == "revisit":
+        path = args.out / "report.json"
+        report = json.loads(path.read_text()) if path.exists() else {}
+        report["revisit"] = {"served_way": way, **revisited}
+        path.write_text(json.dumps(report, indent=2))
+        print(json.dumps(revisited["summary"], indent=2))
+        return 0
     played, videos = playtest.play_worlds(model, minutes=args.minutes, seed=args.seed)
+    # the same play test (1 minute a world, the same seeds) with what the network paints ablated: a bar that
+    # these pass cannot tell the model from hand code (issue 51)
+    ablations = {}
+    for name in playtest.ABLATIONS:
+        with playtest.ablated(model, name):
+            ablations[name] = playtest.play_worlds(model, minutes=1, seed=args.seed)[0]["bars"]
+        logger.info("play test, ablated (%s): %s", name, json.dumps(ablations[name]))
     playtest.save_worlds(args.out / "worlds.png", videos,
                          [0, 10, 60, 60 * args.minutes] if args.minutes > 1 else [0, 10, 30, 60])
     del videos
@@ -267,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "torch_threads": args.threads, "load_avg_1m_end": round(os.getloadavg()[0], 2)},
         "play_test": {"minutes": args.minutes, "served_way": way, **played},
+        "revisit": {"served_way": way, **revisited},
+        "play_test_ablated": {"minutes": 1, "served_way": "eager, " + str(way.get("dtype")), **ablations},
         "held_out_sequences": args.seqs,
         "precision": names[0],
         **{k: ref[k] for k in ("rollout_psnr_db", "prompt_control", "stability", "speed", "bars")},

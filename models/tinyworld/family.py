@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from worldcast.models.registry import LoadRequest, ModelFamily, ModelVariant
 from worldcast.models.spec import ActionSpace, Axis, ConditioningSpec, TextConditioning
-from worldcast.models.tinyworld import world
+from worldcast.models.tinyworld import layout
 
 if TYPE_CHECKING:
     from worldcast.models.tinyworld.model import TinyWorldModel
@@ -15,22 +15,22 @@ if TYPE_CHECKING:
 STICK_PRESS = 0.5
 
 #: TinyWorld's actions: the camera moves with W/A/S/D (2 px a frame, doubled with shift) and pans with the
-#: mouse (`world.action_vector`: MOUSE_COUNTS_PER_PX counts per pixel, clipped to MAX_PAN_PX per frame). A gamepad
+#: mouse (`layout.action_vector`: MOUSE_COUNTS_PER_PX counts per pixel, clipped to MAX_PAN_PX per frame). A gamepad
 #: (the W3C standard mapping) drives the same: the left stick or the d-pad walks (a stick past STICK_PRESS holds
 #: the key of its direction: the model was trained on keys held or not), the right stick pans up to MAX_PAN_PX a
 #: frame, the right trigger runs (shift), button A (0) lights the marker (space).
 ACTIONS = ActionSpace(
-    keys=world.KEYS,
-    axes=(Axis("pan_x", scale=1 / world.MOUSE_COUNTS_PER_PX, limit=world.MAX_PAN_PX, label="pan right"),
-          Axis("pan_y", scale=1 / world.MOUSE_COUNTS_PER_PX, limit=world.MAX_PAN_PX, label="pan down"),
+    keys=layout.KEYS,
+    axes=(Axis("pan_x", scale=1 / layout.MOUSE_COUNTS_PER_PX, limit=layout.MAX_PAN_PX, label="pan right"),
+          Axis("pan_y", scale=1 / layout.MOUSE_COUNTS_PER_PX, limit=layout.MAX_PAN_PX, label="pan down"),
           Axis("move_x", kind="absolute", range=(-1.0, 1.0), label="walk right (stick)"),
           Axis("move_y", kind="absolute", range=(-1.0, 1.0), label="walk down (stick)"),
-          Axis("look_x", kind="absolute", range=(-1.0, 1.0), scale=world.MAX_PAN_PX, limit=world.MAX_PAN_PX,
+          Axis("look_x", kind="absolute", range=(-1.0, 1.0), scale=layout.MAX_PAN_PX, limit=layout.MAX_PAN_PX,
                label="pan right (stick)"),
-          Axis("look_y", kind="absolute", range=(-1.0, 1.0), scale=world.MAX_PAN_PX, limit=world.MAX_PAN_PX,
+          Axis("look_y", kind="absolute", range=(-1.0, 1.0), scale=layout.MAX_PAN_PX, limit=layout.MAX_PAN_PX,
                label="pan down (stick)"),
           Axis("run", kind="absolute", range=(0.0, 1.0), label="faster (trigger)")),
-    dim=world.ACTION_DIM,
+    dim=layout.ACTION_DIM,
     key_labels=(("w", "up"), ("a", "left"), ("s", "down"), ("d", "right"), ("space", "light the marker"),
                 ("shift", "faster")),
     bindings=(("mouse.x", "pan_x"), ("mouse.y", "pan_y"),

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from worldcast.models.base import (
     ChunkConditioning,
+    MemoryWrite,
     Replace,
     RingWrite,
     StateUpdates,
@@ -40,20 +41,24 @@ from worldcast.models.spec import (
     ConditioningRequest,
     PrecisionSpec,
     TensorStateSpec,
+    WorldMemorySpec,
     WorldModelSpec,
 )
-from worldcast.models.tinyworld import world
+from worldcast.models.tinyworld import layout, memory, world
 from worldcast.models.tinyworld.family import ACTIONS, CONDITIONING, STICK_PRESS
+from worldcast.models.tinyworld.backbone import ring_bias
 from worldcast.models.tinyworld.network import (
     DRAW_PLANES,
     ChunkRingAttention,
     TinyWorldConfig,
     TinyWorldDenoiser,
     alibi_slopes,
+    camera_shift,
     carry_noise,
     noise_canvas_side,
     to_frame_space,
     to_pixels,
+    warp,
 )
 from worldcast.models.tinyworld.prompts import EmbeddingStore, PromptEncoder, default_store_path
 
@@ -81,7 +86,9 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
     State: "kv", the self-attention ring (sink + rolling window of frames), and
     "prev", the last committed frame (each frame starts from it, warped by its action),
     both in `dtype`; "noise", float32 (2, C, C), the canvas of noise objects and terrain are drawn
-    from, carried with the camera (`network.carry_noise`; C = S + 2 * `network.DRAW_MARGIN_PX`).
+    from, carried with the camera (`network.carry_noise`; C = S + 2 * `network.DRAW_MARGIN_PX`); "memory", the
+    world memory (`memory.py`: a canvas of `memory.MEMORY_VIEWS` views on a side, uint8 RGB and an int32 tag
+    per world pixel), and "camera", int64 (3,) the view's corner in world pixels and the world's number.
     Latents are frames (3, S, S) in frame space, one per chunk; the init step commits the initial picture
     as frame 0. Conditioning: a text prompt, encoded as "prompt" float32 (prompt_dim,), a sentence
     embedding, part of every chunk.
@@ -102,6 +109,9 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
                               sink_frames=cfg.sink_frames, dtype=dtype),
             TensorStateSpec("prev", shape=latent, dtype=dtype),
             TensorStateSpec("noise", shape=(DRAW_PLANES, canvas, canvas), dtype=torch.float32),
+            WorldMemorySpec("memory", side=memory.memory_side(cfg.frame_size), channels=cfg.channels,
+                            reach_px=memory.memory_reach(cfg.frame_size)),
+            TensorStateSpec("camera", shape=(3,), dtype=torch.int64),
         ),
         actions=ACTIONS,
         conditioning=dataclasses.replace(CONDITIONING, tensors=(("prompt", (cfg.prompt_dim,), torch.float32),)),
@@ -110,40 +120,22 @@ def make_spec(cfg: TinyWorldConfig, *, dtype: torch.dtype = torch.float32) -> Wo
     )
 
 
-def ring_bias(ring_frame: torch.Tensor, c0: torch.Tensor, slopes: torch.Tensor, cfg: TinyWorldConfig) -> torch.Tensor:
-    """The ring part of the attention mask of a query frame c0: float32 (B, H, P * T) over the ring's keys.
-
-    The rule of `kernels/ring_attention.py`: a ring frame j is visible iff it holds data and
-    c0 - window <= j < c0 or j < sinks (and j < c0); its bias is -slope * age with age = c0 - j,
-    capped at window + 1 for sinks; -inf where not visible.
-
-    Args:
-        ring_frame: int64 (B, P) the absolute frame each ring slot holds (-1: empty).
-        c0: int64 (B, 1) the query frame.
-        slopes: float32 (H,) ALiBi slopes (`network.alibi_slopes`).
-    """
-    W, S = cfg.window_frames, cfg.sink_frames
-    kf = ring_frame
-    visible = (kf >= 0) & (((kf >= c0 - W) & (kf < c0)) | ((kf < S) & (kf < c0)))
-    age = (c0 - kf).float()  # (B, P)
-    age = torch.where((kf < S) & (age > W + 1), torch.full_like(age, W + 1), age)
-    bias = (-slopes[None, :, None] * age[:, None, :]).masked_fill(~visible[:, None, :], float("-inf"))
-    return bias.repeat_interleave(cfg.tokens_per_frame, dim=-1)
-
-
 # -- the step functions (pure tensors: the engine may compile them, `models.base.StepFn`) -------------------
 
 
 def denoise_step(net: TinyWorldDenoiser, x_t: torch.Tensor, prev: torch.Tensor, t: torch.Tensor,
                  action: torch.Tensor, prompt: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor,
-                 mask: torch.Tensor, draw_noise: torch.Tensor) -> torch.Tensor:
+                 mask: torch.Tensor, draw_noise: torch.Tensor, recalled: torch.Tensor,
+                 held: torch.Tensor) -> torch.Tensor:
     """One denoising pass: noisy latents (B, F, C, h, w) at flow times t (B, F) -> float32 x0 (B, F, C, h, w).
 
     action (B, F, A), prompt (B, F, P); k_ring, v_ring (B, layers, L, H, hd), mask (B, H, 1, L + F*T)
     as `ChunkRingAttention` takes them; draw_noise float32 (B, F, 1, h, w) the noise objects are drawn
-    from (`network.carry_noise`). Computes in the weights' dtype.
+    from (`network.carry_noise`); recalled float32 (B, F, C, h, w) and held (B, F, 1, h, w) what the world
+    memory holds of the view (`memory.recall`). Computes in the weights' dtype.
     """
-    x0, _ = net(x_t, prev, t, action, prompt, ChunkRingAttention(k_ring, v_ring, mask), draw_noise=draw_noise)
+    x0, _ = net(x_t, prev, t, action, prompt, ChunkRingAttention(k_ring, v_ring, mask), draw_noise=draw_noise,
+                recalled=recalled, held=held)
     assert x0 is not None
     return x0.float()
 
@@ -215,6 +207,9 @@ class TinyWorldModel(WorldModel):
         self._wrap: StepWrap | None = None
         self._tables: dict[torch.dtype, dict[str, StepFn]] = {}  #: per dtype, its steps as `_wrap` wrapped them
         self._steps: dict[str, StepFn] = self._step_table()
+        #: whether new frames show what the world memory holds (the evaluation turns it off for its ablation;
+        #: the memory is written either way)
+        self.recall_memory = True
 
     def _prepare(self, net: TinyWorldDenoiser) -> TinyWorldDenoiser:
         # channels-last convolutions: the MLP's depthwise conv reads the token grid (B*F, g, g, hidden)
@@ -329,11 +324,11 @@ class TinyWorldModel(WorldModel):
             held[key] = held.get(key, False) or on
         pan_x = axes.get("pan_x", 0.0) + axes.get("look_x", 0.0)
         pan_y = axes.get("pan_y", 0.0) + axes.get("look_y", 0.0)
-        return world.action_vector(held, (pan_x * world.MOUSE_COUNTS_PER_PX, pan_y * world.MOUSE_COUNTS_PER_PX))
+        return layout.action_vector(held, (pan_x * layout.MOUSE_COUNTS_PER_PX, pan_y * layout.MOUSE_COUNTS_PER_PX))
 
     def theme_for(self, prompt_embedding: np.ndarray) -> str:
         """The simulator theme whose captions lie nearest to `prompt_embedding` (cosine)."""
-        return world.THEMES[int(np.argmax(self.theme_prompts @ prompt_embedding))]
+        return layout.THEMES[int(np.argmax(self.theme_prompts @ prompt_embedding))]
 
     def initial_frames(self, *, seed: int, context: Conditioning) -> np.ndarray:
         """uint8 (1, 64, 64, 3): the simulator's view at the origin of world `seed`, in the prompt's theme."""
@@ -395,14 +390,39 @@ class TinyWorldModel(WorldModel):
     def _prompt(self, cond: ChunkConditioning, frames: int) -> torch.Tensor:
         return cond.context["prompt"][:, None].expand(-1, frames, -1)  # (B, F, P)
 
-    def _commit(self, x0: torch.Tensor, prev: torch.Tensor, noise: torch.Tensor, cond: ChunkConditioning,
-                state: StateView) -> StateUpdates:
+    def _commit(self, x0: torch.Tensor, prev: torch.Tensor, noise: torch.Tensor, camera: torch.Tensor,
+                cond: ChunkConditioning, state: StateView) -> StateUpdates:
         zeros = torch.zeros(x0.shape[:2], device=x0.device)
         k, v = self._steps["commit"](x0, prev, zeros, cond.action, self._prompt(cond, x0.shape[1]),
                                      *self._ring(cond, state))
         layers = range(self.cfg.layers)
+        canvas, tag = state.memory("memory")
+        read = None if "memory" not in cond.memo else cond.memo["memory"][2]  # type: ignore[index]
+        remembered: MemoryWrite = memory.remember(canvas, tag, state.slots, camera, to_pixels(x0[:, -1]),
+                                                  self.net.marker, read)
         return {"kv": RingWrite(cond.frame_index, [k[:, i] for i in layers], [v[:, i] for i in layers]),
-                "prev": Replace(x0[:, -1]), "noise": Replace(noise)}
+                "prev": Replace(x0[:, -1]), "noise": Replace(noise), "memory": remembered,
+                "camera": Replace(camera)}
+
+    def _camera_after(self, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
+        """int64 (B, 3): each session's camera (`memory.py`) after its chunk's move, in the same world."""
+        cam = state.tensor("camera")
+        dx, dy = camera_shift(cond.action[:, 0])
+        return torch.stack([cam[:, 0] + dx, cam[:, 1] + dy, cam[:, 2]], dim=1)
+
+    def recall(self, cond: ChunkConditioning, state: StateView) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the world memory holds of each session's next view (`memory.recall`): recalled float32
+        (B, 1, C, h, w) and held (B, 1, 1, h, w); built once per chunk and batch (the cells' contents are kept
+        for the commit's write). With `recall_memory` off (the evaluation's ablation) nothing is held."""
+        memo = cond.memo.get("memory")
+        if memo is None:
+            canvas, tag = state.memory("memory")
+            values, held, now = memory.recall(canvas, tag, state.slots, self._camera_after(cond, state),
+                                              self.net.marker)
+            if not self.recall_memory:
+                values, held = torch.zeros_like(values), torch.zeros_like(held)
+            memo = cond.memo["memory"] = (values[:, None], held[:, None], now)
+        return memo[0], memo[1]  # type: ignore[index]
 
     def draw_noise(self, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
         """The chunk's draw noise (B, 1, 2, C, C) float32: the state's canvas, carried with the camera, fresh where
@@ -426,7 +446,8 @@ class TinyWorldModel(WorldModel):
         """Commit the initial picture as latent frame 0: its keys and values, and it as `prev`."""
         z = self.encode_frames(frames)  # (B, 1, C, h, w)
         # the first view's draw noise: zeros (no object is drawn in it; the first strips' draws lean on fresh noise)
-        return self._commit(z, z, torch.zeros_like(state.tensor("noise")), cond, state)
+        camera = torch.zeros((z.shape[0], 3), dtype=torch.int64, device=z.device)  # the origin of world 0
+        return self._commit(z, z, torch.zeros_like(state.tensor("noise")), camera, cond, state)
 
     @torch.no_grad()
     def denoise(self, x_t: torch.Tensor, t: torch.Tensor, cond: ChunkConditioning, state: StateView) -> torch.Tensor:
@@ -434,11 +455,21 @@ class TinyWorldModel(WorldModel):
         prev = state.tensor("prev")[:, None]  # (B, 1, C, h, w)
         tt = t[:, None].expand(-1, x_t.shape[1]).contiguous()
         return self._steps["denoise"](x_t, prev, tt, cond.action, self._prompt(cond, x_t.shape[1]),
-                                      *self._ring(cond, state), self.draw_noise(cond, state))
+                                      *self._ring(cond, state), self.draw_noise(cond, state),
+                                      *self.recall(cond, state))
 
     @torch.no_grad()
     def commit(self, x0: torch.Tensor, cond: ChunkConditioning, state: StateView) -> StateUpdates:
         """The clean pass at flow time 0 over the frame as shown (clamped to [-1, 1]): the chunk's keys and
-        values, its last frame as `prev`, and its draw noise as `noise`."""
-        return self._commit(x0.clamp(-1, 1), state.tensor("prev")[:, None], self.draw_noise(cond, state)[:, 0], cond,
-                            state)
+        values, its last frame as `prev`, its draw noise as `noise`, its view into the world memory and the
+        camera moved by its action; a cut (the network repainted the ground the warp showed: a prompt that
+        changed the world) starts a new world, whose memory starts empty."""
+        x0 = x0.clamp(-1, 1)
+        prev = state.tensor("prev")
+        camera = self._camera_after(cond, state)
+        dx, dy = camera_shift(cond.action[:, 0])
+        warped, known = warp(prev, dx, dy, self.net.marker)  # (B, C, h, w), (B, 1, h, w)
+        repainted = (x0[:, -1] != warped.float()).any(1, keepdim=True).float() * known
+        cut = repainted.sum((1, 2, 3)) > 0.5 * known.sum((1, 2, 3))  # (B,) kept pixels equal the warp exactly
+        camera = torch.cat([camera[:, :2], camera[:, 2:] + cut[:, None].long()], dim=1)
+        return self._commit(x0, prev[:, None], self.draw_noise(cond, state)[:, 0], camera, cond, state)

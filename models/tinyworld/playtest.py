@@ -24,9 +24,11 @@ and a flat video failing, and the simulator passing against itself).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,6 +217,37 @@ def judge(per_world: dict[str, dict[str, object]], key: str) -> dict[str, object
             "answers_every_key": total > 0 and answered / total >= ANSWER_SHARE}
 
 
+#: The ablations the play test is also run under (`ablated`): what the network paints replaced by constants
+#: (its terrain height 0.5 and object probability 0.025 everywhere, the hand-written drawing kept), and the
+#: network alone (its expected picture, no drawing).
+ABLATIONS = ("constants", "network-alone")
+
+
+@contextlib.contextmanager
+def ablated(model: WorldModel, name: str | None) -> Iterator[None]:
+    """Serve `model` (a TinyWorld) under ablation `name` (`ABLATIONS`; None: as it is) inside the block, with eager
+    steps (a compiled step bakes in what it traced; the model is left eager afterwards).
+
+    Raises:
+        ValueError: an unknown ablation.
+    """
+    if name is not None and name not in ABLATIONS:
+        raise ValueError(f"unknown ablation {name!r}; one of {ABLATIONS}")
+    if name is None:
+        yield
+        return
+    model.compile_steps(None)
+    net = model.net  # type: ignore[attr-defined]
+    try:
+        if name == "constants":
+            net.ablate = "constants"
+        else:
+            net.draw = False
+        yield
+    finally:
+        net.ablate, net.draw = None, True
+
+
 def play_worlds(model: WorldModel, *, minutes: int, seed: int, captions: dict[str, list[str]] | None = None,
                 map_seed_base: int = MAP_SEED_BASE) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     """Play every world for `minutes` minutes through the served path (module docstring).
@@ -328,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--object-offset", type=float, default=None, help="default network.DRAW_LOGIT_OFFSET")
     ap.add_argument("--terrain-scale", type=float, default=None, help="default network.TERRAIN_DRAW_SCALE")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--ablate", choices=ABLATIONS, default=None,
+                    help="play under an ablation (eager steps): what the network paints replaced by constants, "
+                         "or the network alone without the drawing")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -342,11 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.terrain_scale is not None:
         model.net.terrain_draw_scale = args.terrain_scale
     choose_way(model, compile_steps=not args.no_compile)
-    played, _ = play_worlds(model, minutes=args.minutes, seed=args.seed, map_seed_base=args.map_seed_base)
+    with ablated(model, args.ablate):
+        played, _ = play_worlds(model, minutes=args.minutes, seed=args.seed, map_seed_base=args.map_seed_base)
     bars = played["bars"]
     print(json.dumps({"draw_sigma_px": model.net.draw_sigma_px, "terrain_sigma_px": model.net.terrain_sigma_px,
                       "draw_logit_offset": model.net.draw_logit_offset,
                       "terrain_draw_scale": model.net.terrain_draw_scale, "map_seed_base": args.map_seed_base,
+                      "ablation": args.ablate,
                       "seed": args.seed, "bars": bars}, indent=2))
     return 0 if all(b["alive"] and b["answers_every_key"] for b in bars.values()) else 1
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worldcast.models.tinyworld.world import THEMES
+from worldcast.models.tinyworld.layout import THEMES
 
 logger = logging.getLogger(__name__)
 

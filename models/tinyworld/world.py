@@ -16,8 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Theme names, in the order of the model's theme statistics.
-THEMES: tuple[str, ...] = ("meadow", "snow", "desert", "night", "lava", "ocean")
+# the model's interface, shared with serving (re-exported here for the simulator's users)
+from worldcast.models.tinyworld.layout import (  # noqa: F401
+    ACTION_DIM,
+    KEYS,
+    MAX_PAN_PX,
+    MOUSE_COUNTS_PER_PX,
+    THEMES,
+    action_vector,
+)
 
 #: Per theme: (low terrain RGB, high terrain RGB, object RGB), uint8 values.
 PALETTES: dict[str, tuple[tuple[int, int, int], ...]] = {
@@ -29,43 +36,10 @@ PALETTES: dict[str, tuple[tuple[int, int, int], ...]] = {
     "ocean": ((10, 60, 140), (60, 170, 210), (240, 240, 230)),
 }
 
-#: Key order of the action vector; see `ActionVector`.
-KEYS: tuple[str, ...] = ("w", "a", "s", "d", "space", "shift")
-
-#: Dimension of the action vector: six keys plus mouse dx, dy.
-ACTION_DIM = len(KEYS) + 2
-
 #: Camera speed in pixels per frame for a held movement key (doubled by shift).
 WALK_PX = 2
-#: Mouse counts per pixel of camera pan, and the pan clip (pixels per frame).
-MOUSE_COUNTS_PER_PX = 4.0
-MAX_PAN_PX = 4
 #: Largest camera displacement in one frame, pixels per axis.
 MAX_STEP_PX = 8
-
-
-def action_vector(
-    keys: dict[str, bool] | None = None, mouse: tuple[float, float] = (0.0, 0.0)
-) -> np.ndarray:
-    """Build the model's action vector.
-
-    Args:
-        keys: held keys by name (any of `KEYS`); missing keys are up.
-        mouse: accumulated mouse movement (dx, dy) in counts since the last frame.
-
-    Returns:
-        float32 array of shape (ACTION_DIM,): six key states in {0, 1}, then
-        mouse dx and dy in pixels of pan (counts / MOUSE_COUNTS_PER_PX,
-        clipped to +-MAX_PAN_PX), divided by MAX_PAN_PX so they lie in [-1, 1].
-    """
-    keys = keys or {}
-    out = np.zeros(ACTION_DIM, dtype=np.float32)
-    for i, k in enumerate(KEYS):
-        out[i] = 1.0 if keys.get(k, False) else 0.0
-    for j, m in enumerate(mouse):
-        px = float(np.clip(np.round(m / MOUSE_COUNTS_PER_PX), -MAX_PAN_PX, MAX_PAN_PX))
-        out[len(KEYS) + j] = px / MAX_PAN_PX
-    return out
 
 
 def camera_step(action: np.ndarray) -> tuple[int, int]:

@@ -211,6 +211,6 @@ def test_an_engine_launch_pins_the_compile_cache_for_every_incarnation(model, mo
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert launch(model).config.compile_cache_dir == tmp_path / "xdg" / "worldcast" / "torch-compile"
-    cfg = EngineConfig(state_budget_bytes=2**24, compile_cache_dir=tmp_path / "given")
+    cfg = EngineConfig(state_budget_bytes=2**26, compile_cache_dir=tmp_path / "given")
     assert EngineLaunch(model="tinyworld", weights=None, options={}, device="cpu",
                         config=cfg).config.compile_cache_dir == tmp_path / "given"

@@ -109,9 +109,12 @@ def test_warmup_measures_each_dtype_and_bfloat16_passes_the_quality_gate(fresh_m
     assert choice.dtype in ("float32", "bfloat16") and not choice.compiled
     assert m.precision == dtype_from_name(choice.dtype)
     # the KV ring and the previous frame follow the precision; the draw noise is float32 in every precision (it
-    # feeds the object draws' thresholds, `network.draw_objects`)
-    assert {s.name: s.dtype for s in m.spec.states} == {"kv": m.precision, "prev": m.precision,  # type: ignore[attr-defined]
-                                                        "noise": torch.float32}, "the state follows the precision"
+    # feeds the object draws' thresholds, `network.draw_objects`); the world memory keeps the frames as shown
+    # (uint8) and the camera is integer in every precision
+    dtypes = {s.name: getattr(s, "dtype", None) for s in m.spec.states}
+    assert dtypes == {"kv": m.precision, "prev": m.precision, "noise": torch.float32, "memory": None,
+                      "camera": torch.int64}, "the state follows the precision"
+    assert m.spec.state("memory").tensors()["canvas"][1] == torch.uint8
 
 
 def test_a_dtype_outside_the_models_tolerance_is_not_served(fresh_model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -139,7 +142,7 @@ def test_the_device_worker_serves_the_dtype_it_chose(fresh_model) -> None:  # ty
         with lock:
             frames.extend(fs)
 
-    w = DeviceWorker(m, EngineConfig(state_budget_bytes=2**24, max_batch=2, torch_threads=1, precision="bfloat16",
+    w = DeviceWorker(m, EngineConfig(state_budget_bytes=2**26, max_batch=2, torch_threads=1, precision="bfloat16",
                                      compile=False), on_frames=on_frames, on_error=lambda s, r: None)
     w.warmup(chunks=1)
     report = w.snapshot.warmup
@@ -169,14 +172,14 @@ def test_a_restarted_engine_serves_its_predecessors_dtype_without_measuring(fres
     from worldcast.engine.tuning.warmup import ServedWay
 
     m = fresh_model
-    before = DeviceWorker(m, EngineConfig(state_budget_bytes=2**24, torch_threads=1, compile=False,
+    before = DeviceWorker(m, EngineConfig(state_budget_bytes=2**26, torch_threads=1, compile=False,
                                           precision="bfloat16"),
                           on_frames=lambda fs: None, on_error=lambda s, r: None)
     before.warmup(chunks=1)
     report = before.warmup_report
     assert ServedWay.from_report(report) == ServedWay("bfloat16", ()) and ServedWay.from_report(None) is None
     m.set_precision(torch.float32)  # a fresh process's model starts in its reference dtype
-    w = DeviceWorker(m, EngineConfig(state_budget_bytes=2**24, torch_threads=1, compile=False),
+    w = DeviceWorker(m, EngineConfig(state_budget_bytes=2**26, torch_threads=1, compile=False),
                      on_frames=lambda fs: None, on_error=lambda s, r: None)
     assert w.pool.tensors["kv"]["k"].dtype is torch.float32
     w.resume(report)

@@ -112,7 +112,7 @@ def test_an_aborted_chunk_leaves_every_kind_of_state_byte_identical(model) -> No
     r.abort_chunk()  # even after its last denoising step
     assert_same_state(before, state_of(r))
     assert r.staged is None and r.next_latent == 2
-    assert set(before) == {"kv", "prev", "noise"}, "every state TinyWorld declares was compared"
+    assert set(before) == {"kv", "prev", "noise", "memory", "camera"}, "every state TinyWorld declares was compared"
 
 
 def test_a_nan_chunk_fails_only_that_session_and_changes_nothing(model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -184,13 +184,19 @@ def test_a_chunk_committed_in_another_batch_than_its_steps_draws_the_same(model)
 
 def test_serving_computes_what_the_offline_rollout_computes(model) -> None:  # type: ignore[no-untyped-def]
     """The engine path (ring attention read in place from the pool) equals TinyWorld's offline rollout
-    (explicit per-frame keys, dense bias), frame after frame, past the window."""
+    (explicit per-frame keys, dense bias), frame after frame, past the window. The offline rollout has no world
+    memory, so the served side recalls none (the memory fills the ground the marker hid a frame before, which the
+    network would paint: `tests/models/test_world_memory.py`)."""
     keys = {"d": True, "shift": True}
     seed, frames = 5, model.spec.state("kv").capacity_frames + 4
     r = make_rollout(model, keys=keys, seed=seed)
     r.init(0.0)
     z0 = r.pool.snapshot(r.slot)["prev"]["data"][None]
-    served = [run_chunk(r)[0] for _ in range(frames)]
+    model.recall_memory = False
+    try:
+        served = [run_chunk(r)[0] for _ in range(frames)]
+    finally:
+        model.recall_memory = True
     act = torch.from_numpy(world.action_vector(keys))[None]
     pro = torch.from_numpy(r.conditioner.context["prompt"])[None]
     g = torch.Generator().manual_seed(seed)

@@ -7,8 +7,8 @@ import torch
 
 from worldcast.engine.errors import StatePoolExhausted
 from worldcast.engine.state_pool import StatePool
-from worldcast.models.base import FrameWrite, Replace, RingWrite
-from worldcast.models.spec import AttentionRingSpec, FrameRingSpec, TensorStateSpec
+from worldcast.models.base import FrameWrite, MemoryWrite, Replace, RingWrite
+from worldcast.models.spec import AttentionRingSpec, FrameRingSpec, TensorStateSpec, WorldMemorySpec
 
 RING = AttentionRingSpec("kv", layers=2, heads=2, head_dim=4, tokens_per_frame=3, window_frames=3, sink_frames=1)
 PREV = TensorStateSpec("prev", shape=(2, 5))
@@ -101,3 +101,26 @@ def test_an_update_of_the_wrong_kind_or_an_undeclared_state_is_refused() -> None
         pool.apply(view, {"kv": Replace(torch.zeros(1))})
     with pytest.raises(KeyError, match="nope"):
         pool.apply(view, {"nope": Replace(torch.zeros(1))})
+
+
+def test_a_world_memory_is_written_in_place_cells_at_a_time_and_counted_whole() -> None:
+    mem = WorldMemorySpec("memory", side=8, channels=3, reach_px=2)
+    assert mem.bytes_per_session() == 8 * 8 * 3 + 8 * 8 * 4  # uint8 canvas + int32 tag per cell
+    pool = StatePool((PREV, mem), budget_bytes=2 * (PREV.bytes_per_session() + mem.bytes_per_session()))
+    a, b = pool.allocate("a"), pool.allocate("b")
+    canvas, tag = pool.view([a]).memory("memory")
+    assert canvas.data_ptr() == pool.tensors["memory"]["canvas"].data_ptr()  # the pool's own tensors, not a copy
+    cells = torch.tensor([[0, 9, 63]])
+    pool.apply(pool.view([b]), {"memory": MemoryWrite(cells, torch.full((1, 3, 3), 200, dtype=torch.uint8),
+                                                      torch.tensor([[5, 6, 7]], dtype=torch.int32))})
+    snap = pool.snapshot(b)["memory"]
+    assert snap["tag"].flatten()[[0, 9, 63]].tolist() == [5, 6, 7] and int(snap["tag"].sum()) == 18
+    assert (snap["canvas"].view(64, 3)[9] == 200).all() and int(snap["canvas"].sum()) == 9 * 200
+    assert int(pool.snapshot(a)["memory"]["tag"].abs().sum()) == 0, "another slot's memory changed"
+    with pytest.raises(TypeError, match="cannot apply a Replace"):
+        pool.apply(pool.view([a]), {"memory": Replace(torch.zeros(1, 8, 8, 3))})
+
+
+def test_a_world_memory_narrower_than_its_reach_is_refused() -> None:
+    with pytest.raises(ValueError, match="must exceed 2 \\* reach_px"):
+        WorldMemorySpec("memory", side=8, reach_px=4)

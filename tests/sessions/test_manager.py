@@ -34,7 +34,7 @@ async def wait_for(cond, timeout_s: float = 30.0) -> None:  # type: ignore[no-un
 
 
 async def test_frames_reach_the_sessions_sinks(model) -> None:  # type: ignore[no-untyped-def]
-    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**24),
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**26),
                        config=SessionConfig(tick_s=3600, warmup=False))
     await m.start()
     try:
@@ -56,7 +56,7 @@ async def test_frames_reach_the_sessions_sinks(model) -> None:  # type: ignore[n
 
 async def test_limits_idle_and_timeout(model) -> None:  # type: ignore[no-untyped-def]
     clock = FakeClock()
-    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**24),
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**26),
                        config=SessionConfig(idle_after_s=5, timeout_s=60, tick_s=3600, warmup=False,
                                            admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=2)),
                        clock=clock)
@@ -84,7 +84,7 @@ async def test_limits_idle_and_timeout(model) -> None:  # type: ignore[no-untype
 async def test_concurrent_creates_cannot_overshoot_the_limit(model) -> None:  # type: ignore[no-untyped-def]
     """Admission counts sessions whose prompt is still being encoded (a real race: the encoder's
     first call can take seconds, and a second request used to slip in meanwhile)."""
-    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**24),
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**26),
                        config=SessionConfig(tick_s=3600, warmup=False,
                                             admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=1)))
     await m.start()
@@ -103,7 +103,7 @@ async def test_concurrent_creates_cannot_overshoot_the_limit(model) -> None:  # 
 async def test_resume_wakes_an_idle_worker_at_once(model) -> None:  # type: ignore[no-untyped-def]
     """With nothing scheduled the worker sleeps for idle_poll_s (an hour here): only the wake that resume
     (a control operation) sends can bring the frames back within the test's wait."""
-    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**24, idle_poll_s=3600),
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**26, idle_poll_s=3600),
                        config=SessionConfig(tick_s=3600, warmup=False))
     await m.start()
     try:
@@ -125,7 +125,7 @@ async def test_a_local_engine_takes_the_same_messages_as_an_engine_process(model
     `UpdateSession`), applied by its core, which owns the session's inputs; each action wakes the worker once on
     an ACTIVE session, and on an IDLE one also once for its state change (the worker folds the two into one
     pass). After the close the core holds nothing of the session."""
-    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**24),
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**26),
                        config=SessionConfig(tick_s=3600, warmup=False))
     engine = m.engines[0]
     worker = engine.worker  # type: ignore[attr-defined]
@@ -165,7 +165,7 @@ async def test_a_local_engine_takes_the_same_messages_as_an_engine_process(model
 async def test_frame_outcomes_name_a_gated_frame_as_such(model) -> None:  # type: ignore[no-untyped-def]
     """The metrics hook hears each engine frame's outcome at delivery: a directed session's initial frame
     (no segment open) is "dropped_gated", not "delivered" and not "dropped_stale"."""
-    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**24),
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**26),
                        config=SessionConfig(tick_s=3600, warmup=False))
     outcomes: list[str] = []
     m.on_frame = lambda outcome, lateness_s: outcomes.append(outcome)
@@ -183,7 +183,7 @@ class GatedEngine(LocalEngine):
     """A real `LocalEngine` whose start waits for the test to open `gate` (its warm-up stands in)."""
 
     def __init__(self, model, *, process: bool) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(0, model, EngineConfig(torch_threads=1, state_budget_bytes=2**24))
+        super().__init__(0, model, EngineConfig(torch_threads=1, state_budget_bytes=2**26))
         self.process = process
         self.warmup_shares_interpreter = not process  # its warm-up runs where the kind says
         self.gate = asyncio.Event()
@@ -251,7 +251,7 @@ async def test_a_failed_session_is_closed_with_its_reason_in_the_log_at_info(mod
     "closed (error)", and not even at DEBUG did anything say why)."""
     import logging
 
-    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**24),
+    m = SessionManager(model, engine_config=EngineConfig(torch_threads=1, state_budget_bytes=2**26),
                        config=SessionConfig(tick_s=3600, warmup=False,
                                            admission=AdmissionConfig(policy=AdmissionPolicy.STATIC, max_sessions=2)))
     await m.start()
