@@ -12,7 +12,7 @@ LIVEKIT_VERSION := v1.13.5
 LIVEKIT_SERVER := $(HOME)/.cache/worldcast/livekit-server-$(LIVEKIT_VERSION)/server
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: serve test setup demo precompile train evaluate bench gpu-check gpu-wheels gpu-rehearsal fullsize-check livekit-server fuzz cycles flood soak attack rss replay-check
+.PHONY: serve test setup demo precompile train train3 evaluate evaluate3 bench gpu-check gpu-wheels gpu-rehearsal fullsize-check livekit-server fuzz cycles flood soak attack rss replay-check
 
 setup: $(VENV)/.installed
 
@@ -58,6 +58,13 @@ test: $(VENV)/.installed web_demo/dist/index.html tests/whep_player/dist/player.
 # Reproduce the shipped weights (about 45 min on 2 CPU cores) and their evaluation report.
 train: $(VENV)/.installed
 	$(PY) -m worldcast.models.tinyworld.train --seed 0 --steps 2500
+
+# TinyWorld 3 (`--model tinyworld:3`): about 55 minutes on 2 CPU cores, then its first evaluation.
+train3: $(VENV)/.installed
+	$(PY) -m worldcast.models.tinyworld.train3 --seed 0 --steps 3000 --threads 2
+
+evaluate3: $(VENV)/.installed
+	$(PY) -m worldcast.models.tinyworld.evaluate3 --seconds 30 --no-compile
 
 evaluate: $(VENV)/.installed
 	$(PY) -m worldcast.models.tinyworld.evaluate

@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     # the same play test (1 minute a world, the same seeds) with what the network paints ablated: a bar that
     # these pass cannot tell the model from hand code (issue 51)
     ablations = {}
-    for name in playtest.ABLATIONS:
+    for name in model.ABLATIONS:
         with playtest.ablated(model, name):
             ablations[name] = playtest.play_worlds(model, minutes=1, seed=args.seed)[0]["bars"]
         logger.info("play test, ablated (%s): %s", name, json.dumps(ablations[name]))

@@ -10,6 +10,7 @@ from worldcast.models.tinyworld import layout
 
 if TYPE_CHECKING:
     from worldcast.models.tinyworld.model import TinyWorldModel
+    from worldcast.models.tinyworld.model3 import TinyWorld3Model
 
 #: Stick deflection past which a stick holds the key of its direction (`TinyWorldModel.encode_action`).
 STICK_PRESS = 0.5
@@ -45,8 +46,13 @@ ACTIONS = ActionSpace(
 CONDITIONING = ConditioningSpec(text=TextConditioning(), image=None)
 
 
-def load(req: LoadRequest) -> TinyWorldModel:
-    """The shipped weights (or `--weights`, a file `train.py` wrote) on `req.device`."""
+def load(req: LoadRequest) -> TinyWorldModel | TinyWorld3Model:
+    """The variant's shipped weights (or `--weights`, a file `train.py` wrote; for "3", `train3.py`'s, with its
+    `start/` folder of starting images beside it) on `req.device`."""
+    if req.variant == "3":
+        from worldcast.models.tinyworld.model3 import TinyWorld3Model
+
+        return TinyWorld3Model.from_pretrained(req.weights, device=req.device)
     from worldcast.models.tinyworld.model import TinyWorldModel
 
     return TinyWorldModel.from_pretrained(req.weights, device=req.device)
@@ -58,7 +64,11 @@ FAMILY = ModelFamily(
                 "move the camera",
     variants=(ModelVariant("default", "the shipped weights (models/tinyworld/weights), or --weights FILE from "
                            "train.py", frame_height=64, frame_width=64, fps=20, conditioning=CONDITIONING,
-                           actions=ACTIONS),),
+                           actions=ACTIONS),
+              ModelVariant("3", "TinyWorld 3: a learned motion head and a flow painter, every pixel after the "
+                           "shipped starting image carried over or sampled (models/tinyworld/weights/"
+                           "tinyworld3.safetensors, or --weights FILE from train3.py)", frame_height=64,
+                           frame_width=64, fps=20, conditioning=CONDITIONING, actions=ACTIONS),),
     default_variant="default",
     factory="worldcast.models.tinyworld.family:load",
 )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from worldcast.models.base import MemoryWrite
-from worldcast.models.tinyworld.network import to_frame_space
+from worldcast.models.tinyworld.backbone import to_frame_space
 
 #: Canvas side in views: 18 views of 64 px = 1,152 cells, so a walk that keeps within 8.5 views (544 px) of a
 #: place in every direction forgets nothing it showed (the issue asked for at least eight).

@@ -182,6 +182,9 @@ class TinyWorldModel(WorldModel):
     """
 
     encoders_on_cpu = True  #: the sentence encoder runs on the CPU (`prompts.PromptEncoder`)
+    #: the evaluation's ablations (`set_ablation`): the network's terrain height and object probability replaced
+    #: by constants (0.5, 0.025), the drawing kept; the network alone (its expected picture, no drawing)
+    ABLATIONS = ("constants", "network-alone")
 
     def __init__(
         self,
@@ -210,6 +213,18 @@ class TinyWorldModel(WorldModel):
         #: whether new frames show what the world memory holds (the evaluation turns it off for its ablation;
         #: the memory is written either way)
         self.recall_memory = True
+
+    def set_ablation(self, name: str | None) -> None:
+        """Serve under one of `ABLATIONS` (None: as trained), in the current precision; eager steps only (a
+        compiled step bakes in what it traced).
+
+        Raises:
+            ValueError: an unknown name.
+        """
+        if name is not None and name not in self.ABLATIONS:
+            raise ValueError(f"unknown ablation {name!r}; one of {self.ABLATIONS}")
+        self.net.ablate = "constants" if name == "constants" else None
+        self.net.draw = name != "network-alone"
 
     def _prepare(self, net: TinyWorldDenoiser) -> TinyWorldDenoiser:
         # channels-last convolutions: the MLP's depthwise conv reads the token grid (B*F, g, g, hidden)

@@ -217,35 +217,26 @@ def judge(per_world: dict[str, dict[str, object]], key: str) -> dict[str, object
             "answers_every_key": total > 0 and answered / total >= ANSWER_SHARE}
 
 
-#: The ablations the play test is also run under (`ablated`): what the network paints replaced by constants
-#: (its terrain height 0.5 and object probability 0.025 everywhere, the hand-written drawing kept), and the
-#: network alone (its expected picture, no drawing).
-ABLATIONS = ("constants", "network-alone")
-
-
 @contextlib.contextmanager
 def ablated(model: WorldModel, name: str | None) -> Iterator[None]:
-    """Serve `model` (a TinyWorld) under ablation `name` (`ABLATIONS`; None: as it is) inside the block, with eager
-    steps (a compiled step bakes in what it traced; the model is left eager afterwards).
+    """Serve `model` (a TinyWorld) under ablation `name` (one of its `ABLATIONS`; None: as it is) inside the block,
+    with eager steps (a compiled step bakes in what it traced; the model is left eager afterwards).
 
     Raises:
-        ValueError: an unknown ablation.
+        ValueError: an ablation the model does not have.
     """
-    if name is not None and name not in ABLATIONS:
-        raise ValueError(f"unknown ablation {name!r}; one of {ABLATIONS}")
     if name is None:
         yield
         return
+    names = getattr(model, "ABLATIONS", ())
+    if name not in names:
+        raise ValueError(f"unknown ablation {name!r}; {type(model).__name__} has {names}")
     model.compile_steps(None)
-    net = model.net  # type: ignore[attr-defined]
     try:
-        if name == "constants":
-            net.ablate = "constants"
-        else:
-            net.draw = False
+        model.set_ablation(name)  # type: ignore[attr-defined]
         yield
     finally:
-        net.ablate, net.draw = None, True
+        model.set_ablation(None)  # type: ignore[attr-defined]
 
 
 def play_worlds(model: WorldModel, *, minutes: int, seed: int, captions: dict[str, list[str]] | None = None,
@@ -361,9 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--object-offset", type=float, default=None, help="default network.DRAW_LOGIT_OFFSET")
     ap.add_argument("--terrain-scale", type=float, default=None, help="default network.TERRAIN_DRAW_SCALE")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--ablate", choices=ABLATIONS, default=None,
-                    help="play under an ablation (eager steps): what the network paints replaced by constants, "
-                         "or the network alone without the drawing")
+    ap.add_argument("--ablate", default=None, metavar="NAME",
+                    help="play under one of the model's ablations (eager steps; TinyWorld 2: constants, "
+                         "network-alone; TinyWorld 3: constant, edge)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

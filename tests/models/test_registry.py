@@ -56,7 +56,7 @@ def test_a_family_declaration_is_checked() -> None:
         registry.register(other)
 
 
-@pytest.mark.parametrize("name", ["tinyworld", "causal-wan:tiny", "matrix-game-2:tiny", "fake-palette"])
+@pytest.mark.parametrize("name", ["tinyworld", "tinyworld:3", "causal-wan:tiny", "matrix-game-2:tiny", "fake-palette"])
 def test_a_loaded_model_agrees_with_its_declared_variant(name: str) -> None:
     register_fake_family()
     _, var = registry.resolve(name)
