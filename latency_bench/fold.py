@@ -122,7 +122,13 @@ def make_case(model: TinyWorldModel, *, batch: int, warm_chunks: int = 6,
     b_new = cache.get(rs)
     x_t = torch.stack([r.staged.x_t for r in rs])  # type: ignore[union-attr]
     t = cache.timesteps(model)[0].expand(batch)
-    ref_x0 = model.denoise(x_t, t, b_new.cond, b_new.view)
+    # the fold is a question about the network's two passes; the world memory's recall (ground the marker hid a
+    # frame before, `models/tinyworld/memory.py`) is outside it, so the reference recalls none either
+    recall, model.recall_memory = model.recall_memory, False
+    try:
+        ref_x0 = model.denoise(x_t, t, b_new.cond, b_new.view)
+    finally:
+        model.recall_memory = recall
     mask = fold_mask(kf, b_new.cond.frame_index[:, :1], alibi_slopes(model.cfg.heads).to(kf.device), model.cfg,
                      model.precision)
     draw_noise = model.draw_noise(b_new.cond, b_new.view)  # the chunk's, as its denoising pass drew with
