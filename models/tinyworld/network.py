@@ -64,7 +64,6 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn as nn

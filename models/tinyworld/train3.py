@@ -177,7 +177,6 @@ def main(argv: list[str] | None = None) -> None:
     idx = torch.arange(n - 1)
     q = idx.repeat_interleave(cfg.tokens_per_frame)[None].expand(B, -1)
     bias = frame_age_bias(q, q, torch.ones_like(q, dtype=torch.bool), cfg=cfg)  # (B, H, N, N) frame-causal
-    marker = marker_mask(S).float()
     t0 = time.time()
     while step < args.steps:
         rng_state = data.rng.bit_generator.state
@@ -233,7 +232,6 @@ def main(argv: list[str] | None = None) -> None:
             logger.info("time limit reached at step %d", step)
             save_ckpt()
             break
-    del marker
     export()
     logger.info("trained %d steps in %.0f s", step, time.time() - t0)
 
