@@ -290,6 +290,27 @@ class WorldModel(abc.ABC):
                 `ActionSpace.axis_values`); an axis left out is at rest.
         """
 
+    def action_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The least and greatest value of each element of an action vector the live path can make: float32
+        (spec.actions.dim,) each.
+
+        What replay checks a log's action vectors against (`sessions/replay.py`). The default evaluates
+        `encode_action` at rest, with each key alone and all keys, and with each axis and all axes at their
+        extents (`Axis.extent`), with and without all keys, and takes the elementwise least and greatest: a bound
+        for an encoding monotone in each input. A model whose encoding is not overrides it.
+        """
+        space = self.spec.actions
+        none = {k: False for k in space.keys}
+        every = {k: True for k in space.keys}
+        rest = {a.name: a.model_value(a.rest) if a.kind == "absolute" else 0.0 for a in space.axes}
+        key_sets = [none, every, *({**none, k: True} for k in space.keys)]
+        axis_sets = [rest]
+        for end in (0, 1):
+            axis_sets.append({a.name: a.extent()[end] for a in space.axes})
+            axis_sets += [{**rest, a.name: a.extent()[end]} for a in space.axes]
+        rows = np.stack([np.asarray(self.encode_action(k, a), np.float32) for k in key_sets for a in axis_sets])
+        return rows.min(0), rows.max(0)
+
     def group_actions(self, actions: np.ndarray, *, first_latent: int, latent_frames: int) -> np.ndarray:
         """Per-pixel-frame actions of `latent_frames` latent frames from `first_latent` -> the model's layout.
 

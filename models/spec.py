@@ -226,6 +226,8 @@ class PromptCacheSpec(TensorStateSpec):
 
 #: How an axis's wire values accumulate between frames (`Axis.kind`).
 AXIS_KINDS = ("relative", "absolute")
+#: Most messages whose movement a relative axis without a clip may sum into one pixel frame (`Axis.extent`).
+RELATIVE_SUM_BOUND = 10_000
 #: Device inputs a client may bind to a model's controls (`ActionSpace.bindings`): the mouse's two axes (relative
 #: counts) and the W3C Gamepad API's standard mapping (https://w3c.github.io/gamepad/#remapping): axes 0-3 are the
 #: left stick x, y and the right stick x, y in [-1, 1] (y down), buttons 0-16 pressed or, for the triggers 6 and 7,
@@ -276,6 +278,21 @@ class Axis:
         """A per-pixel-frame wire value in model units: x `scale`, clipped to +-`limit`."""
         v = wire * self.scale
         return v if self.limit is None else min(max(v, -self.limit), self.limit)
+
+    def extent(self) -> tuple[float, float]:
+        """The least and greatest model value one pixel frame of this axis can carry.
+
+        An absolute axis: its range's ends in model units. A relative axis: its clip (`limit`), or, without one,
+        the movement of `RELATIVE_SUM_BOUND` messages at the range's ends spread over one frame (movements add up
+        between chunks; an input gate admits far fewer messages a chunk).
+        """
+        if self.kind == "absolute":
+            a, b = self.model_value(self.range[0]), self.model_value(self.range[1])
+        elif self.limit is not None:
+            a, b = -self.limit, self.limit
+        else:
+            a, b = (self.range[0] * self.scale * RELATIVE_SUM_BOUND, self.range[1] * self.scale * RELATIVE_SUM_BOUND)
+        return min(a, b), max(a, b)
 
 
 @dataclass(frozen=True)
@@ -521,6 +538,10 @@ def dtype_from_name(name: str) -> torch.dtype:
     if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
         raise ValueError(f"{name!r} is not a floating-point dtype (float32, bfloat16, float16, float64)")
     return dt
+
+
+#: Longest prompt a session takes, characters (every transport refuses a longer one; so does replay).
+MAX_PROMPT_CHARS = 500
 
 
 @dataclass(frozen=True, eq=False)

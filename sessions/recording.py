@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import itertools
 import json
 import logging
 import math
@@ -95,13 +96,48 @@ def load_image(folder: Path, digest: str) -> np.ndarray:
     """
     from PIL import Image
 
-    path = folder / "images" / f"{digest}.png"
-    if not path.exists():
-        raise RecordingError(f"the starting image {path} is missing")
-    image = np.asarray(Image.open(path).convert("RGB"))
+    if not _HEX64.match(digest):
+        raise RecordingError(f"a starting image is named by 64 hexadecimal digits, not {digest[:80]!r}")
+    path = contained_file(folder, "images", f"{digest}.png")
+    if path is None:
+        raise RecordingError(f"the starting image images/{digest}.png is missing (or not a file of the log's folder)")
+    try:
+        with Image.open(path) as im:
+            if im.width * im.height > MAX_IMAGE_PIXELS:
+                raise RecordingError(f"the starting image {path} has {im.width}x{im.height} pixels, over "
+                                     f"{MAX_IMAGE_PIXELS}")
+            image = np.asarray(im.convert("RGB"))
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise RecordingError(f"the starting image {path} cannot be read: {e}") from None
     if pixels_sha256(image) != digest:
         raise RecordingError(f"the starting image {path} is not the one recorded (sha256 differs)")
     return image
+
+
+#: Most pixels a kept starting image may have (4096 x 4096).
+MAX_IMAGE_PIXELS = 4096 * 4096
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def contained_file(folder: Path, *parts: str) -> Path | None:
+    """`folder / parts...` if it is a regular file inside `folder` reached through no symbolic link, else None.
+
+    A shared log names files only by content inside its own folder (`images/<sha256>.png`, `takes/<sha256>.bin`,
+    `snapshot.bin`, `video.mp4`); a name with a separator, `..`, or a link leading out is not one of them, so
+    replay never opens a file a log points it to elsewhere.
+    """
+    if any(not p or p in (".", "..") or "/" in p or "\\" in p or "\0" in p for p in parts):
+        return None
+    path = folder
+    for p in parts:
+        path = path / p
+        if path.is_symlink():
+            return None
+    try:
+        inside = path.resolve(strict=True).is_relative_to(folder.resolve(strict=True))
+    except (OSError, RuntimeError):
+        return None
+    return path if inside and path.is_file() else None
 
 
 class EventLog:
@@ -276,6 +312,9 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "end": {"reason": (str,)},
 }
 
+#: Longest line of a log, characters (the longest a server writes, a chunk record of a long chunk, is far below).
+MAX_LINE_CHARS = 1 << 20
+
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number JSON allows")
@@ -294,14 +333,23 @@ def read_log(path: Path) -> Iterator[Event]:
     """The events of a log in order, each checked (see `_REQUIRED`); times must not go back.
 
     Raises:
-        RecordingError: "events.jsonl line N: why" for a line that is not JSON, not an event, of an unknown type,
+        RecordingError: "events.jsonl line N: why" for a line that is not UTF-8, longer than `MAX_LINE_CHARS`,
+            nested too deeply, not JSON, not an event, of an unknown type,
             missing a field or with one of the wrong type, out of time order, or a first line that is not a
             header of this format.
     """
     last_t = -math.inf
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, 1):
+    with open(path, encoding="utf-8", errors="strict") as f:
+        for n in itertools.count(1):
             where = f"{path.name} line {n}"
+            try:
+                raw = f.readline(MAX_LINE_CHARS + 1)
+            except UnicodeDecodeError as e:
+                raise RecordingError(f"{where}: not UTF-8 ({e.reason})") from None
+            if not raw:
+                break
+            if len(raw) > MAX_LINE_CHARS:
+                raise RecordingError(f"{where}: longer than {MAX_LINE_CHARS} characters")
             if not raw.endswith("\n"):
                 raise RecordingError(f"{where}: truncated (the line does not end; the log was cut short)")
             try:
@@ -310,6 +358,8 @@ def read_log(path: Path) -> Iterator[Event]:
                 raise RecordingError(f"{where}: not JSON ({e.msg})") from None
             except ValueError as e:
                 raise RecordingError(f"{where}: {e}") from None
+            except RecursionError:
+                raise RecordingError(f"{where}: nested too deeply") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
                 raise RecordingError(f"{where}: not an event (an object with a \"type\")")
             kind = obj.pop("type")
@@ -331,6 +381,18 @@ def read_log(path: Path) -> Iterator[Event]:
                     raise RecordingError(f"{where}: {kind} needs {name!r} ({types[0].__name__}), got {v!r}")
             yield Event(n, kind, obj)
 
+
+
+def read_events(path: Path) -> list[Event]:
+    """Every event of a log (`read_log`), refusing an empty one.
+
+    Raises:
+        RecordingError: as `read_log`, or the log has no line.
+    """
+    events = list(read_log(path))
+    if not events:
+        raise RecordingError(f"{path.name}: empty (a log begins with its header)")
+    return events
 
 # -- the store ---------------------------------------------------------------------------------------------
 

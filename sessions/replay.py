@@ -43,15 +43,16 @@ import torch
 
 from worldcast.engine.device_worker import DeviceWorker, EngineConfig
 from worldcast.engine import session_state
-from worldcast.engine.errors import SessionStateError
+from worldcast.engine.errors import SessionStateError, StepFailed
 from worldcast.engine.rollout import BatchCache, ChunkInputs, ChunkRollout, denoise_batch, finalize_batch
 from worldcast.engine.state_pool import StatePool
 from worldcast.engine.step_output import ChunkBatches, FrameOut
 from worldcast.engine.tuning.packages import machine_kind
 from worldcast.engine.tuning.warmup import ServedWay
 from worldcast.models.base import WorldModel, weights_digest
-from worldcast.models.spec import Conditioning, ConditioningRequest
-from worldcast.sessions.recording import SNAPSHOT_FILE, TAKES_DIR, Event, RecordingError, load_image, pixels_sha256, read_log
+from worldcast.models.spec import MAX_PROMPT_CHARS, Conditioning, ConditioningRequest
+from worldcast.sessions.recording import (SNAPSHOT_FILE, TAKES_DIR, VIDEO_FILE, Event, RecordingError, contained_file,
+                                         load_image, pixels_sha256, read_events)
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class ReplayReport:
 class _Script:
     """The recorded inputs, one chunk at a time (a rollout's `Conditioner`)."""
 
-    def __init__(self, contexts: dict[int, Conditioning], dim: int) -> None:
+    def __init__(self, contexts: _Contexts, dim: int) -> None:
         self.contexts = contexts
         self.dim = dim
         self.version = 0
@@ -127,10 +128,90 @@ MAX_DRAWS = 1000
 MAX_BATCH = 64
 
 
-def _finite_rows(rows: object, dim: int) -> bool:
-    return (isinstance(rows, list) and 0 < len(rows) <= 4096 and all(
-        isinstance(r, list) and len(r) == dim and all(
-            isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) for v in r) for r in rows))
+#: dtypes a recorded engine may have served in.
+SERVED_DTYPES = ("float32", "bfloat16", "float16")
+#: Largest seed a log may name (torch's generators take 64-bit seeds; sessions are given 31-bit ones).
+MAX_SEED = 2**63 - 1
+
+
+def _int(x: object, lo: int, hi: int = 2**63 - 1) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
+
+
+def _int_list(x: object, most: int, lo: int, hi: int) -> bool:
+    return isinstance(x, list) and len(x) <= most and all(_int(v, lo, hi) for v in x)
+
+
+def _rows_within(rows: object, bounds: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Whether `rows` is a list of 1..4096 action vectors, each of finite numbers within `bounds` (float32 (dim,)
+    least and greatest, `WorldModel.action_bounds`; a millionth of their size's slack for the float32 round trip)."""
+    lo, hi = bounds
+    if not (isinstance(rows, list) and 0 < len(rows) <= 4096 and all(
+            isinstance(r, list) and len(r) == lo.shape[0] and all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in r) for r in rows)):
+        return False
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.asarray(rows, dtype=np.float64)
+        slack = 1e-6 * np.maximum(1.0, np.maximum(np.abs(lo), np.abs(hi)))
+        return bool(np.isfinite(a).all() and (a >= lo - slack).all() and (a <= hi + slack).all())
+
+
+def _bounds_text(bounds: tuple[np.ndarray, np.ndarray]) -> str:
+    lo, hi = bounds
+    return ", ".join(f"[{a:g}, {b:g}]" for a, b in zip(lo.tolist(), hi.tolist(), strict=True))
+
+
+class _Contexts:
+    """Each conditioning version's encoding, made when a chunk first asks for it (a log's prompts that no chunk
+    used cost nothing)."""
+
+    def __init__(self, model: WorldModel, requests: dict[int, ConditioningRequest]) -> None:
+        self.model, self.requests = model, requests
+        self._made: dict[int, Conditioning] = {}
+
+    def __contains__(self, version: object) -> bool:
+        return version in self.requests
+
+    def __getitem__(self, version: int) -> Conditioning:
+        if version not in self._made:
+            self._made[version] = self.model.encode_conditioning(self.requests[version])
+        return self._made[version]
+
+
+def _load_model(h: Event, weights: Path | None, device: str, served: dict[str, Any] | None) -> WorldModel:
+    """The recorded model (the header's registry name) with `weights` (None: the registry's default for it), served
+    the recorded way. The header's weights path is never opened: it names a file on the recording's machine.
+
+    Raises:
+        RecordingError: the model is not registered here, needs weights and none were given, or cannot be loaded.
+    """
+    from worldcast.models import registry
+    from worldcast.models.errors import UnknownModel
+
+    arg = h.fields.get("model_arg") or h.fields["model"]
+    _need(h, "model_arg must be a registry name (NAME[:VARIANT], 1..128 characters)",
+          isinstance(arg, str) and 0 < len(arg) <= 128)
+    recorded = h.fields.get("weights")
+    if isinstance(recorded, str):
+        logger.info("replay: recorded with weights %s (on the recording's machine; not opened here)", recorded[:200])
+    try:
+        family, variant = registry.resolve(arg)
+    except UnknownModel as e:
+        raise RecordingError(f"events.jsonl line 1: {e}") from None
+    if variant.needs_weights and weights is None:
+        raise RecordingError(f"events.jsonl line 1: a recording of {arg}, whose weights are not shipped: pass the "
+                             "weights it was recorded with (--weights; replay checks their sha256 against the log's)")
+    try:
+        model = registry.load(arg, weights=weights, device=device)
+        if served is not None:
+            worker = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session()),
+                                  on_frames=lambda f: None, on_error=lambda s, r: None)
+            worker.serve_way(ServedWay(served["dtype"], tuple(served["compiled_buckets"]),
+                                       tuple(served["package_buckets"])))
+    except Exception as e:  # noqa: BLE001 - any loader's failure (missing, unreadable, malformed weights): one line
+        where = f"weights {weights}" if weights is not None else "its default weights"
+        raise RecordingError(f"the model {arg} cannot be loaded with {where}: {type(e).__name__}: {e}") from None
+    return model
 
 
 def _need(e: Event, what: str, ok: bool) -> None:
@@ -232,15 +313,28 @@ def replay(log_path: Path, *, model: WorldModel | None = None, weights: Path | N
             start, its snapshot missing or not the one recorded, or its records contradict each other); the
             message names the line.
     """
-    events = list(read_log(log_path))
+    events = read_events(log_path)
     header = events[0].fields
     _need(events[0], "this recording began after its session started (record_start): only one made with "
           "\"record\": true at create can be replayed", header["from_start"])
     report = ReplayReport()
     served = header.get("served")
-    _need(events[0], "served must be an object or null", served is None or (
-        isinstance(served, dict) and isinstance(served.get("dtype"), str)
-        and all(isinstance(served.get(k), list) for k in ("compiled_buckets", "package_buckets"))))
+    _need(events[0], f"served must be null or an object of dtype (one of {SERVED_DTYPES}), compiled_buckets and "
+          f"package_buckets (up to 16 batch sizes 1..{MAX_BATCH} each)", served is None or (
+        isinstance(served, dict) and served.get("dtype") in SERVED_DTYPES
+        and all(_int_list(served.get(k), 16, 1, MAX_BATCH) for k in ("compiled_buckets", "package_buckets"))))
+    _need(events[0], f"seed must be an integer 0..{MAX_SEED}", 0 <= header["seed"] <= MAX_SEED)
+    _need(events[0], "session_id must be text of 1..128 characters", header.get("session_id") is None or (
+        isinstance(header["session_id"], str) and 0 < len(header["session_id"]) <= 128))
+    _need(events[0], "context_version must be a non-negative integer", _int(header.get("context_version", 0), 0))
+    for name in ("device", "weights", "model_arg"):
+        _need(events[0], f"{name} must be text of up to 256 characters or null", header.get(name) is None or (
+            isinstance(header[name], str) and len(header[name]) <= 256))
+    for e in events:
+        if e.type == "header" or e.type == "prompt":
+            text = e.fields.get("prompt") if e.type == "header" else e.fields["text"]
+            _need(e, f"a prompt must be text of 1..{MAX_PROMPT_CHARS} characters or null", text is None or (
+                isinstance(text, str) and 0 < len(text) <= MAX_PROMPT_CHARS))
     recorded_threads = header.get("threads")
     _need(events[0], "threads must be a positive integer or null", recorded_threads is None or (
         isinstance(recorded_threads, int) and not isinstance(recorded_threads, bool)
@@ -261,16 +355,7 @@ def _replay(events: list[Event], log_path: Path, *, model: WorldModel | None, we
             export_dir: Path | None, on_frame: Any) -> ReplayReport:
     header = events[0].fields
     if model is None:
-        from worldcast.models import registry
-
-        arg = header.get("model_arg") or header["model"]
-        w = weights if weights is not None else (Path(header["weights"]) if header.get("weights") else None)
-        model = registry.load(arg, weights=w, device=device)
-        if served is not None:
-            worker = DeviceWorker(model, EngineConfig(state_budget_bytes=model.spec.state_bytes_per_session()),
-                                  on_frames=lambda f: None, on_error=lambda s, r: None)
-            worker.serve_way(ServedWay(served["dtype"], tuple(served["compiled_buckets"]),
-                                       tuple(served["package_buckets"])))
+        model = _load_model(events[0], weights, device, served)
     spec = model.spec
     report.fps = spec.fps
     if header["model"] != spec.name:
@@ -293,11 +378,15 @@ def _replay(events: list[Event], log_path: Path, *, model: WorldModel | None, we
     _need(events[0], "prompt must be text or null", header.get("prompt") is None or isinstance(header["prompt"], str))
     image = None if digest_of_image is None else load_image(folder, digest_of_image)
     request = ConditioningRequest(text=header.get("prompt"), image=image)
-    contexts = {int(header.get("context_version", 0)): model.encode_conditioning(request)}
+    requests = {header.get("context_version", 0): request}
     for e in events:
         if e.type == "prompt":
             request = request.with_text(e.fields["text"])
-            contexts[e.fields["context_version"]] = model.encode_conditioning(request)
+            v = e.fields["context_version"]
+            _need(e, f"conditioning version {v} is claimed by another prompt before", requests.get(v, request)
+                  .text == request.text)
+            requests[v] = request
+    contexts = _Contexts(model, requests)
 
     # takes: a directing session's retake put its world back (`sessions/takes.py`); a frame's flush epoch says
     # which take made it, and a chunk's is that of the frame after it
@@ -331,6 +420,7 @@ def _replay(events: list[Event], log_path: Path, *, model: WorldModel | None, we
     places = [_batches(e, spec.denoising_steps) for e in chunks]
     widest = max([1, *(max([b.decode[0], *(n for n, _, _ in b.denoise)]) for b in places if b is not None)])
     script = _Script(contexts, spec.actions.dim)
+    bounds = model.action_bounds()
     pool = StatePool(spec.states, budget_bytes=spec.state_bytes_per_session() * widest, device=model.device)
     rollout = ChunkRollout(str(header.get("session_id", "replay")), model, pool, script, seed=header["seed"])
     stand_ins = _StandIns(rollout)
@@ -350,7 +440,7 @@ def _replay(events: list[Event], log_path: Path, *, model: WorldModel | None, we
                 report.identical += 1
             else:
                 report.mismatched.append(f.frame_index)
-                served = film.picture((number, f.frame_index)) if film is not None else None
+                served = film.picture((number, f.frame_index), f.image.shape) if film is not None else None
                 if served is not None:
                     report.psnr_db.append((f.frame_index, psnr_db(f.image, served, film.scale)))
             if export_dir is not None:
@@ -373,44 +463,54 @@ def _replay(events: list[Event], log_path: Path, *, model: WorldModel | None, we
                 raise RecordingError(f"events.jsonl line 1: the snapshot's state cannot be restored here: {e}") from None
             initialised = True
         current = 0
+
+        def replay_chunk(n: int, e: Event) -> None:
+            """Chunk record `n` (`e`) made again, its frames checked (`take`)."""
+            nonlocal initialised, current
+            c = e.fields
+            if took[e.line] != current:  # a retake: the world as it was where the segment began
+                current = took[e.line]
+                _put_back(rollout, retakes[current - 1], log_path.parent, spec)
+                report.retakes += 1
+            if c["actions"] is None:  # the initial frames
+                _need(e, "initial frames after the session's first chunk", not initialised)
+                _need(e, f"an unknown conditioning version {c['context_version']}",
+                      c["context_version"] in contexts)
+                script.version, script.actions = c["context_version"], None
+                take(rollout.init(0.0), None)
+                initialised = True
+                report.chunks += 1
+                return
+            if not initialised:  # a model that starts from noise makes no initial frames
+                _need(e, f"an unknown conditioning version {c['cached_version']}", c["cached_version"] in contexts)
+                script.version, script.actions = c["cached_version"], None
+                take(rollout.init(0.0), None)
+                initialised = True
+            _need(e, f"chunk of latent frame {c['first_latent']} out of order (expected {rollout.next_latent})",
+                  c["first_latent"] == rollout.next_latent)
+            _need(e, f"an unknown conditioning version {c['context_version']}", c["context_version"] in contexts)
+            _need(e, f"draws must lie within {rollout.draws + 1}..{MAX_DRAWS}",
+                  rollout.draws < c["draws"] <= MAX_DRAWS)
+            _need(e, f"actions must be rows of {spec.actions.dim} finite numbers, each within the model's "
+                  f"action bounds ({_bounds_text(bounds)})", _rows_within(c["actions"], bounds))
+            script.actions = None  # a dropped chunk's actions do not matter: only its noise draw does
+            while rollout.draws < c["draws"] - 1:  # begun and dropped on the server: its noise was drawn there too
+                rollout.begin_chunk(0.0, 0.0)
+                rollout.abort_chunk()
+                report.dropped_draws += 1
+            actions = np.asarray(c["actions"], dtype=np.float32)
+            script.version, script.actions = c["context_version"], actions
+            rollout.begin_chunk(0.0, 0.0)
+            after = places[n + 1] if n + 1 < len(places) and took[chunks[n + 1].line] == current else None
+            take(_run_chunk(rollout, stand_ins, places[n], after, cache, report, e), actions, current)
+            report.chunks += 1
+
         with torch.no_grad():  # as the engine runs (compiled steps were traced without inference mode)
             for n, e in enumerate(chunks):
-                c = e.fields
-                if took[e.line] != current:  # a retake: the world as it was where the segment began
-                    current = took[e.line]
-                    _put_back(rollout, retakes[current - 1], log_path.parent, spec)
-                    report.retakes += 1
-                if c["actions"] is None:  # the initial frames
-                    _need(e, "initial frames after the session's first chunk", not initialised)
-                    _need(e, f"an unknown conditioning version {c['context_version']}",
-                          c["context_version"] in contexts)
-                    script.version, script.actions = c["context_version"], None
-                    take(rollout.init(0.0), None)
-                    initialised = True
-                    report.chunks += 1
-                    continue
-                if not initialised:  # a model that starts from noise makes no initial frames
-                    _need(e, f"an unknown conditioning version {c['cached_version']}", c["cached_version"] in contexts)
-                    script.version, script.actions = c["cached_version"], None
-                    take(rollout.init(0.0), None)
-                    initialised = True
-                _need(e, f"chunk of latent frame {c['first_latent']} out of order (expected {rollout.next_latent})",
-                      c["first_latent"] == rollout.next_latent)
-                _need(e, f"an unknown conditioning version {c['context_version']}", c["context_version"] in contexts)
-                _need(e, f"draws must lie within {rollout.draws + 1}..{MAX_DRAWS}",
-                      rollout.draws < c["draws"] <= MAX_DRAWS)
-                _need(e, "actions must be rows of finite numbers", _finite_rows(c["actions"], spec.actions.dim))
-                script.actions = None  # a dropped chunk's actions do not matter: only its noise draw does
-                while rollout.draws < c["draws"] - 1:  # begun and dropped on the server: its noise was drawn there too
-                    rollout.begin_chunk(0.0, 0.0)
-                    rollout.abort_chunk()
-                    report.dropped_draws += 1
-                actions = np.asarray(c["actions"], dtype=np.float32)
-                script.version, script.actions = c["context_version"], actions
-                rollout.begin_chunk(0.0, 0.0)
-                after = places[n + 1] if n + 1 < len(places) and took[chunks[n + 1].line] == current else None
-                take(_run_chunk(rollout, stand_ins, places[n], after, cache, report, e), actions, current)
-                report.chunks += 1
+                try:
+                    replay_chunk(n, e)
+                except (StepFailed, SessionStateError) as err:
+                    raise RecordingError(f"events.jsonl line {e.line}: the model failed on this chunk: {err}") from None
     finally:
         stand_ins.close()
         rollout.close()
@@ -480,11 +580,9 @@ class _Film:
 
     @classmethod
     def of(cls, events: list[Event], folder: Path, take_of: Any) -> _Film | None:
-        from worldcast.sessions.recording import VIDEO_FILE
-
         video = [e for e in events if e.type == "video"]
-        path = folder / VIDEO_FILE
-        if not video or not path.is_file():
+        path = contained_file(folder, VIDEO_FILE)
+        if not video or path is None:
             return None
         scale = video[0].fields.get("scale", 1)
         _need(video[0], "scale must be a positive integer", isinstance(scale, int) and not isinstance(scale, bool)
@@ -492,12 +590,14 @@ class _Film:
         places = {(take_of(e.fields["epoch"]), e.fields["index"]): n for n, e in enumerate(video)}
         return cls(path, places, scale)
 
-    def picture(self, key: tuple[int, int]) -> np.ndarray | None:
+    def picture(self, key: tuple[int, int], shape: tuple[int, ...]) -> np.ndarray | None:
         """The served picture of frame `key` (uint8 (H, W, 3) RGB), or None: the film does not hold it, it was
-        passed already, or the file ends (or fails to decode) first."""
+        passed already, its pictures are not frames of `shape` (h, w, 3) upscaled by the film's scale, or the file
+        ends (or fails to decode) first."""
         n = self.places.get(key)
         if n is None or n < self._at:
             return None
+        want = (shape[1] * self.scale, shape[0] * self.scale)  # (width, height)
         try:
             if self._frames is None:
                 import av
@@ -505,9 +605,13 @@ class _Film:
                 self._container = av.open(str(self.path))
                 self._frames = self._container.decode(video=0)
             while self._at < n:
-                self._last = next(self._frames).to_ndarray(format="rgb24")
+                frame = next(self._frames)
+                if (frame.width, frame.height) != want:
+                    raise ValueError(f"a picture of {frame.width}x{frame.height}; the frames upscaled are "
+                                     f"{want[0]}x{want[1]}")
+                self._last = frame.to_ndarray(format="rgb24")
                 self._at += 1
-        except (StopIteration, OSError, ValueError) as e:  # (av.error.* are OSError / ValueError)
+        except Exception as e:  # noqa: BLE001 - the film only measures; any decoding failure ends its use
             logger.info("replay: the film %s ends or fails at picture %d: %s", self.path, self._at + 1, e)
             self.places = {}
             return None
@@ -525,9 +629,12 @@ def _put_back(r: ChunkRollout, e: Event, folder: Path, spec: Any) -> None:
         RecordingError: the state is missing, not the recorded one, or not this model's.
     """
     digest = e.fields["state_sha256"]
-    path = folder / TAKES_DIR / f"{digest}.bin"
+    path = contained_file(folder, TAKES_DIR, f"{digest}.bin")
+    if path is None:
+        raise RecordingError(f"events.jsonl line {e.line}: the retake's state {TAKES_DIR}/{digest}.bin is missing "
+                             "(or not a file of the log's folder)")
     try:
-        state = path.read_bytes()
+        state = _read_capped(path, spec.state_bytes_per_session() + 2**20)
     except OSError as err:
         raise RecordingError(f"events.jsonl line {e.line}: the retake's state {path} cannot be read "
                              f"({err.strerror or err})") from None
@@ -536,6 +643,25 @@ def _put_back(r: ChunkRollout, e: Event, folder: Path, spec: Any) -> None:
         session_state.restore(r, session_state.parse(state, spec))
     except (SessionStateError, KeyError, ValueError) as err:
         raise RecordingError(f"events.jsonl line {e.line}: the retake's state cannot be restored: {err}") from None
+
+
+#: Largest session state file replay reads (a snapshot's or a retake's), bytes.
+MAX_STATE_BYTES = 16 * 2**30
+
+
+def _read_capped(path: Path, most: int) -> bytes:
+    """The bytes of `path`, at most `most` of them.
+
+    Raises:
+        OSError: unreadable, or larger than `most` (EFBIG).
+    """
+    import errno
+
+    with open(path, "rb") as f:
+        data = f.read(most + 1)
+    if len(data) > most:
+        raise OSError(errno.EFBIG, f"larger than {most} bytes")
+    return data
 
 
 def _hex64(x: object) -> bool:
@@ -554,9 +680,13 @@ def _snapshot_state(h: Event, log_path: Path, path: Path | None) -> bytes | None
         return None
     want = h.fields.get("snapshot_sha256")
     _need(h, "a session started from a snapshot needs snapshot_sha256 (64 hexadecimal digits)", _hex64(want))
-    path = path if path is not None else log_path.parent / SNAPSHOT_FILE
+    if path is None:  # beside the log: a file of its own folder only
+        path = contained_file(log_path.parent, SNAPSHOT_FILE)
+        if path is None:
+            raise RecordingError(f"events.jsonl line 1: the session started from snapshot {sid!s:.80}, whose state "
+                                 f"{SNAPSHOT_FILE} is not a file of the log's folder; pass it with --snapshot")
     try:
-        blob = path.read_bytes()
+        blob = _read_capped(path, MAX_STATE_BYTES)
     except OSError as err:
         raise RecordingError(f"events.jsonl line 1: the session started from snapshot {sid}, whose state {path} "
                              f"cannot be read ({err.strerror or err}); pass it with --snapshot") from None

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -210,19 +211,25 @@ def build_parser() -> argparse.ArgumentParser:
                                    "events, or events.jsonl in the recordings directory, with its images/ and "
                                    "snapshot.bin beside it), generates every frame again on the recorded model, "
                                    "weights and served way, each forward at its recorded batch size and row, "
-                                   "and checks each against the recorded one (docs/recordings.md). Exit status 0: "
-                                   "every frame identical; 1: some differ (listed); 2: the log is refused.")
+                                   "and checks each against the recorded one (docs/recordings.md). A log is "
+                                   "trusted with nothing: it opens no file outside its own folder and every value "
+                                   "is checked before the model sees it. Exit status 0: every frame identical; "
+                                   "1: some differ (listed), or an internal error (its traceback with --debug); "
+                                   "2: the log is refused, or replay failed (one line says what).")
     r.add_argument("events", type=Path, help="the event log (events.jsonl)")
     r.add_argument("--out", type=Path, default=None, help="write the delivered frames as an MP4 film")
     r.add_argument("--frames", type=Path, default=None, metavar="DIR", help="write every frame as a PNG here")
     r.add_argument("--export", type=Path, default=None, metavar="DIR",
                    help="write frames.npy, actions.npy and index.npy here (training, analysis)")
-    r.add_argument("--weights", type=Path, default=None, help="the weights (default: the recorded path)")
+    r.add_argument("--weights", type=Path, default=None,
+                   help="the weights (default: the model's shipped weights; the path the log names is never "
+                        "opened); checked against the log's sha256")
     r.add_argument("--snapshot", type=Path, default=None, metavar="FILE",
                    help="the state of the snapshot the session started from (default: snapshot.bin beside the log)")
     r.add_argument("--device", default="cpu", help="torch device (default cpu)")
     r.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     r.add_argument("--log-level", default="warning")
+    r.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     return p
 
 
@@ -231,33 +238,52 @@ def replay_command(args: argparse.Namespace) -> int:
     import sys
 
     from worldcast.engine.step_output import FrameOut
-    from worldcast.sessions.recording import RecordingError, read_log
+    from worldcast.sessions.recording import RecordingError, read_events
     from worldcast.sessions.replay import replay
     from worldcast.transport.media.h264 import FilmWriter
 
     film: FilmWriter | None = None
     try:
-        events = list(read_log(args.events))
-        fps = float(events[0].fields.get("fps") or 20)
+        events = read_events(args.events)
+        fps = events[0].fields.get("fps") or 20
+        if not (isinstance(fps, int | float) and not isinstance(fps, bool) and 1 <= fps <= 1000):
+            raise RecordingError(f"events.jsonl line 1: fps must be a number 1..1000, got {str(fps)[:40]}")
         delivered = {e.fields["index"] for e in events if e.type == "frame" and e.fields["outcome"] == "delivered"}
         del events
 
         def keep(f: FrameOut) -> None:
             nonlocal film
             if args.out is not None and f.frame_index in delivered:
-                if film is None:
-                    film = FilmWriter(args.out, fps=fps)
-                film.add(f.image)
+                try:
+                    if film is None:
+                        film = FilmWriter(args.out, fps=fps)
+                    film.add(f.image)
+                except OSError as e:  # PyAV's errors may not name the file
+                    raise OSError(e.errno, e.strerror or str(e), str(args.out)) from None
 
         report = replay(args.events, weights=args.weights, device=args.device, snapshot=args.snapshot,
                         threads=args.threads,
                         frames_dir=args.frames, export_dir=args.export, on_frame=keep)
-    except (RecordingError, OSError, ValueError, KeyError, TypeError) as e:
-        print(f"worldcast replay: {e}", file=sys.stderr)
-        return 2
-    finally:
         if film is not None:
             film.close()
+    except RecordingError as e:
+        print(f"worldcast replay: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the log, --snapshot, or writing --out, --frames, --export
+        print(f"worldcast replay: {e.filename or 'a file'}: {e.strerror or e}", file=sys.stderr)  # (one line)
+        return 2
+    except Exception as e:  # noqa: BLE001 - one line, not a traceback (unless asked for)
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"worldcast replay: internal error: {type(e).__name__}: {str(e)[:300]}"
+              + ("" if args.debug else " (--debug prints its traceback)"), file=sys.stderr)
+        return 1
+    finally:
+        if film is not None:
+            with contextlib.suppress(Exception):
+                film.close()
     for d in report.differences:
         print(f"differs from the recording: {d}")
     if film is not None:

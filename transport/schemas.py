@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-#: Largest prompt, characters.
-MAX_PROMPT_CHARS = 500
+from worldcast.models.spec import MAX_PROMPT_CHARS  # noqa: F401 - re-exported: the transports' prompt limit
+
 #: Largest SDP offer, characters.
 MAX_SDP_CHARS = 64_000
 #: Largest action message on a data channel, bytes.

@@ -4,7 +4,8 @@
 
 Surfaces: action messages, control RPCs and SDP offers, each through the real parser on a real session
 (`--cases` each) and over a real server's data channels / signaling route (`--live-cases` each; SDP: a
-tenth of it), and the HTTP routes by schemathesis from the server's OpenAPI schema (`--cases`). A second
+tenth of it); a real recording's event log, mutated and replayed (`--cases`; `replay_fuzz.py`); and the HTTP
+routes by schemathesis from the server's OpenAPI schema (`--cases`). A second
 session streams throughout the live part; a surface fails if it went `MAX_WATCH_GAP_S` without a frame.
 Exit status 1 if any surface crashed.
 """
@@ -113,6 +114,14 @@ def run(cases: int, live_cases: int, seed: int, surfaces: set[str], *, http_case
     if "sdp" in surfaces:
         results.append(harness.fuzz_sdp_pure(bases, cases, seed))
         saved()
+    if "replay" in surfaces:  # a real recording's log, mutated (tests/fuzz/replay_fuzz.py)
+        import tempfile
+
+        from tests.fuzz.replay_fuzz import fuzz_replay, record_log
+
+        with tempfile.TemporaryDirectory(prefix="replay-log-") as tmp:
+            results.append(fuzz_replay(record_log(model, Path(tmp)), model, cases, seed))
+        saved()
     http_n = (cases if http_cases is None else http_cases) if "http" in surfaces else 0
     from worldcast.transport.http.app import create_app
 
@@ -147,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", type=int, default=10_000, help="cases per pure surface and for HTTP (default 10000)")
     p.add_argument("--live-cases", type=int, default=2_000, help="cases per live data-channel surface (SDP: a tenth)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--surfaces", default="actions,rpc,sdp,http")
+    p.add_argument("--surfaces", default="actions,rpc,sdp,replay,http")
     p.add_argument("--out", type=Path, default=Path("fuzz_report.json"))
     a = p.parse_args(argv)
     if a.cases < 1 or a.live_cases < 0:

@@ -66,6 +66,19 @@ def test_a_loaded_model_agrees_with_its_declared_variant(name: str) -> None:
     c, d = spec.conditioning, var.conditioning
     assert (c.text, c.image) == (d.text, d.image)
     assert c.tensors, "the model declares the shapes of its encoded conditioning"
+    # what replay checks a log's action vectors against holds every vector the live path makes
+    import numpy as np
+
+    model = registry.load(name)
+    lo, hi = model.action_bounds()
+    space = spec.actions
+    assert lo.shape == hi.shape == (space.dim,) and (lo <= hi).all()
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        keys = {k: bool(rng.random() < 0.4) for k in space.keys}
+        axes = {a.name: a.model_value(float(rng.uniform(*a.range)) * (rng.random() < 0.7)) for a in space.axes}
+        v = model.encode_action(keys, axes)
+        assert ((v >= lo) & (v <= hi)).all(), (keys, axes, v, lo, hi)
 
 
 def _imports(path: Path) -> list[str]:

@@ -122,7 +122,7 @@ def test_replay_makes_every_frame_again_exactly(recorded: Path, model, tmp_path:
 def _rewrite(src: Path, dst: Path, edit) -> Path:  # type: ignore[no-untyped-def]
     shutil.copytree(src, dst)
     lines = (src / "events.jsonl").read_text().splitlines(keepends=True)
-    (dst / "events.jsonl").write_text("".join(edit(lines)))
+    (dst / "events.jsonl").write_text("".join(edit(lines)), encoding="utf-8", errors="surrogateescape")
     return dst / "events.jsonl"
 
 
@@ -301,16 +301,119 @@ def test_hostile_logs_are_refused_by_line_never_a_crash(recorded: Path, model, t
     cases = {
         "nan": (lambda ls: [ls[0], ls[1].replace('"t":', '"t":NaN,"x":', 1), *ls[2:]], "not a number JSON allows"),
         "no_actions": (edit_first_chunk(lambda e: e.pop("actions")), "chunk needs 'actions'"),
-        "bad_rows": (edit_first_chunk(lambda e: e.update(actions=[["1"] * 8])), "rows of finite numbers"),
+        "bad_rows": (edit_first_chunk(lambda e: e.update(actions=[["1"] * 8])), "rows of 8 finite numbers"),
+        # a value the live gate could never make reaches no model: huge (it overflowed the model to NaN), or a key
+        # pressed twice over
+        "huge_action": (edit_first_chunk(lambda e: e["actions"][0].__setitem__(6, 1e308)), "action bounds"),
+        "key_twice": (edit_first_chunk(lambda e: e["actions"][-1].__setitem__(0, 2.0)), "action bounds"),
         "huge_draws": (edit_first_chunk(lambda e: e.update(draws=10**9)), "draws must lie within"),
         "image_path": (lambda ls: [json.dumps(json.loads(ls[0]) | {"image_sha256": "../../x"}) + "\n", *ls[1:]],
                        "image_sha256 must be 64 hexadecimal digits"),
         "served": (lambda ls: [json.dumps(json.loads(ls[0]) | {"served": "x"}) + "\n", *ls[1:]],
-                   "served must be an object"),
+                   "served must be null or an object"),
+        "served_dtype": (header_with(served={"dtype": "float8_e4m3fn", "compiled_buckets": [],
+                                             "package_buckets": []}), "served must be null or an object"),
+        "served_bucket": (header_with(served={"dtype": "float32", "compiled_buckets": [10**9],
+                                              "package_buckets": []}), "served must be null or an object"),
+        "seed": (header_with(seed=2**70), "seed must be an integer"),
+        "device": (header_with(device={"x": [1] * 100}), "device must be text"),
+        "long_prompt": (header_with(prompt="p" * 501), "a prompt must be text of 1..500"),
+        "deep": (lambda ls: [ls[0], "[" * 100_000 + "]" * 100_000 + "\n", *ls[1:]], "nested too deeply"),
+        "long_line": (lambda ls: [ls[0], '{"type":"pause","t":1,"x":"' + "x" * (1 << 21) + '"}\n', *ls[1:]],
+                      "longer than"),
+        "not_utf8": (lambda ls: [ls[0], "\udcff\n", *ls[1:]], "not UTF-8"),
+        "empty": (lambda ls: [], "empty"),
     }
     for name, (edit, said) in cases.items():
         with pytest.raises(RecordingError, match=said):
             replay(_rewrite(recorded, tmp_path / name, edit), model=model)
+
+
+def header_with(**fields):  # type: ignore[no-untyped-def]
+    """An edit of a log's lines that sets `fields` in its header."""
+    return lambda ls: [json.dumps(json.loads(ls[0]) | fields) + "\n", *ls[1:]]
+
+
+def test_replay_opens_no_file_a_log_names(recorded: Path, tmp_path: Path) -> None:
+    """A log's weights path is information only: replay loads the recorded model's shipped weights (the same here,
+    so every frame is still exact) and opens no file outside the log's folder; a starting image, a snapshot or a
+    video that is a link out of the folder is not followed."""
+    from tests.fuzz.replay_fuzz import OpenWatch
+
+    outside = tmp_path / "outside.png"
+    outside.write_bytes(b"not an image")
+    watch = OpenWatch.get()
+    for name, path in (("passwd", "/etc/passwd"), ("relative", "../../outside.png"), ("mine", str(outside))):
+        log = _rewrite(recorded, tmp_path / name, header_with(weights=path))
+        with watch.watching(log.parent) as opened:
+            report = replay(log)  # no model given: replay loads it, as the command does
+        assert report.exact and report.differences == [], (name, report)
+        assert opened == [], opened
+    # a starting image that is a link out of the folder
+    linked = _rewrite(recorded, tmp_path / "linked", header_with(image_sha256="a" * 64))
+    (linked.parent / "images").mkdir()
+    (linked.parent / "images" / f"{'a' * 64}.png").symlink_to(outside)
+    with watch.watching(linked.parent) as opened, pytest.raises(RecordingError, match="not a file of the log's"):
+        replay(linked)
+    assert opened == []
+    # the film as a link out: replay still runs, and does not read it
+    (linked.parent / "video.mp4").unlink()
+    (linked.parent / "video.mp4").symlink_to(outside)
+    from worldcast.sessions.recording import contained_file
+
+    assert contained_file(linked.parent, "video.mp4") is None
+    assert contained_file(linked.parent, "events.jsonl") == linked
+    for bad in ("../events.jsonl", "..", "images/x", ""):
+        assert contained_file(linked.parent, bad) is None, bad
+
+
+def test_replay_failures_are_one_line(recorded: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A model that fails on a chunk is named by the chunk's line (exit 2); an internal error is one line with exit
+    1 (its traceback only with --debug); a film that cannot be written is one line, exit 2."""
+    from worldcast.models.tinyworld import TinyWorldModel
+    from worldcast.transport import cli
+
+    class Failing(TinyWorldModel):
+        def denoise(self, x_t, t, cond, state):  # type: ignore[no-untyped-def]
+            return super().denoise(x_t, t, cond, state) * float("nan")
+
+    with pytest.raises(RecordingError, match=r"line \d+: the model failed on this chunk"):
+        replay(recorded / "events.jsonl", model=Failing.from_pretrained())
+
+    def run(*argv: str) -> tuple[int, str]:
+        code = cli.replay_command(cli.build_parser().parse_args(["replay", *argv]))
+        return code, capsys.readouterr().err
+
+    code, err = run(str(recorded / "events.jsonl"), "--out", str(tmp_path / "no" / "such" / "dir" / "film.mp4"))
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and "film.mp4" in err, err
+
+    import worldcast.sessions.replay as replay_module
+
+    def broken(*a, **k):  # type: ignore[no-untyped-def]
+        raise RuntimeError("a bug")
+
+    original = replay_module.replay
+    replay_module.replay = broken
+    try:
+        code, err = run(str(recorded / "events.jsonl"))
+        assert code == 1 and err.count("\n") == 1 and "internal error: RuntimeError: a bug" in err, err
+        code, err = run(str(recorded / "events.jsonl"), "--debug")
+        assert code == 1 and "Traceback" in err and "a bug" in err, err
+    finally:
+        replay_module.replay = original
+
+
+@pytest.mark.timeout(600)
+def test_a_small_fuzz_of_recorded_logs_never_crashes_replay(recorded: Path, model) -> None:  # type: ignore[no-untyped-def]
+    """Mutations of a real log (every field type, cuts, huge and non-finite numbers, duplicated and moved lines,
+    links out of the folder): each replays or is refused, none raises anything else or opens a file outside its
+    folder. `make fuzz` runs 10,000."""
+    from tests.fuzz.replay_fuzz import fuzz_replay
+
+    res = fuzz_replay(recorded, model, 150, seed=1)
+    assert res.cases == 150 and res.crash_count == 0, res.crashes
+    refusals = [k for k in res.outcomes if k.startswith("refused")]
+    assert len(refusals) >= 5 and res.outcomes["exact"] > 0, res.outcomes
 
 
 def test_a_new_server_touches_only_recordings_it_may(tmp_path: Path) -> None:
