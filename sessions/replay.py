@@ -151,7 +151,10 @@ def _rows_within(rows: object, bounds: tuple[np.ndarray, np.ndarray]) -> bool:
                 isinstance(v, int | float) and not isinstance(v, bool) for v in r) for r in rows)):
         return False
     with np.errstate(over="ignore", invalid="ignore"):
-        a = np.asarray(rows, dtype=np.float64)
+        try:
+            a = np.asarray(rows, dtype=np.float64)
+        except OverflowError:  # an integer beyond any float
+            return False
         slack = 1e-6 * np.maximum(1.0, np.maximum(np.abs(lo), np.abs(hi)))
         return bool(np.isfinite(a).all() and (a >= lo - slack).all() and (a <= hi + slack).all())
 

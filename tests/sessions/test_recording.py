@@ -306,6 +306,7 @@ def test_hostile_logs_are_refused_by_line_never_a_crash(recorded: Path, model, t
         # pressed twice over
         "huge_action": (edit_first_chunk(lambda e: e["actions"][0].__setitem__(6, 1e308)), "action bounds"),
         "key_twice": (edit_first_chunk(lambda e: e["actions"][-1].__setitem__(0, 2.0)), "action bounds"),
+        "huge_int": (edit_first_chunk(lambda e: e["actions"][0].__setitem__(7, 10**400)), "action bounds"),  # the fuzz
         "huge_draws": (edit_first_chunk(lambda e: e.update(draws=10**9)), "draws must lie within"),
         "image_path": (lambda ls: [json.dumps(json.loads(ls[0]) | {"image_sha256": "../../x"}) + "\n", *ls[1:]],
                        "image_sha256 must be 64 hexadecimal digits"),
